@@ -1,0 +1,1 @@
+# gexmk for Cython users: `from gexmk cimport rma, core, memory`.

@@ -1,0 +1,1339 @@
+"""Core objects of gexmk: client, endpoints, teams, events, RMA and atomics.
+
+The data path is the C header include/gexmk/gexmk.h: a team is an array of
+pointers to *targets*, the process-wide record of what one remote endpoint has
+published to this process (GASNet-EX: rights belong to the pair (local process,
+remote endpoint)).  A put to a mapped target is a bounds check and a memcpy; a
+target that is not mapped here takes the slow path (process_vm for
+client-allocated memory of a peer on this node), and every error is reported
+from the slow path, so the fast path carries no Python work at all.
+
+Ordering and visibility (NVSHMEM's rules, seeds/001): a blocking put or get is
+complete when it returns; an NB or NBI operation is complete when its event
+completes or ``nbi_wait``/``quiet`` returns; ``fence`` orders every earlier put
+and atomic of the calling thread before every later one to the same target;
+``quiet`` completes them.  Atomics are atomic with respect to other gexmk
+atomics on the same object (from any process of the node), not with respect
+to plain puts or local stores to it.
+"""
+import atexit
+import hashlib
+import os
+import pickle
+import threading
+import weakref
+from collections import namedtuple
+
+from cpython.buffer cimport PyBuffer_Release
+from cpython.long cimport PyLong_AsUnsignedLongLongMask
+from libc.errno cimport errno, EPERM, ESRCH, EFAULT
+from libc.stdint cimport uintptr_t, int32_t, uint32_t, int64_t, uint64_t
+from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy
+from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED
+from posix.unistd cimport close, sysconf, _SC_PAGESIZE
+
+from gexmk.lib.gx cimport *
+from gexmk.lib.linux cimport iovec, process_vm_readv, process_vm_writev
+from gexmk.memory cimport Segment, MemoryKind, host_buffer
+
+from gexmk.memory import HOST, mk_create as _mk_create
+from gexmk.errors import (ArgumentError, BoundsError, RankError, StateError, SegmentError,
+                          UnsupportedError, PeerDeadError, GexmkError)
+
+# ---- constants (GASNet-EX names without the GEX_ prefix) --------------------
+
+EP_CAPABILITY_RMA = 1          #: GEX_EP_CAPABILITY_RMA
+EP_CAPABILITY_ALL = 1          #: everything this build offers
+
+LC_NOW = 0                     #: lc_opt GEX_EVENT_NOW: source reusable on return
+LC_DEFER = 1                   #: GEX_EVENT_DEFER: local completion via ev.leaf(EC_LC)
+LC_GROUP = 2                   #: GEX_EVENT_GROUP: local completion via nbi_wait(EC_PUT, ...)
+
+EC_GET = 1                     #: NBI event categories (GEX_EC_*)
+EC_PUT = 2
+EC_RMW = 4
+EC_ALL = EC_GET | EC_PUT | EC_RMW
+EC_LC = 8                      #: leaf: local completion of a put
+
+DT_I32 = GX_DT_I32
+DT_U32 = GX_DT_U32
+DT_I64 = GX_DT_I64
+DT_U64 = GX_DT_U64
+DT_FLT = GX_DT_FLT
+DT_DBL = GX_DT_DBL
+_DT_NAMES = {DT_I32: "I32", DT_U32: "U32", DT_I64: "I64", DT_U64: "U64", DT_FLT: "FLT", DT_DBL: "DBL"}
+
+# Op flags are single bits, combined with | into an atomic domain's op set.
+OP_SET = 1 << GX_OP_SET
+OP_GET = 1 << GX_OP_GET
+OP_SWAP = 1 << GX_OP_SWAP
+OP_CAS = 1 << GX_OP_CAS
+OP_FCAS = 1 << GX_OP_FCAS
+OP_ADD = 1 << GX_OP_ADD
+OP_FADD = 1 << GX_OP_FADD
+OP_SUB = 1 << GX_OP_SUB
+OP_FSUB = 1 << GX_OP_FSUB
+OP_INC = 1 << GX_OP_INC
+OP_FINC = 1 << GX_OP_FINC
+OP_DEC = 1 << GX_OP_DEC
+OP_FDEC = 1 << GX_OP_FDEC
+OP_AND = 1 << GX_OP_AND
+OP_FAND = 1 << GX_OP_FAND
+OP_OR = 1 << GX_OP_OR
+OP_FOR = 1 << GX_OP_FOR
+OP_XOR = 1 << GX_OP_XOR
+OP_FXOR = 1 << GX_OP_FXOR
+OP_MIN = 1 << GX_OP_MIN
+OP_FMIN = 1 << GX_OP_FMIN
+OP_MAX = 1 << GX_OP_MAX
+OP_FMAX = 1 << GX_OP_FMAX
+_FETCHING = (OP_GET | OP_SWAP | OP_FCAS | OP_FADD | OP_FSUB | OP_FINC | OP_FDEC | OP_FAND
+             | OP_FOR | OP_FXOR | OP_FMIN | OP_FMAX)
+_BITWISE = OP_AND | OP_FAND | OP_OR | OP_FOR | OP_XOR | OP_FXOR
+_ALL_OPS = (1 << GX_OP_COUNT) - 1
+# ops that take no operand (INC/DEC/GET) and that take two (CAS)
+_NO_OPERAND = OP_GET | OP_INC | OP_FINC | OP_DEC | OP_FDEC
+_TWO_OPERANDS = OP_CAS | OP_FCAS
+
+_TRANSPORT_NAMES = {GX_TR_NONE: "none", GX_TR_SELF: "self", GX_TR_NBRHD: "nbrhd",
+                    GX_TR_PVM: "pvm", GX_TR_OFI: "ofi"}
+
+BoundSegment = namedtuple("BoundSegment", "address size local_address kind transport")
+BoundSegment.__doc__ = """What query_bound_segment_nb reports of a remote bound segment:
+address and size in the owner's address space, the address where it is mapped
+here (None when not mapped), its memory kind and the transport that reaches it."""
+
+# Copies at least this long release the GIL (shorter ones cost less than a GIL round trip).
+cdef size_t _NOGIL_BYTES = 64 * 1024
+
+cdef object _client = None     # the one live Client of this process
+
+
+# ---- events -----------------------------------------------------------------
+
+cdef class Event:
+    """Completion of a non-blocking operation (GASNet-EX ``gex_Event_t``).
+
+    ``test()`` returns True once the operation is complete (GASNet-EX: a
+    successful test consumes the event); unlike GASNet-EX, waiting on or
+    testing a completed event again is allowed and returns at once.  An event
+    keeps the buffers of its operation alive until it completes.
+    """
+
+    def __init__(self):
+        raise TypeError("events come from NB operations; use gexmk.LeafEvent() for an lc slot")
+
+    def test(self):
+        """True when complete (never blocks)."""
+        if not self._bound:
+            raise StateError("this event is not bound to an operation yet")
+        return self._done
+
+    def wait(self):
+        """Block until complete; return the operation's result (None for most)."""
+        if not self._bound:
+            raise StateError("this event is not bound to an operation yet "
+                             "(an access region's event exists only after the region ends)")
+        self._keep = None
+        return self._result
+
+    @property
+    def result(self):
+        """The operation's result once complete (fetched atomic value, query answer)."""
+        if not self._bound or not self._done:
+            raise StateError("the event is not complete")
+        return self._result
+
+    def leaf(self, int category):
+        """The leaf event of ``category`` (``EC_LC``: local completion of a put
+        issued with ``lc=LC_DEFER``); GASNet-EX ``gex_Event_QueryLeaf``."""
+        if category != EC_LC:
+            raise ArgumentError(f"unknown leaf category {category}; only EC_LC has leaves")
+        if self._lc is None:
+            raise StateError("this event has no local-completion leaf (issue the put with lc=LC_DEFER)")
+        return self._lc
+
+    def __repr__(self):
+        state = "unbound" if not self._bound else ("done" if self._done else "pending")
+        return f"<gexmk.Event {state}>"
+
+
+cdef class LeafEvent(Event):
+    """An explicit local-completion slot: pass it as ``lc=`` to a put and wait
+    on it for the source buffer to be reusable (GASNet-EX lc_opt pointing at a
+    ``gex_Event_t``)."""
+
+    def __init__(self):
+        self._bound = False
+
+
+cdef Event _done_event(object result):
+    cdef Event ev = Event.__new__(Event)
+    ev._bound = True
+    ev._done = True
+    ev._result = result
+    return ev
+
+
+# One completed event shared by every NB operation that finished at issue
+# (GASNet-EX's GEX_EVENT_INVALID); its local-completion leaf is itself.
+cdef Event _DONE = _done_event(None)
+_DONE._lc = _DONE
+EVENT_DONE = _DONE
+
+
+cdef Event _lc_event(object lc):
+    """Apply an lc option to an operation that completed at issue."""
+    if lc is None or lc is LC_NOW or lc == LC_NOW or lc == LC_DEFER or lc == LC_GROUP:
+        return _DONE
+    if isinstance(lc, LeafEvent):
+        (<Event>lc)._bound = True
+        (<Event>lc)._done = True
+        return _DONE
+    raise ArgumentError(f"lc must be LC_NOW, LC_DEFER, LC_GROUP or a gexmk.LeafEvent, got {lc!r}")
+
+
+def _events(events):
+    out = []
+    for e in events:
+        if e is None:
+            continue
+        if not isinstance(e, Event):
+            raise TypeError(f"expected gexmk.Event objects, got {type(e).__name__}")
+        out.append(e)
+    return out
+
+
+def wait_all(events):
+    """Wait for every event in ``events`` (None entries are ignored)."""
+    for e in _events(events):
+        e.wait()
+
+
+def wait_some(events):
+    """Wait until at least one event is complete; return the indices of the
+    complete ones (GASNet-EX ``gex_Event_WaitSome``)."""
+    events = list(events)
+    _events(events)
+    done = [i for i, e in enumerate(events) if e is not None and (<Event>e).test()]
+    return done
+
+
+def test_all(events):
+    """True when every event is complete."""
+    return all((<Event>e).test() for e in _events(events))
+
+
+def test_some(events):
+    """Indices of the complete events (possibly empty)."""
+    events = list(events)
+    _events(events)
+    return [i for i, e in enumerate(events) if e is not None and (<Event>e).test()]
+
+
+_tls = threading.local()
+
+
+def nbi_wait(int category=EC_ALL, int flags=0):
+    """Wait for every implicit-event operation of ``category`` issued by this
+    thread (GASNet-EX ``gex_NBI_Wait``).  Puts and gets to mapped targets are
+    complete at issue; this adds the ordering of ``quiet``."""
+    _check_category(category)
+    gx_quiet()
+
+
+def nbi_test(int category=EC_ALL, int flags=0):
+    """True when every implicit-event operation of ``category`` is complete."""
+    _check_category(category)
+    gx_quiet()
+    return True
+
+
+cdef int _check_category(int category) except -1:
+    if category & ~(EC_ALL | EC_LC) or category == 0:
+        raise ArgumentError(f"unknown event category mask {category:#x}; "
+                            "use EC_GET, EC_PUT, EC_RMW, EC_LC, EC_ALL")
+    return 0
+
+
+class nbi_access_region:
+    """NBI access region (GASNet-EX ``gex_NBI_{Begin,End}AccessRegion``):
+
+        with gexmk.nbi_access_region() as ev:
+            tm.put_nbi(...); tm.get_nbi(...)
+        ev.wait()      # completes every NBI op issued inside the region
+
+    The event is bound when the region ends; regions do not nest (per thread).
+    """
+
+    def __init__(self):
+        self._event = None
+
+    def __enter__(self):
+        if getattr(_tls, "region", None) is not None:
+            raise StateError("an NBI access region is already open in this thread")
+        ev = LeafEvent()
+        _tls.region = ev
+        self._event = ev
+        return ev
+
+    def __exit__(self, *exc):
+        ev = self._event
+        _tls.region = None
+        gx_quiet()
+        (<Event>ev)._bound = True
+        (<Event>ev)._done = True
+        return False
+
+
+def fence():
+    """Order this thread's earlier puts/atomics before its later ones (NVSHMEM fence)."""
+    gx_fence()
+
+
+def quiet():
+    """Complete this thread's outstanding puts/atomics (NVSHMEM quiet)."""
+    gx_quiet()
+
+
+# ---- local buffers ----------------------------------------------------------
+
+cdef struct _Local:
+    void* p
+    size_t n
+    bint held           # view holds a buffer to release
+
+
+cdef inline int _take(object obj, Py_buffer* view, _Local* loc, bint writable, const char* what) except -1:
+    """A local buffer: a PEP 3118 object or an (address, nbytes) tuple."""
+    if type(obj) is tuple:
+        if len(<tuple>obj) != 2:
+            raise TypeError(f"{what.decode()} as a tuple must be (address, nbytes), got {obj!r}")
+        a, n = <tuple>obj
+        if a < 0 or n < 0:
+            raise ArgumentError(f"{what.decode()} (address, nbytes) must be non-negative, got {obj!r}")
+        if a == 0 and n != 0:
+            raise ArgumentError(f"{what.decode()} address is NULL")
+        loc.p = <void*><uintptr_t>a
+        loc.n = <size_t>n
+        loc.held = False
+        return 0
+    host_buffer(obj, view, writable, what)
+    loc.p = view.buf
+    loc.n = <size_t>view.len
+    loc.held = True
+    return 0
+
+
+cdef inline void _drop(Py_buffer* view, _Local* loc) noexcept:
+    if loc.held:
+        loc.held = False
+        PyBuffer_Release(view)
+
+
+# ---- slow path and error reports --------------------------------------------
+
+cdef int _raise_rc(const gx_team* tm, int rank, uintptr_t addr, size_t n, int rc, str what) except -1 with gil:
+    cdef Team team = <Team>tm.owner if tm.owner != NULL else None
+    cdef gx_target* t
+    if team is not None and team._closed:
+        raise StateError(f"{what}: the team is closed (its client was finalized)")
+    if rc == GX_ERANK:
+        raise RankError(f"{what}: rank {rank} is outside the team (size {tm.size})")
+    t = tm.targets[rank]
+    if rc == GX_EDEAD:
+        raise PeerDeadError(f"{what}: job rank {t.jobrank} (team rank {rank}) has died")
+    if rc == GX_ERANGE:
+        if t.size == 0:
+            raise SegmentError(
+                f"{what}: team rank {rank} (job rank {t.jobrank}, EP {t.ep_index}) has no bound "
+                "segment published to this process (bind, then publish_bound_segment)")
+        if what.startswith("atomic") and addr >= t.remote_base and addr - t.remote_base + n <= t.size:
+            raise BoundsError(f"{what}: address 0x{addr:x} is not aligned to {n} bytes")
+        raise BoundsError(
+            f"{what}: [0x{addr:x}, 0x{addr:x} + {n}) is outside the bound segment of team rank "
+            f"{rank} (job rank {t.jobrank}, EP {t.ep_index}): [0x{t.remote_base:x}, "
+            f"0x{t.remote_base:x} + {t.size})")
+    if rc == GX_EOP:
+        raise ArgumentError(f"{what}: invalid atomic operation or data type")
+    if rc == GX_NOT_MAPPED and t.transport == GX_TR_OFI:
+        raise UnsupportedError(
+            f"{what}: job rank {t.jobrank} is on another node; reaching it needs the ofi "
+            "transport, which this build does not have yet")
+    raise GexmkError(f"{what}: internal error (code {rc}, transport {t.transport})")
+
+
+cdef int _pvm_error(gx_target* t, int err, str what) except -1 with gil:
+    if err == ESRCH:
+        raise PeerDeadError(f"{what}: job rank {t.jobrank} (pid {t.pid}) is gone")
+    if err == EPERM:
+        raise UnsupportedError(
+            f"{what}: this process may not access job rank {t.jobrank}'s client-allocated "
+            f"segment (process_vm_* not permitted: {os.strerror(err)}; see "
+            "/proc/sys/kernel/yama/ptrace_scope); use a library-allocated segment")
+    raise OSError(err, f"{what}: process_vm_* on job rank {t.jobrank}: {os.strerror(err)}")
+
+
+cdef int _pvm(gx_target* t, uintptr_t remote, void* local, size_t n, bint write, str what) except -1 nogil:
+    """Cross-process copy into/out of a peer's unmappable client-allocated segment."""
+    cdef iovec liov, riov
+    cdef ssize_t got
+    while n > 0:
+        liov.iov_base = local
+        liov.iov_len = n
+        riov.iov_base = <void*>remote
+        riov.iov_len = n
+        if write:
+            got = process_vm_writev(t.pid, &liov, 1, &riov, 1, 0)
+        else:
+            got = process_vm_readv(t.pid, &liov, 1, &riov, 1, 0)
+        if got <= 0:
+            return _pvm_error(t, errno if got < 0 else EFAULT, what)
+        n -= <size_t>got
+        local = <char*>local + got
+        remote += <uintptr_t>got
+    return 0
+
+
+cdef int put_slow(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n, int rc) except -1 nogil:
+    cdef gx_target* t
+    if rc == GX_NOT_MAPPED:
+        t = tm.targets[rank]
+        if t.transport == GX_TR_PVM:
+            _pvm(t, dest, <void*>src, n, True, "put")
+            return 0
+    return _raise_rc(tm, rank, dest, n, rc, "put")
+
+
+cdef int get_slow(const gx_team* tm, int rank, void* dest, uintptr_t src, size_t n, int rc) except -1 nogil:
+    cdef gx_target* t
+    if rc == GX_NOT_MAPPED:
+        t = tm.targets[rank]
+        if t.transport == GX_TR_PVM:
+            _pvm(t, src, dest, n, False, "get")
+            return 0
+    return _raise_rc(tm, rank, src, n, rc, "get")
+
+
+cdef int atomic_slow(const gx_team* tm, int rank, uintptr_t addr, int dt, int op, int rc) except -1 nogil:
+    if rc == GX_NOT_MAPPED and tm.targets[rank].transport == GX_TR_PVM:
+        with gil:
+            raise UnsupportedError(
+                "atomic: the target is a client-allocated segment of another process, which this "
+                "node cannot map; remote atomics need a library-allocated segment")
+    return _raise_rc(tm, rank, addr, gx_dt_size(dt), rc, "atomic")
+
+
+# ---- directory of targets ---------------------------------------------------
+
+cdef class _Target:
+    """Owner of one gx_target: what this process knows of one remote EP."""
+
+    def __dealloc__(self):
+        free(self.t)
+
+
+# ---- client -----------------------------------------------------------------
+
+def init(comm=None):
+    """Join the job and return its :class:`Client` (GASNet-EX ``gex_Client_Init``).
+
+    Collective over every process of the job.  With nothing set up this is a
+    job of one process; under ``python -m gexmk.run`` or ``mpiexec`` (mpi4py)
+    it joins the others; ``comm`` takes an mpi4py communicator instead.
+    Environment: GEXMK_TIMEOUT (seconds a collective waits for a peer),
+    GEXMK_TRANSPORT (``auto``; ``pvm`` forces the process_vm path between
+    processes of a node; ``ofi`` is not in this build).
+    """
+    global _client
+    if _client is not None and not (<Client>_client).finalized:
+        raise StateError("gexmk is already initialized in this process; finalize() the client first")
+    force = os.environ.get("GEXMK_TRANSPORT", "auto").strip().lower() or "auto"
+    if force not in ("auto", "self", "nbrhd", "pvm", "ofi"):
+        raise ArgumentError(f"GEXMK_TRANSPORT={force!r}: expected auto, nbrhd, pvm or ofi")
+    if force == "ofi":
+        raise UnsupportedError("GEXMK_TRANSPORT=ofi: the libfabric transport is not in this build yet")
+    from gexmk import bootstrap
+    boot = bootstrap.from_environment(comm)
+    cdef Client c = Client.__new__(Client)
+    try:
+        c._setup(boot, force)
+    except BaseException:
+        boot.close()
+        raise
+    _client = c
+    return c
+
+
+def _atexit():
+    if _client is not None:
+        (<Client>_client)._teardown()
+
+
+atexit.register(_atexit)
+
+
+cdef class Client:
+    """A gexmk client (GASNet-EX ``gex_Client_t``): this process's membership
+    of the job, its endpoints (the primordial one has index 0), its segments
+    and the primordial team ``tm``.  Use as a context manager or call
+    :meth:`finalize`."""
+
+    def __init__(self):
+        raise TypeError("use gexmk.init()")
+
+    def _setup(self, boot, str force):
+        self.bootstrap = boot
+        self.rank = boot.rank
+        self.size = boot.size
+        self._nodes = list(boot.nodes)
+        self._pids = list(boot.pids)
+        self._force = force
+        self._eps = []
+        self._dir = {}
+        self._maps = {}
+        self._segments = weakref.WeakSet()
+        self._teams = weakref.WeakSet()
+        ep0 = self.ep_create()
+        self.tm = Team._make(self, ep0, [(j, 0) for j in range(self.size)], self.rank, "tm0", False)
+        me = weakref.ref(self)
+
+        def died(jobrank):
+            c = me()
+            if c is not None:
+                (<Client>c)._peer_died(jobrank)
+        boot.on_peer_death(died)
+
+    cdef int check_alive(self) except -1:
+        if self.finalized:
+            raise StateError("the gexmk client has been finalized")
+        return 0
+
+    cdef _Target target(self, int jobrank, int ep_index):
+        key = (jobrank, ep_index)
+        cdef _Target tg = self._dir.get(key)
+        if tg is None:
+            tg = _Target.__new__(_Target)
+            tg.t = <gx_target*>calloc(1, sizeof(gx_target))
+            if tg.t == NULL:
+                raise MemoryError()
+            tg.t.jobrank = jobrank
+            tg.t.ep_index = ep_index
+            tg.t.pid = self._pids[jobrank]
+            tg.t.transport = GX_TR_NONE
+            self._dir[key] = tg
+        return tg
+
+    def _peer_died(self, int jobrank):
+        cdef _Target tg
+        for (jr, _), tg in list(self._dir.items()):
+            if jr == jobrank:
+                tg.t.dead = 1
+
+    @property
+    def finalized(self):
+        """True once finalize() has run."""
+        return self.finalized
+
+    @property
+    def eps(self):
+        """The live endpoints of this process, by index."""
+        return [e for e in self._eps if e is not None]
+
+    def ep(self, int index):
+        """The endpoint with this index (GASNet-EX ``gex_TM_QueryEP`` / index lookup)."""
+        self.check_alive()
+        if index < 0 or index >= len(self._eps) or self._eps[index] is None:
+            raise ArgumentError(f"no live endpoint with index {index} in this process")
+        return self._eps[index]
+
+    def nodes(self):
+        """Node index of every job rank (equal index: same host)."""
+        return list(self._nodes)
+
+    # -- memory kinds and segments --
+
+    def mk_create(self, cls, device=0):
+        """A memory kind (GASNet-EX ``gex_MK_Create``); see :func:`gexmk.memory.mk_create`."""
+        self.check_alive()
+        return _mk_create(cls, device)
+
+    def segment_create(self, size=None, *, buffer=None, kind=None):
+        """Create a segment (GASNet-EX ``gex_Segment_Create``), not yet bound.
+
+        ``segment_create(size)``: library-allocated, zero-filled, in shared
+        memory that peers of this node map at publication.
+        ``segment_create(buffer=obj)``: client-allocated from any writable,
+        contiguous PEP 3118 object, which the segment keeps alive; peers on
+        this node reach it with process_vm_{read,write}v.
+        """
+        self.check_alive()
+        if kind is not None and kind != HOST:
+            if isinstance(kind, MemoryKind):
+                raise UnsupportedError(f"segments of kind {kind!r} are not in this build (host memory only)")
+            raise TypeError(f"kind must be a gexmk.MemoryKind, got {type(kind).__name__}")
+        if (size is None) == (buffer is None):
+            raise ArgumentError("give exactly one of size (library-allocated) or buffer= (client-allocated)")
+        if buffer is not None:
+            seg = Segment._client_buffer(self, buffer)
+        else:
+            if not isinstance(size, int) or isinstance(size, bool):
+                raise TypeError(f"size must be an int, got {type(size).__name__}")
+            if size <= 0:
+                raise ArgumentError(f"segment size must be positive, got {size}")
+            seg = Segment._library(self, size)
+        self._segments.add(seg)
+        return seg
+
+    def segment_attach(self, size):
+        """Create a library-allocated segment, bind it to the primordial EP and
+        publish it over the primordial team (GASNet-EX ``gex_Segment_Attach``).
+        Collective over the job."""
+        seg = self.segment_create(size)
+        ep0 = self.ep(0)
+        if ep0.segment is not None:
+            ep0.unbind_segment()
+        ep0.bind_segment(seg)
+        self.tm.publish_bound_segment([ep0])
+        return seg
+
+    def _segment_destroyed(self, Segment seg):
+        for e in self._eps:
+            if e is not None and (<Endpoint>e).segment is seg:
+                (<Endpoint>e).unbind_segment()
+
+    # -- endpoints --
+
+    def ep_create(self, int caps=EP_CAPABILITY_RMA):
+        """Create an endpoint (GASNet-EX ``gex_EP_Create``) with its own index
+        and completion state.  Not collective."""
+        self.check_alive()
+        if caps & ~EP_CAPABILITY_ALL or caps == 0:
+            raise ArgumentError(f"unsupported endpoint capabilities {caps:#x}: this build offers "
+                                "EP_CAPABILITY_RMA")
+        cdef Endpoint ep = Endpoint.__new__(Endpoint)
+        ep.client = self
+        ep.index = len(self._eps)
+        ep.caps = caps
+        self._eps.append(ep)
+        return ep
+
+    # -- teardown --
+
+    def finalize(self):
+        """Leave the job: a barrier over the primordial team (skipped when a peer
+        has died), then release every segment, mapping and endpoint.  Idempotent."""
+        if self.finalized:
+            return
+        try:
+            self.tm.barrier()
+        except PeerDeadError:
+            pass
+        finally:
+            self._teardown()
+
+    def _teardown(self):
+        global _client
+        if self.finalized:
+            return
+        self.finalized = True
+        for t in list(self._teams):
+            (<Team>t)._close()
+        # GIL-free copies may still run in other threads: let them drain.
+        while self._inflight > 0:
+            with nogil:
+                gx_quiet()
+            threading.Event().wait(0.001)
+        for key, m in self._maps.items():
+            munmap(<void*><uintptr_t>m[0], <size_t>m[1])
+        self._maps.clear()
+        self._dir.clear()
+        for s in list(self._segments):
+            s.destroy()
+        for e in self._eps:
+            if e is not None:
+                (<Endpoint>e).destroyed = True
+        self.bootstrap.close()
+        if _client is self:
+            _client = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.finalize()
+        else:
+            self._teardown()    # no collective while unwinding an error
+        return False
+
+    def __repr__(self):
+        state = "finalized" if self.finalized else f"rank {self.rank} of {self.size}"
+        return f"<gexmk.Client {state}>"
+
+    # -- publication (used by Team) --
+
+    def _seg_info(self, Endpoint ep):
+        cdef Segment s = ep.segment
+        if s is None:
+            return (ep.index, 0, 0, GX_MK_HOST, -1, "")
+        return (ep.index, <uintptr_t>s.addr, s.size, s.kind.cls, s.fd, s.token)
+
+    def _apply(self, int jobrank, tuple info):
+        """Record what (jobrank, EP) published: map it here when possible."""
+        ep_index, base, size, kind, fd, token = info
+        cdef _Target tg = self.target(jobrank, ep_index)
+        cdef gx_target* t = tg.t
+        if jobrank == self.rank:
+            return      # local EPs are known from bind_segment
+        if size == 0:
+            self._unmap(tg)
+            t.size = 0
+            t.remote_base = 0
+            t.transport = GX_TR_NONE
+            return
+        t.kind = kind
+        if self._nodes[jobrank] != self._nodes[self.rank]:
+            self._unmap(tg)
+            t.transport = GX_TR_OFI
+        elif fd >= 0 and self._force != "pvm":
+            key = (jobrank, token)
+            if tg.map_key != key:
+                self._unmap(tg)
+                self._map(tg, key, fd, size)
+            t.transport = GX_TR_NBRHD
+        else:
+            self._unmap(tg)
+            t.transport = GX_TR_PVM
+        t.remote_base = base
+        t.size = size
+
+    def _map(self, _Target tg, key, int fd, size_t size):
+        m = self._maps.get(key)
+        if m is None:
+            addr, maplen = _map_peer_fd(tg.t.pid, fd, key[1], size)
+            m = self._maps[key] = [addr, maplen, 0]
+        m[2] += 1
+        tg.map_key = key
+        tg.t.local_base = <char*><uintptr_t>m[0]
+
+    def _unmap(self, _Target tg):
+        tg.t.local_base = NULL
+        key, tg.map_key = tg.map_key, None
+        if key is None:
+            return
+        m = self._maps[key]
+        m[2] -= 1
+        if m[2] == 0:
+            del self._maps[key]
+            munmap(<void*><uintptr_t>m[0], <size_t>m[1])
+
+
+def _map_peer_fd(int pid, int fd, str token, size_t size):
+    """Map a peer's memfd: open it through /proc/<pid>/fd (a read-level
+    ptrace check), else pidfd_getfd; check it is the file the peer published."""
+    path = f"/proc/{pid}/fd/{fd}"
+    try:
+        link = os.readlink(path)
+    except OSError as e:
+        raise PeerDeadError(f"cannot see job peer pid {pid}'s segment: {e}") from None
+    if token not in link:
+        raise SegmentError(f"peer pid {pid}'s fd {fd} is {link!r}, not the published segment {token!r} "
+                           "(destroyed during publication?)")
+    cdef int nfd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    cdef size_t page = <size_t>sysconf(_SC_PAGESIZE)
+    cdef size_t maplen = ((size + page - 1) // page) * page
+    cdef void* p
+    try:
+        if os.fstat(nfd).st_size < <Py_ssize_t>size:
+            raise SegmentError(f"peer pid {pid}'s segment {token!r} is smaller than published")
+        p = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, nfd, 0)
+        if p == MAP_FAILED:
+            raise OSError(errno, f"mapping peer segment {token!r}: {os.strerror(errno)}")
+    finally:
+        close(nfd)
+    return <uintptr_t>p, maplen
+
+
+# ---- endpoints --------------------------------------------------------------
+
+cdef class Endpoint:
+    """An endpoint (GASNet-EX ``gex_EP_t``): the unit that binds a segment and
+    initiates communication.  Index 0 is the primordial endpoint."""
+
+    def __init__(self):
+        raise TypeError("use client.ep_create()")
+
+    cdef int check_alive(self) except -1:
+        if self.destroyed:
+            raise StateError(f"endpoint {self.index} has been destroyed")
+        self.client.check_alive()
+        return 0
+
+    def bind_segment(self, Segment seg not None):
+        """Bind ``seg`` to this endpoint (GASNet-EX ``gex_EP_BindSegment``).
+        Peers can target it once it is published (``publish_bound_segment``);
+        other endpoints of this process can target it at once."""
+        self.check_alive()
+        seg.check_alive()
+        if seg.client is not self.client:
+            raise ArgumentError("the segment belongs to another client")
+        if self.segment is not None:
+            raise StateError(f"endpoint {self.index} already has a bound segment; unbind it first")
+        for e in self.client._eps:
+            if e is not None and (<Endpoint>e).segment is seg:
+                raise StateError(f"the segment is already bound to endpoint {(<Endpoint>e).index}")
+        self.segment = seg
+        cdef gx_target* t = self.client.target(self.client.rank, self.index).t
+        t.kind = seg.kind.cls
+        t.remote_base = <uintptr_t>seg.addr
+        t.local_base = seg.addr
+        t.size = seg.size
+        t.transport = GX_TR_SELF
+
+    def unbind_segment(self):
+        """Unbind the bound segment (no-op when none).  Peers learn of it at
+        the next publication; until then their accesses still land in memory
+        that stays mapped, never in freed memory."""
+        if self.segment is None:
+            return
+        self.segment = None
+        cdef gx_target* t = self.client.target(self.client.rank, self.index).t
+        t.size = 0
+        t.local_base = NULL
+        t.transport = GX_TR_NONE
+
+    def destroy(self):
+        """Destroy the endpoint (idempotent); its index is not reused."""
+        if self.destroyed:
+            return
+        self.unbind_segment()
+        self.destroyed = True
+        if not self.client.finalized:
+            self.client._eps[self.index] = None
+
+    def pair(self, int remote_index):
+        """A TM-pair (GASNet-EX ``gex_TM_Pair``): a team-like handle whose
+        rank argument is a job rank and whose target is that process's
+        endpoint ``remote_index``.  No collectives on it."""
+        self.check_alive()
+        if remote_index < 0:
+            raise ArgumentError(f"remote endpoint index must be >= 0, got {remote_index}")
+        c = self.client
+        return Team._make(c, self, [(j, remote_index) for j in range(c.size)], c.rank,
+                          f"pair{self.index}:{remote_index}", True)
+
+    def __repr__(self):
+        return f"<gexmk.Endpoint {self.index}{' destroyed' if self.destroyed else ''}>"
+
+
+# ---- teams and RMA ----------------------------------------------------------
+
+cdef class Team:
+    """A team (GASNet-EX ``gex_TM_t``): an ordered set of endpoints, seen from
+    one local member endpoint.  RMA calls name the target by team rank and
+    a remote address inside the target's bound segment (an address in the
+    target process, as GASNet-EX; ``addr(rank, offset)`` builds one)."""
+
+    def __init__(self):
+        raise TypeError("teams come from client.tm, ep.pair(), tm.split(), tm.create() or tm.dup()")
+
+    def __dealloc__(self):
+        free(self.c.targets)
+
+    @staticmethod
+    cdef Team _make(Client client, Endpoint ep, list members, int rank, str tid, bint pair):
+        cdef Team tm = Team.__new__(Team)
+        tm.client = client
+        tm.ep = ep
+        tm._members = members
+        tm.id = tid
+        tm._pair = pair
+        tm.c.rank = rank
+        tm.c.owner = <void*>tm
+        tm._set_targets()
+        client._teams.add(tm)
+        return tm
+
+    cdef int _set_targets(self) except -1:
+        cdef int n = len(self._members)
+        cdef gx_target** arr = <gx_target**>calloc(n if n else 1, sizeof(gx_target*))
+        if arr == NULL:
+            raise MemoryError()
+        for i, (jr, epi) in enumerate(self._members):
+            arr[i] = self.client.target(jr, epi).t
+        self.c.targets = arr
+        self.c.size = n
+        return 0
+
+    cdef void _close(self) noexcept:
+        self._closed = True
+        self.c.size = 0     # every rank now fails the fast path's check
+
+    cdef int check_alive(self) except -1:
+        if self._closed:
+            raise StateError("the team is closed (its client was finalized)")
+        return 0
+
+    @property
+    def rank(self):
+        """This member's rank in the team (GASNet-EX ``gex_TM_QueryRank``)."""
+        return self.c.rank
+
+    @property
+    def size(self):
+        """Number of members (GASNet-EX ``gex_TM_QuerySize``)."""
+        return len(self._members)
+
+    def __repr__(self):
+        return f"<gexmk.Team {self.id} rank {self.c.rank} of {len(self._members)}>"
+
+    # -- rank translation --
+
+    def ep_location(self, int rank):
+        """(job rank, endpoint index) of team rank ``rank``."""
+        self._check_rank(rank)
+        return self._members[rank]
+
+    def translate_rank_to_jobrank(self, int rank):
+        """Job rank of team rank ``rank`` (GASNet-EX ``gex_TM_TranslateRankToJobrank``)."""
+        self._check_rank(rank)
+        return self._members[rank][0]
+
+    def translate_jobrank_to_rank(self, int jobrank):
+        """Team rank of job rank ``jobrank`` or None when it is not a member
+        (GASNet-EX ``gex_TM_TranslateJobrankToRank``; first match for a
+        process holding several members)."""
+        if jobrank < 0 or jobrank >= self.client.size:
+            raise RankError(f"job rank {jobrank} is outside the job (size {self.client.size})")
+        for i, (jr, _) in enumerate(self._members):
+            if jr == jobrank:
+                return i
+        return None
+
+    cdef int _check_rank(self, int rank) except -1:
+        self.check_alive()
+        if rank < 0 or rank >= len(self._members):
+            raise RankError(f"rank {rank} is outside the team (size {len(self._members)})")
+        return 0
+
+    def transport(self, int rank):
+        """Name of the transport that reaches team rank ``rank``: 'self',
+        'nbrhd', 'pvm', 'ofi' or 'none' (nothing published yet)."""
+        self._check_rank(rank)
+        return _TRANSPORT_NAMES[self.c.targets[rank].transport]
+
+    def addr(self, int rank, size_t offset=0):
+        """Remote address of byte ``offset`` of team rank ``rank``'s bound segment."""
+        self._check_rank(rank)
+        cdef gx_target* t = self.c.targets[rank]
+        if t.size == 0:
+            _raise_rc(&self.c, rank, 0, 0, GX_ERANGE, "addr")
+        if offset > t.size:
+            raise BoundsError(f"offset {offset} is past the end of team rank {rank}'s segment "
+                              f"({t.size} bytes)")
+        return t.remote_base + offset
+
+    # -- collectives --
+
+    cdef list _exchange(self, object payload):
+        self.check_alive()
+        if self._pair:
+            raise StateError("collectives are not defined on a TM-pair")
+        key = f"{self.id}#{self._seq}"
+        self._seq += 1
+        parts = self.client.bootstrap.exchange(key, [m[0] for m in self._members], self.c.rank,
+                                               pickle.dumps(payload))
+        return [pickle.loads(p) for p in parts]
+
+    def barrier(self):
+        """Block until every member has entered (GASNet-EX ``gex_Coll_BarrierNB`` + wait)."""
+        self._exchange(None)
+
+    def publish_bound_segment(self, eps=()):
+        """Publish the bound segments of ``eps`` (local endpoints; zero is
+        allowed) to every member's process (GASNet-EX
+        ``gex_EP_PublishBoundSegment``).  Collective over the team; may be
+        repeated; an endpoint with nothing bound publishes "no segment"."""
+        self.check_alive()
+        eps = list(eps)
+        for e in eps:
+            if not isinstance(e, Endpoint):
+                raise TypeError(f"eps must be gexmk.Endpoint objects, got {type(e).__name__}")
+            if (<Endpoint>e).client is not self.client:
+                raise ArgumentError("an endpoint of another client cannot be published here")
+            (<Endpoint>e).check_alive()
+        mine = [self.client._seg_info(e) for e in eps]
+        parts = self._exchange(mine)
+        err = None
+        for i, infos in enumerate(parts):
+            jr = self._members[i][0]
+            for info in infos:
+                try:
+                    self.client._apply(jr, info)
+                except GexmkError as e:       # keep the collective going; report after
+                    err = err or e
+        # Owners keep their segments until every peer has mapped them.
+        self._exchange(None)
+        if err is not None:
+            raise err
+
+    def query_bound_segment_nb(self, int rank):
+        """Event whose result is the :class:`BoundSegment` of team rank
+        ``rank`` (GASNet-EX ``gex_EP_QueryBoundSegmentNB``).  Raises
+        SegmentError when that endpoint has published nothing to this process."""
+        self._check_rank(rank)
+        cdef gx_target* t = self.c.targets[rank]
+        if t.size == 0:
+            _raise_rc(&self.c, rank, 0, 0, GX_ERANGE, "query_bound_segment_nb")
+        local = <uintptr_t>t.local_base if t.local_base != NULL else None
+        kind = HOST if t.kind == GX_MK_HOST else _mk_create(t.kind, 0)
+        return _done_event(BoundSegment(t.remote_base, t.size, local, kind,
+                                        _TRANSPORT_NAMES[t.transport]))
+
+    def split(self, color, int key=0):
+        """Split into teams of equal ``color`` ordered by (key, rank)
+        (GASNet-EX ``gex_TM_Split``).  Collective; ``color=None`` (or
+        negative) joins no team and returns None."""
+        if color is not None and not isinstance(color, int):
+            raise TypeError(f"color must be an int or None, got {type(color).__name__}")
+        seq = self._seq
+        parts = self._exchange((color, key, self.ep.index))
+        if color is None or color < 0:
+            return None
+        chosen = sorted((k, r) for r, (c, k, _) in enumerate(parts) if c == color)
+        members = [(self._members[r][0], parts[r][2]) for _, r in chosen]
+        rank = [r for _, r in chosen].index(self.c.rank)
+        return Team._make(self.client, self.ep, members, rank, f"{self.id}.s{seq}.{color}", False)
+
+    def dup(self):
+        """A new team with the same members (missing from GASNet-EX).  Collective."""
+        seq = self._seq
+        self._exchange(None)
+        return Team._make(self.client, self.ep, list(self._members), self.c.rank,
+                          f"{self.id}.d{seq}", False)
+
+    def create(self, members):
+        """Create a team from ``members`` (GASNet-EX ``gex_TM_Create``):
+        collective over this team; every caller passes the member list of the
+        team it joins (ranks of this team, or (job rank, EP index) pairs, in new
+        rank order), or None/[] to join none.  Members of one new team must pass
+        equal lists.  Returns the new team seen from this process's endpoint in
+        it (this team's endpoint when listed, else another local endpoint
+        listed), or None."""
+        norm = None
+        if members:
+            norm = []
+            for m in members:
+                if isinstance(m, int):
+                    self._check_rank(m)
+                    norm.append(tuple(self._members[m]))
+                elif isinstance(m, tuple) and len(m) == 2 and all(isinstance(x, int) for x in m):
+                    if not 0 <= m[0] < self.client.size:
+                        raise RankError(f"job rank {m[0]} is outside the job")
+                    norm.append(m)
+                else:
+                    raise TypeError(f"members must be team ranks or (jobrank, ep_index) pairs, got {m!r}")
+            if len(set(norm)) != len(norm):
+                raise ArgumentError("members lists an endpoint twice")
+        seq = self._seq
+        parts = self._exchange(norm)
+        if not norm:
+            return None
+        me = self.client.rank
+        local = [i for i, (jr, epi) in enumerate(norm) if jr == me]
+        if not local:
+            return None
+        for i, p in enumerate(parts):
+            if p and tuple(self._members[i]) in norm and p != norm:
+                raise ArgumentError(f"rank {i} passed a different member list for the same team: "
+                                    f"{p} vs {norm}")
+        mine = [i for i in local if norm[i][1] == self.ep.index]
+        rank = mine[0] if mine else local[0]
+        ep = self.client.ep(norm[rank][1])
+        digest = hashlib.sha1(repr(norm).encode()).hexdigest()[:12]
+        return Team._make(self.client, ep, norm, rank, f"{self.id}.c{seq}.{digest}", False)
+
+    # -- RMA: puts --
+
+    cdef int _put(self, int rank, uintptr_t dest, const void* p, size_t n) except -1:
+        cdef int rc
+        if n < _NOGIL_BYTES:
+            rc = gx_put(&self.c, rank, dest, p, n)
+            if rc != GX_OK:
+                put_slow(&self.c, rank, dest, p, n, rc)
+            return 0
+        self.client._inflight += 1
+        try:
+            with nogil:
+                rc = gx_put(&self.c, rank, dest, p, n)
+                if rc != GX_OK:
+                    put_slow(&self.c, rank, dest, p, n, rc)
+        finally:
+            self.client._inflight -= 1
+        return 0
+
+    cdef int _get(self, void* p, int rank, uintptr_t src, size_t n) except -1:
+        cdef int rc
+        if n < _NOGIL_BYTES:
+            rc = gx_get(&self.c, rank, p, src, n)
+            if rc != GX_OK:
+                get_slow(&self.c, rank, p, src, n, rc)
+            return 0
+        self.client._inflight += 1
+        try:
+            with nogil:
+                rc = gx_get(&self.c, rank, p, src, n)
+                if rc != GX_OK:
+                    get_slow(&self.c, rank, p, src, n, rc)
+        finally:
+            self.client._inflight -= 1
+        return 0
+
+    def put(self, int rank, uintptr_t dest, src):
+        """Blocking put (GASNet-EX ``gex_RMA_PutBlocking``): copy ``src`` (a
+        PEP 3118 object or (address, nbytes)) to address ``dest`` of team rank
+        ``rank``; complete (visible at the target) on return."""
+        cdef Py_buffer view
+        cdef _Local loc
+        _take(src, &view, &loc, False, b"src")
+        try:
+            self._put(rank, dest, loc.p, loc.n)
+        finally:
+            _drop(&view, &loc)
+
+    def put_nb(self, int rank, uintptr_t dest, src, lc=LC_NOW):
+        """Non-blocking put (``gex_RMA_PutNB``): returns an Event for remote
+        completion.  ``lc``: LC_NOW (source reusable on return), LC_DEFER
+        (``ev.leaf(EC_LC)``), LC_GROUP (``nbi_wait(EC_PUT)``) or a LeafEvent."""
+        cdef Py_buffer view
+        cdef _Local loc
+        _take(src, &view, &loc, False, b"src")
+        try:
+            self._put(rank, dest, loc.p, loc.n)
+        finally:
+            _drop(&view, &loc)
+        return _lc_event(lc)
+
+    def put_nbi(self, int rank, uintptr_t dest, src, lc=LC_NOW):
+        """Implicit-event put (``gex_RMA_PutNBI``): completed by ``nbi_wait``,
+        ``quiet`` or the enclosing access region's event."""
+        cdef Py_buffer view
+        cdef _Local loc
+        _take(src, &view, &loc, False, b"src")
+        try:
+            self._put(rank, dest, loc.p, loc.n)
+        finally:
+            _drop(&view, &loc)
+        if lc is not None and lc is not LC_NOW:
+            _lc_event(lc)
+
+    def put_val(self, int rank, uintptr_t dest, value, size_t nbytes=8):
+        """Blocking put of the low ``nbytes`` (1..8) of the integer ``value``
+        (``gex_RMA_PutBlockingVal``; native byte order)."""
+        cdef uint64_t v = PyLong_AsUnsignedLongLongMask(value)
+        if nbytes == 0 or nbytes > 8:
+            raise ArgumentError(f"nbytes must be 1..8 for a value put, got {nbytes}")
+        self._put(rank, dest, &v, nbytes)
+
+    def put_nb_val(self, int rank, uintptr_t dest, value, size_t nbytes=8):
+        """Non-blocking value put (``gex_RMA_PutNBVal``); returns an Event."""
+        self.put_val(rank, dest, value, nbytes)
+        return _DONE
+
+    def put_nbi_val(self, int rank, uintptr_t dest, value, size_t nbytes=8):
+        """Implicit-event value put (``gex_RMA_PutNBIVal``)."""
+        self.put_val(rank, dest, value, nbytes)
+
+    # -- RMA: gets --
+
+    def get(self, dest, int rank, uintptr_t src):
+        """Blocking get (``gex_RMA_GetBlocking``): fill ``dest`` (a writable
+        PEP 3118 object or (address, nbytes)) from address ``src`` of team rank
+        ``rank``."""
+        cdef Py_buffer view
+        cdef _Local loc
+        _take(dest, &view, &loc, True, b"dest")
+        try:
+            self._get(loc.p, rank, src, loc.n)
+        finally:
+            _drop(&view, &loc)
+
+    def get_nb(self, dest, int rank, uintptr_t src):
+        """Non-blocking get (``gex_RMA_GetNB``); returns an Event."""
+        self.get(dest, rank, src)
+        return _DONE
+
+    def get_nbi(self, dest, int rank, uintptr_t src):
+        """Implicit-event get (``gex_RMA_GetNBI``)."""
+        self.get(dest, rank, src)
+
+    def get_val(self, int rank, uintptr_t src, size_t nbytes=8):
+        """Blocking get of ``nbytes`` (1..8) returned as an unsigned int
+        (``gex_RMA_GetBlockingVal``)."""
+        cdef uint64_t v = 0
+        if nbytes == 0 or nbytes > 8:
+            raise ArgumentError(f"nbytes must be 1..8 for a value get, got {nbytes}")
+        self._get(&v, rank, src, nbytes)
+        return v
+
+    # -- ordering --
+
+    def fence(self):
+        """Order earlier puts/atomics of this endpoint before later ones (NVSHMEM fence)."""
+        gx_fence()
+
+    def quiet(self):
+        """Complete every outstanding put/atomic of this endpoint (NVSHMEM quiet)."""
+        gx_quiet()
+
+    # -- atomics --
+
+    def ad_create(self, int dt, int ops, int flags=0):
+        """Create an :class:`AtomicDomain` over this team for data type ``dt``
+        and the op set ``ops`` (OP_* flags or-ed).  Collective."""
+        return AtomicDomain._make(self, dt, ops, flags)
+
+
+# ---- atomic domains ---------------------------------------------------------
+
+cdef class AtomicDomain:
+    """An atomic domain (GASNet-EX ``gex_AD_t``) for one data type and a set
+    of operations over a team.  Ops on mapped targets are CPU atomics on the
+    shared mapping: atomic across every process of the node.  As in NVSHMEM,
+    they are atomic only with respect to other atomics of the same domain
+    type on the same object, not to plain puts or local stores."""
+    cdef readonly Team team
+    cdef readonly int dt
+    cdef readonly int ops
+    cdef bint destroyed
+
+    def __init__(self):
+        raise TypeError("use tm.ad_create(dt, ops)")
+
+    @staticmethod
+    cdef AtomicDomain _make(Team tm, int dt, int ops, int flags):
+        tm.check_alive()
+        if dt not in _DT_NAMES:
+            raise ArgumentError(f"unknown atomic data type {dt}; use DT_I32, DT_U32, DT_I64, DT_U64, "
+                                "DT_FLT or DT_DBL")
+        if ops == 0 or ops & ~_ALL_OPS:
+            raise ArgumentError(f"ops {ops:#x} must be a non-empty or-combination of OP_* flags")
+        if dt in (DT_FLT, DT_DBL) and ops & _BITWISE:
+            raise ArgumentError(f"bitwise ops are not defined for {_DT_NAMES[dt]}")
+        if not tm._pair:
+            tm.barrier()
+        cdef AtomicDomain ad = AtomicDomain.__new__(AtomicDomain)
+        ad.team = tm
+        ad.dt = dt
+        ad.ops = ops
+        return ad
+
+    def destroy(self):
+        """Destroy the domain (idempotent; GASNet-EX ``gex_AD_Destroy``)."""
+        self.destroyed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+
+    cdef object _do(self, int rank, uintptr_t addr, int op, object a, object b):
+        cdef gx_val va, vb, res
+        cdef int code, rc, dt = self.dt
+        if self.destroyed:
+            raise StateError("the atomic domain has been destroyed")
+        if op <= 0 or op & (op - 1) or not (op & self.ops):
+            if op > 0 and not op & (op - 1) and op & _ALL_OPS:
+                raise ArgumentError(f"op {op:#x} is not in this domain's op set {self.ops:#x}")
+            raise ArgumentError(f"op must be one OP_* flag, got {op!r}")
+        code = _bit_index(op)
+        if op & _NO_OPERAND:
+            va.u64 = 0
+        else:
+            _to_val(dt, a, &va, "operand1")
+        if op & _TWO_OPERANDS:
+            _to_val(dt, b, &vb, "operand2")
+        else:
+            vb.u64 = 0
+        rc = gx_atomic(&self.team.c, rank, addr, dt, code, va, vb, &res)
+        if rc != GX_OK:
+            atomic_slow(&self.team.c, rank, addr, dt, code, rc)
+        if not op & _FETCHING:
+            return None
+        return _from_val(dt, &res)
+
+    def op(self, int rank, uintptr_t addr, int op, operand1=None, operand2=None):
+        """Blocking atomic: perform ``op`` on the object at ``addr`` of team
+        rank ``rank``; return the old value for fetching ops, else None.
+        CAS/FCAS: operand1 is compared, operand2 is swapped in."""
+        return self._do(rank, addr, op, operand1, operand2)
+
+    def op_nb(self, int rank, uintptr_t addr, int op, operand1=None, operand2=None):
+        """Non-blocking atomic (``gex_AD_OpNB``): an Event whose result is the
+        fetched value (None for non-fetching ops)."""
+        return _done_event(self._do(rank, addr, op, operand1, operand2))
+
+    def op_nbi(self, int rank, uintptr_t addr, int op, operand1=None, operand2=None, result=None):
+        """Implicit-event atomic (``gex_AD_OpNBI``); a fetching op writes the
+        old value into ``result`` (a writable buffer of the domain's type size)."""
+        if op & _FETCHING and result is None:
+            raise ArgumentError("a fetching op issued NBI needs a result= buffer")
+        v = self._do(rank, addr, op, operand1, operand2)
+        if v is not None and result is not None:
+            import struct
+            fmt = {DT_I32: "i", DT_U32: "I", DT_I64: "q", DT_U64: "Q", DT_FLT: "f", DT_DBL: "d"}[self.dt]
+            mv = memoryview(result).cast("B")
+            if mv.readonly or mv.nbytes < gx_dt_size(self.dt):
+                raise ArgumentError(f"result must be a writable buffer of at least "
+                                    f"{gx_dt_size(self.dt)} bytes")
+            struct.pack_into(fmt, mv, 0, v)
+
+
+cdef int _bit_index(int op) noexcept:
+    cdef int i = 0
+    while not (op & 1):
+        op >>= 1
+        i += 1
+    return i
+
+
+cdef int _to_val(int dt, object x, gx_val* v, str what) except -1:
+    if x is None:
+        raise ArgumentError(f"{what} is required for this op")
+    if dt == GX_DT_FLT:
+        v.flt = <float>float(x)
+    elif dt == GX_DT_DBL:
+        v.dbl = float(x)
+    else:
+        if not isinstance(x, int):
+            raise TypeError(f"{what} must be an int for {_DT_NAMES[dt]}, got {type(x).__name__}")
+        lo, hi = {GX_DT_I32: (-2**31, 2**31 - 1), GX_DT_U32: (0, 2**32 - 1),
+                  GX_DT_I64: (-2**63, 2**63 - 1), GX_DT_U64: (0, 2**64 - 1)}[dt]
+        if not lo <= x <= hi:
+            raise OverflowError(f"{what}={x} does not fit {_DT_NAMES[dt]}")
+        if dt == GX_DT_I32:
+            v.i32 = x
+        elif dt == GX_DT_U32:
+            v.u32 = x
+        elif dt == GX_DT_I64:
+            v.i64 = x
+        else:
+            v.u64 = x
+    return 0
+
+
+cdef object _from_val(int dt, gx_val* v):
+    if dt == GX_DT_I32:
+        return v.i32
+    if dt == GX_DT_U32:
+        return v.u32
+    if dt == GX_DT_I64:
+        return v.i64
+    if dt == GX_DT_U64:
+        return v.u64
+    if dt == GX_DT_FLT:
+        return v.flt
+    return v.dbl

@@ -1,0 +1,279 @@
+"""Memory layer: memory kinds, segments and buffer intake.
+
+A segment is a contiguous range of memory that remote endpoints may read and
+write once it is bound to an endpoint and published.  Library-allocated host
+segments live in an anonymous shared-memory file (``memfd``) so that every
+process of the node can map them at publication; nothing is ever created in a
+file system, so nothing is left behind when a process is killed.
+"""
+import enum
+import os
+import itertools
+
+from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE,
+                             PyBUF_WRITABLE, PyBUF_ANY_CONTIGUOUS, PyBUF_FORMAT,
+                             PyBUF_ND, PyBUF_STRIDES)
+from libc.string cimport memset
+from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED
+from posix.unistd cimport close, ftruncate, sysconf, _SC_PAGESIZE
+from libc.errno cimport errno
+from gexmk.lib.linux cimport memfd_create, MFD_CLOEXEC
+from gexmk.lib.gx cimport GX_MK_HOST, GX_MK_CUDA_UVA, GX_MK_HIP, GX_MK_ZE
+
+from gexmk.errors import ArgumentError, StateError, UnsupportedError
+
+
+class MKClass(enum.IntEnum):
+    """Memory kind classes (GASNet-EX ``GEX_MK_CLASS_*``)."""
+    HOST = GX_MK_HOST
+    CUDA_UVA = GX_MK_CUDA_UVA
+    HIP = GX_MK_HIP
+    ZE = GX_MK_ZE
+
+
+cdef class MemoryKind:
+    """A kind of memory (GASNet-EX ``gex_MK_t``): a class plus a device.
+
+    ``gexmk.HOST`` is the host kind (``GEX_MK_HOST``); others come from
+    ``client.mk_create``.
+    """
+
+    def __init__(self):
+        raise TypeError("memory kinds come from gexmk.HOST or client.mk_create()")
+
+    @property
+    def name(self):
+        """``'host'``, ``'cuda_uva'``, ``'hip'`` or ``'ze'``."""
+        return MKClass(self.cls).name.lower()
+
+    def __repr__(self):
+        if self.cls == GX_MK_HOST:
+            return "gexmk.HOST"
+        return f"MemoryKind({self.name}, device={self.device})"
+
+    def __eq__(self, other):
+        return (isinstance(other, MemoryKind) and (<MemoryKind>other).cls == self.cls
+                and (<MemoryKind>other).device == self.device)
+
+    def __hash__(self):
+        return hash((self.cls, self.device))
+
+
+cdef MemoryKind _make_kind(int cls, int device):
+    cdef MemoryKind mk = MemoryKind.__new__(MemoryKind)
+    mk.cls = cls
+    mk.device = device
+    return mk
+
+
+HOST = _make_kind(GX_MK_HOST, -1)
+
+
+def mk_create(cls, device=0):
+    """Create a memory kind of class ``cls`` (an :class:`MKClass` or its name)
+    on ``device``.  ``HOST`` returns :data:`HOST`; device classes raise
+    :class:`~gexmk.errors.UnsupportedError` naming why this build or machine
+    cannot serve them."""
+    if isinstance(cls, str):
+        try:
+            cls = MKClass[cls.upper()]
+        except KeyError:
+            raise ArgumentError(f"unknown memory kind class {cls!r}; "
+                                f"expected one of {[c.name.lower() for c in MKClass]}") from None
+    try:
+        cls = MKClass(cls)
+    except ValueError:
+        raise ArgumentError(f"unknown memory kind class {cls!r}") from None
+    if cls == MKClass.HOST:
+        return HOST
+    if not isinstance(device, int) or device < 0:
+        raise ArgumentError(f"device must be a non-negative int, got {device!r}")
+    if cls == MKClass.CUDA_UVA:
+        from gexmk import cuda
+        probe = cuda.probe()
+        if not probe.get("driver_loaded"):
+            raise UnsupportedError(
+                f"CUDA memory kind unsupported on this machine: {probe.get('reason', 'no driver')}")
+        if device >= probe.get("device_count", 0):
+            raise ArgumentError(f"CUDA device {device} does not exist "
+                                f"(this machine has {probe.get('device_count', 0)})")
+        raise UnsupportedError("CUDA memory kind: device segments are not in this build of gexmk yet "
+                               "(host memory only); the driver and device were found")
+    runtime = {MKClass.HIP: "HIP (libamdhip64)", MKClass.ZE: "Level Zero (libze_loader)"}[cls]
+    raise UnsupportedError(f"{cls.name} memory kind unsupported on this build: "
+                           f"gexmk was built without {runtime} support")
+
+
+cdef int host_buffer(object obj, Py_buffer* view, bint writable, const char* what) except -1:
+    """Take a contiguous host buffer from ``obj`` (PEP 3118).  The caller owns
+    ``view`` and must PyBuffer_Release it."""
+    cdef int flags = PyBUF_ANY_CONTIGUOUS | (PyBUF_WRITABLE if writable else 0)
+    try:
+        PyObject_GetBuffer(obj, view, flags)
+    except BufferError as e:
+        if hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__dlpack_device__"):
+            raise UnsupportedError(f"{what.decode()}: device arrays are not supported by this "
+                                   "build (host memory only)") from None
+        need = "a writable, contiguous" if writable else "a contiguous"
+        raise TypeError(f"{what.decode()} must be {need} buffer (PEP 3118) or (address, nbytes); "
+                        f"got {type(obj).__name__}: {e}") from None
+    except TypeError:
+        need = "a writable, contiguous" if writable else "a contiguous"
+        raise TypeError(f"{what.decode()} must be {need} buffer (PEP 3118) or (address, nbytes); "
+                        f"got {type(obj).__name__}") from None
+    return 0
+
+
+_counter = itertools.count()
+cdef char* _FORMAT_B = b"B"
+
+
+cdef class Segment:
+    """A segment (GASNet-EX ``gex_Segment_t``): memory that endpoints bind and
+    peers access.  Created by ``client.segment_create`` or
+    ``client.segment_attach``; owned by the client until :meth:`destroy`.
+
+    A host segment exports the buffer protocol: ``numpy.asarray(seg)`` is a
+    zero-copy view of its bytes.  Destroying a segment while such views exist
+    detaches it from every endpoint at once but keeps the memory mapped until
+    the last view is released, so a view never dangles.
+    """
+
+    def __init__(self):
+        raise TypeError("segments come from client.segment_create() or client.segment_attach()")
+
+    def __dealloc__(self):
+        self._free()
+
+    @staticmethod
+    def _library(client, size_t size):
+        cdef Segment s = Segment.__new__(Segment)
+        cdef size_t page = <size_t>sysconf(_SC_PAGESIZE)
+        cdef void* p
+        s.fd = -1
+        s.client = client
+        s.kind = HOST
+        s.library_allocated = True
+        s.token = f"gexmk.{os.getpid()}.{next(_counter)}"
+        name = s.token.encode()
+        s.fd = memfd_create(name, MFD_CLOEXEC)
+        if s.fd < 0:
+            raise OSError(errno, f"memfd_create for a {size}-byte segment failed: {os.strerror(errno)}")
+        s.maplen = ((size + page - 1) // page) * page if size else page
+        if ftruncate(s.fd, s.maplen) != 0:
+            e = errno
+            close(s.fd); s.fd = -1
+            raise MemoryError(f"cannot size a {size}-byte shared segment: {os.strerror(e)}")
+        p = mmap(NULL, s.maplen, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd, 0)
+        if p == MAP_FAILED:
+            e = errno
+            close(s.fd); s.fd = -1
+            raise MemoryError(f"cannot map a {size}-byte shared segment: {os.strerror(e)}")
+        s.addr = <char*>p
+        s.size = size
+        return s
+
+    @staticmethod
+    def _client_buffer(client, buffer):
+        cdef Segment s = Segment.__new__(Segment)
+        s.fd = -1
+        s.client = client
+        s.kind = HOST
+        s.library_allocated = False
+        s.token = ""
+        host_buffer(buffer, &s.view, True, b"segment buffer")
+        s.has_view = True
+        s.addr = <char*>s.view.buf
+        s.size = <size_t>s.view.len
+        return s
+
+    cdef int check_alive(self) except -1:
+        if self.destroyed:
+            raise StateError("segment has been destroyed")
+        return 0
+
+    cdef void _free(self) noexcept:
+        # Touches C fields only: safe from __dealloc__.
+        if self.fd >= 0:
+            munmap(self.addr, self.maplen)
+            close(self.fd)
+            self.fd = -1
+        if self.has_view:
+            PyBuffer_Release(&self.view)
+            self.has_view = False
+        self.addr = NULL
+
+    @property
+    def address(self):
+        """Address of the first byte, in this process (int)."""
+        self.check_alive()
+        return <size_t>self.addr
+
+    @property
+    def size(self):
+        """Size in bytes."""
+        return self.size
+
+    @property
+    def destroyed(self):
+        """True once :meth:`destroy` has run."""
+        return self.destroyed
+
+    @property
+    def shareable(self):
+        """True when peers on this node can map the segment (library-allocated host)."""
+        return self.fd >= 0
+
+    def destroy(self):
+        """Unbind the segment from its endpoint and release it (idempotent).
+
+        Library-allocated memory is unmapped here, unless buffer views of it
+        are alive, in which case it is unmapped when the last one goes.
+        Client-allocated memory goes back to its owner (the buffer is released).
+        Peers that mapped the segment keep their mapping until their own
+        finalize: their writes land in memory this process no longer sees.
+        """
+        if self.destroyed:
+            return
+        unbind = getattr(self.client, "_segment_destroyed", None)
+        if unbind is not None:
+            unbind(self)
+        self.destroyed = True
+        if self.exports == 0:
+            self._free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+
+    def __getbuffer__(self, Py_buffer* buffer, int flags):
+        if self.destroyed:
+            raise StateError("segment has been destroyed")
+        buffer.buf = self.addr
+        buffer.obj = self
+        buffer.len = self.size
+        buffer.readonly = 0
+        buffer.itemsize = 1
+        buffer.format = _FORMAT_B if (flags & PyBUF_FORMAT) else NULL
+        buffer.ndim = 1
+        # shape/strides point at our own fields: valid while the export lives
+        buffer.shape = <Py_ssize_t*>&self.size if (flags & PyBUF_ND) else NULL
+        buffer.strides = &buffer.itemsize if (flags & PyBUF_STRIDES) == PyBUF_STRIDES else NULL
+        buffer.suboffsets = NULL
+        buffer.internal = NULL
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer* buffer):
+        self.exports -= 1
+        if self.destroyed and self.exports == 0:
+            self._free()
+
+    def __len__(self):
+        return self.size
+
+    def __repr__(self):
+        state = "destroyed" if self.destroyed else f"at 0x{<size_t>self.addr:x}"
+        how = "library" if self.library_allocated else "client"
+        return f"<gexmk.Segment {self.size} B {self.kind!r} {how}-allocated {state}>"
