@@ -16,7 +16,7 @@ from gexmk.lib.libfabric cimport *
 
 import warnings
 
-from gexmk.errors import OFIError
+from gexmk.errors import ArgumentError, OFIError
 
 __all__ = ["providers", "hmem_cuda_registration", "version", "strerror",
            "HEADER_VERSION", "ACCEPTED_MODE", "ACCEPTED_MR_MODE"]
@@ -189,8 +189,8 @@ cdef uint32_t _api_version(api_version) except 0:
         raise TypeError(f"api_version must be a (major, minor) tuple such as (1, 17), "
                         f"not {api_version!r}") from None
     if not (0 <= major < 1 << 16 and 0 <= minor < 1 << 16) or (major, minor) == (0, 0):
-        raise ValueError(f"api_version {api_version!r} is out of range: "
-                         f"major and minor are 16-bit, not both zero")
+        raise ArgumentError(f"api_version {api_version!r} is out of range: "
+                            f"major and minor are 16-bit, not both zero")
     return FI_VERSION(major, minor)
 
 
@@ -215,7 +215,8 @@ cdef fi_info* _hints(uint64_t caps, prov_name) except NULL:
     if prov_name is not None:
         hints.fabric_attr.prov_name = strdup(name)
         if hints.fabric_attr.prov_name == NULL:
-            fi_freeinfo(hints)
+            with nogil:
+                fi_freeinfo(hints)
             raise MemoryError("strdup")
     return hints
 
@@ -297,9 +298,12 @@ cdef list _query(uint64_t caps, prov_name, uint32_t version):
 
 
 def _key(entry):
-    # Everything but the caps (which echo the hints) tells variants apart:
-    # shm, e.g., offers one endpoint with FI_ATOMIC and another with FI_HMEM.
-    return repr(sorted((k, v) for k, v in entry.items() if k != "caps"))
+    # Which endpoint variant an entry is.  caps and ordering echo the hints,
+    # so they cannot tell; mr_mode and inject_size do: shm offers one
+    # endpoint with FI_ATOMIC (inject 4096) and another with FI_HMEM
+    # (FI_MR_HMEM, inject 0).
+    return (entry["provider"], entry["fabric"], entry["domain"], entry["addr_format"],
+            tuple(entry["mr_mode"]), entry["inject_size"])
 
 
 def providers(prov_name=None, *, api_version=None) -> list:
@@ -358,7 +362,7 @@ def hmem_cuda_registration(prov_name, ptr=None, size_t nbytes=0, int device=0) -
     or ``"host pointer"``), ``call`` and ``code`` of the deciding call
     (``code`` is a positive libfabric error number or 0), and ``mr_mode``.
     """
-    cdef fi_info* hints = _hints(FI_RMA | FI_HMEM, prov_name)
+    cdef fi_info* hints = NULL
     cdef fi_info* info = NULL
     cdef fid_fabric* fabric = NULL
     cdef fid_domain* domain = NULL
@@ -368,13 +372,15 @@ def hmem_cuda_registration(prov_name, ptr=None, size_t nbytes=0, int device=0) -
     cdef fi_mr_attr attr
     cdef int rc = 0
 
+    # Arguments first: nothing is allocated until they are all good.
     on_device = ptr is not None
     if on_device:
         if nbytes == 0:
-            raise ValueError("nbytes must be the size in bytes of the device buffer at ptr, "
-                             "not 0")
+            raise ArgumentError("nbytes must be the size in bytes of the device buffer at ptr, "
+                                "not 0")
         iov.iov_base = <void*><uintptr_t>ptr
         iov.iov_len = nbytes
+    hints = _hints(FI_RMA | FI_HMEM, prov_name)
     result = {"provider": prov_name, "supported": False, "reason": "",
               "tested_with": "device pointer" if on_device else "host pointer",
               "call": None, "code": 0, "mr_mode": []}
