@@ -420,8 +420,9 @@ cdef int atomic_slow(const gx_team* tm, int rank, uintptr_t addr, int dt, int op
     if rc == GX_NOT_MAPPED and tm.targets[rank].transport == GX_TR_PVM:
         with gil:
             raise UnsupportedError(
-                "atomic: the target is a client-allocated segment of another process, which this "
-                "node cannot map; remote atomics need a library-allocated segment")
+                "atomic: the target segment is not mapped in this process (a client-allocated "
+                "segment of another process, or GEXMK_TRANSPORT=pvm), and process_vm cannot do "
+                "atomics; use a library-allocated segment")
     return _raise_rc(tm, rank, addr, gx_dt_size(dt), rc, "atomic")
 
 
@@ -697,17 +698,25 @@ cdef class Client:
         if self._nodes[jobrank] != self._nodes[self.rank]:
             self._unmap(tg)
             t.transport = GX_TR_OFI
-        elif fd >= 0 and self._force != "pvm":
-            key = (jobrank, token)
-            if tg.map_key != key:
-                self._unmap(tg)
-                self._map(tg, key, fd, size)
+        elif fd >= 0 and self._force != "pvm" and self._try_map(tg, (jobrank, token), fd, size):
             t.transport = GX_TR_NBRHD
         else:
             self._unmap(tg)
             t.transport = GX_TR_PVM
         t.remote_base = base
         t.size = size
+
+    def _try_map(self, _Target tg, key, int fd, size_t size):
+        """Map the peer's segment here; False when this process may not (it
+        is then reached through process_vm, which reports its own error)."""
+        if tg.map_key == key:
+            return True
+        self._unmap(tg)
+        try:
+            self._map(tg, key, fd, size)
+        except OSError:
+            return False
+        return True
 
     def _map(self, _Target tg, key, int fd, size_t size):
         m = self._maps.get(key)
@@ -737,7 +746,9 @@ def _map_peer_fd(int pid, int fd, str token, size_t size):
     try:
         link = os.readlink(path)
     except OSError as e:
-        raise PeerDeadError(f"cannot see job peer pid {pid}'s segment: {e}") from None
+        if not os.path.exists(f"/proc/{pid}"):
+            raise PeerDeadError(f"job peer pid {pid} is gone: {e}") from None
+        raise       # not permitted: the caller falls back to process_vm
     if token not in link:
         raise SegmentError(f"peer pid {pid}'s fd {fd} is {link!r}, not the published segment {token!r} "
                            "(destroyed during publication?)")
@@ -1006,6 +1017,20 @@ cdef class Team:
         members = [(self._members[r][0], parts[r][2]) for _, r in chosen]
         rank = [r for _, r in chosen].index(self.c.rank)
         return Team._make(self.client, self.ep, members, rank, f"{self.id}.s{seq}.{color}", False)
+
+    def for_ep(self, Endpoint ep not None):
+        """This team seen from another local member endpoint ``ep`` (teams made
+        by ``create`` may hold several endpoints of one process).  Take it
+        right after creating the team: collectives need one call per member,
+        each through its own Team object, in the same order."""
+        self.check_alive()
+        me = (self.client.rank, ep.index)
+        if ep.client is not self.client or me not in self._members:
+            raise ArgumentError(f"endpoint {ep.index} of this process is not a member of this team")
+        cdef Team tm = Team._make(self.client, ep, self._members, self._members.index(me),
+                                  self.id, self._pair)
+        tm._seq = self._seq
+        return tm
 
     def dup(self):
         """A new team with the same members (missing from GASNet-EX).  Collective."""
