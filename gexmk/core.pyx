@@ -20,6 +20,7 @@ import atexit
 import hashlib
 import os
 import pickle
+import struct
 import threading
 import weakref
 from collections import namedtuple
@@ -63,6 +64,7 @@ DT_U64 = GX_DT_U64
 DT_FLT = GX_DT_FLT
 DT_DBL = GX_DT_DBL
 _DT_NAMES = {DT_I32: "I32", DT_U32: "U32", DT_I64: "I64", DT_U64: "U64", DT_FLT: "FLT", DT_DBL: "DBL"}
+_DT_FORMATS = {DT_I32: "i", DT_U32: "I", DT_I64: "q", DT_U64: "Q", DT_FLT: "f", DT_DBL: "d"}
 
 # Op flags are single bits, combined with | into an atomic domain's op set.
 OP_SET = 1 << GX_OP_SET
@@ -603,6 +605,12 @@ cdef class Client:
         for e in self._eps:
             if e is not None and (<Endpoint>e).segment is seg:
                 (<Endpoint>e).unbind_segment()
+        self._drain()     # a GIL-free copy may still be writing into it
+
+    def _drain(self):
+        """Wait until no GIL-free copy started through the Python API is running."""
+        while self._inflight > 0:
+            threading.Event().wait(0.0005)
 
     # -- endpoints --
 
@@ -641,11 +649,7 @@ cdef class Client:
         self.finalized = True
         for t in list(self._teams):
             (<Team>t)._close()
-        # GIL-free copies may still run in other threads: let them drain.
-        while self._inflight > 0:
-            with nogil:
-                gx_quiet()
-            threading.Event().wait(0.001)
+        self._drain()
         for key, m in self._maps.items():
             munmap(<void*><uintptr_t>m[0], <size_t>m[1])
         self._maps.clear()
@@ -1304,17 +1308,21 @@ cdef class AtomicDomain:
     def op_nbi(self, int rank, uintptr_t addr, int op, operand1=None, operand2=None, result=None):
         """Implicit-event atomic (``gex_AD_OpNBI``); a fetching op writes the
         old value into ``result`` (a writable buffer of the domain's type size)."""
-        if op & _FETCHING and result is None:
-            raise ArgumentError("a fetching op issued NBI needs a result= buffer")
-        v = self._do(rank, addr, op, operand1, operand2)
-        if v is not None and result is not None:
-            import struct
-            fmt = {DT_I32: "i", DT_U32: "I", DT_I64: "q", DT_U64: "Q", DT_FLT: "f", DT_DBL: "d"}[self.dt]
-            mv = memoryview(result).cast("B")
+        mv = None
+        if op & _FETCHING:
+            if result is None:
+                raise ArgumentError("a fetching op issued NBI needs a result= buffer")
+            # check the result buffer before the op runs: never lose a fetched value
+            try:
+                mv = memoryview(result).cast("B")
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"result must be a writable contiguous buffer: {e}") from None
             if mv.readonly or mv.nbytes < gx_dt_size(self.dt):
                 raise ArgumentError(f"result must be a writable buffer of at least "
                                     f"{gx_dt_size(self.dt)} bytes")
-            struct.pack_into(fmt, mv, 0, v)
+        v = self._do(rank, addr, op, operand1, operand2)
+        if mv is not None:
+            struct.pack_into(_DT_FORMATS[self.dt], mv, 0, v)
 
 
 cdef int _bit_index(int op) noexcept:

@@ -89,11 +89,13 @@ def mk_create(cls, device=0):
     if not isinstance(device, int) or device < 0:
         raise ArgumentError(f"device must be a non-negative int, got {device!r}")
     if cls == MKClass.CUDA_UVA:
-        from gexmk import cuda
+        try:
+            from gexmk import cuda
+        except ImportError as e:
+            raise UnsupportedError(f"CUDA memory kind unsupported on this build: {e}") from None
         probe = cuda.probe()
-        if not probe.get("driver_loaded"):
-            raise UnsupportedError(
-                f"CUDA memory kind unsupported on this machine: {probe.get('reason', 'no driver')}")
+        if not probe.get("driver_loaded") or not probe.get("device_count"):
+            raise UnsupportedError(probe.get("reason") or "CUDA kind unsupported on this machine")
         if device >= probe.get("device_count", 0):
             raise ArgumentError(f"CUDA device {device} does not exist "
                                 f"(this machine has {probe.get('device_count', 0)})")
@@ -117,8 +119,11 @@ cdef int host_buffer(object obj, Py_buffer* view, bint writable, const char* wha
         need = "a writable, contiguous" if writable else "a contiguous"
         raise TypeError(f"{what.decode()} must be {need} buffer (PEP 3118) or (address, nbytes); "
                         f"got {type(obj).__name__}: {e}") from None
-    except TypeError:
+    except (TypeError, ValueError) as e:   # numpy: ValueError for read-only / non-contiguous
         need = "a writable, contiguous" if writable else "a contiguous"
+        if isinstance(e, ValueError):
+            raise TypeError(f"{what.decode()} must be {need} buffer (PEP 3118) or (address, nbytes); "
+                            f"got {type(obj).__name__}: {e}") from None
         raise TypeError(f"{what.decode()} must be {need} buffer (PEP 3118) or (address, nbytes); "
                         f"got {type(obj).__name__}") from None
     return 0

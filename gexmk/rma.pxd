@@ -10,12 +10,22 @@
 # returns 0 or raises (except -1): bad rank, out-of-segment address, dead peer.
 from libc.stdint cimport uintptr_t
 from gexmk.lib.gx cimport (gx_team, gx_val, gx_put, gx_get, gx_atomic, gx_fence, gx_quiet,
-                           GX_OK)
+                           GX_OK,
+                           GX_DT_I32, GX_DT_U32, GX_DT_I64, GX_DT_U64, GX_DT_FLT, GX_DT_DBL,
+                           GX_OP_SET, GX_OP_GET, GX_OP_SWAP, GX_OP_CAS, GX_OP_FCAS,
+                           GX_OP_ADD, GX_OP_FADD, GX_OP_SUB, GX_OP_FSUB,
+                           GX_OP_INC, GX_OP_FINC, GX_OP_DEC, GX_OP_FDEC,
+                           GX_OP_AND, GX_OP_FAND, GX_OP_OR, GX_OP_FOR, GX_OP_XOR, GX_OP_FXOR,
+                           GX_OP_MIN, GX_OP_FMIN, GX_OP_MAX, GX_OP_FMAX)
 from gexmk.core cimport Team, put_slow, get_slow, atomic_slow
 
 
 cdef inline gx_team* team_handle(Team tm) except NULL:
-    """C view of a team for the nogil calls below."""
+    """C view of a team for the nogil calls below.  Valid while the team and
+    its client live; destroying a segment or finalizing while another thread
+    is inside a nogil loop on the handle is the caller's race to avoid."""
+    if tm is None:
+        raise TypeError("team_handle() needs a gexmk Team, got None")
     tm.check_alive()
     return &tm.c
 

@@ -192,7 +192,8 @@ def test_hmem_cuda_registration_with_a_device_pointer():
 # gexmk.info
 # ---------------------------------------------------------------------------
 def _run_info(*args):
-    return subprocess.run([sys.executable, "-m", "gexmk.info", *args], capture_output=True,
+    # -P: the source tree (no compiled modules) must not shadow the build under test
+    return subprocess.run([sys.executable, "-P", "-m", "gexmk.info", *args], capture_output=True,
                           text=True, timeout=120)
 
 

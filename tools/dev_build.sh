@@ -5,12 +5,13 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-/tmp/gexmk-dev}
-mkdir -p "$out/gexmk/lib" "$out/.c"
+mkdir -p "$out/gexmk" "$out/.c"
 suffix=$(python3-config --extension-suffix)
 for f in "$root"/gexmk/*.py "$root"/gexmk/*.pxd "$root"/gexmk/*.pyi "$root"/gexmk/py.typed; do
   [ -e "$f" ] && ln -sf "$f" "$out/gexmk/"
 done
 ln -sfn "$root/include" "$out/gexmk/include"
+ln -sfn "$root/gexmk/lib" "$out/gexmk/lib" 2>/dev/null || true
 for m in memory core; do
   cython -3 -X boundscheck=False -X wraparound=False -X cdivision=True -I "$root" \
     "$root/gexmk/$m.pyx" -o "$out/.c/$m.c"

@@ -1,0 +1,335 @@
+"""The local job launcher: ``python -m gexmk.run -n N [options] (prog.py | -m module) [args...]``
+(``-c command`` works too).
+
+Starts N ranks of a Python program on this host, each a new interpreter
+(``sys.executable``), and hosts the job's rendezvous server
+(:class:`gexmk.bootstrap.RendezvousServer`) on an abstract-namespace Unix socket.
+Each rank finds it through its environment:
+
+- ``GEXMK_RANK``: the rank, ``0..N-1``;
+- ``GEXMK_SIZE``: N;
+- ``GEXMK_BOOTSTRAP``: the server address (``@name``, an abstract socket);
+- ``GEXMK_JOBID``: an identifier unique to this job.
+
+Options:
+
+``-n N``/``--np N``
+    Number of ranks (required).
+``--timeout SECONDS``
+    Kill the whole job after this long and exit with 124.
+``--keep-going``
+    Let the other ranks run on when one fails (they see it as a dead peer).
+
+Supervision: SIGINT, SIGTERM and SIGHUP are forwarded to every rank (a second
+one kills them outright).  When a rank exits non-zero or by a signal, the
+launcher prints ``[gexmk.run] rank R exited with code C`` on stderr and, unless
+``--keep-going``, stops the others with SIGTERM, then SIGKILL after
+:data:`GRACE` seconds.  Exit status: 0 when every rank succeeded, else the code
+of the first rank that failed (128+signum for a death by signal), 124 on
+``--timeout``.  Each rank leads its own process group, which is killed as a
+whole, and the launcher waits for every rank: nothing is left running, and the
+abstract socket leaves no file behind; if the launcher itself is killed, the
+kernel kills the ranks (Linux parent-death signal).  Rank 0 inherits the
+launcher's stdin, the other ranks read from /dev/null; stdout and stderr are
+shared.  A process joins a job once: after its bootstrap is closed it cannot
+connect again.
+
+From Python: :func:`launch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from gexmk.bootstrap import RendezvousServer
+from gexmk.errors import ArgumentError, BootstrapError
+
+__all__ = ["launch", "main", "GRACE"]
+
+#: Seconds between SIGTERM and SIGKILL when the launcher stops ranks.
+GRACE = 2.0
+
+#: Exit status when --timeout expires (as coreutils' timeout).
+TIMEOUT_EXIT = 124
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+# Every rank starts as this tiny isolated interpreter, which asks the kernel to SIGKILL
+# it when the launcher dies (even by SIGKILL, when no clean-up code can run), then
+# execs the real command line; the setting survives exec.  A pre-exec hook would do the
+# same without the extra exec, but is unsafe with the server thread running.
+_RANK_WRAPPER = """\
+import os, sys
+try:
+    import ctypes
+    ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+except (ImportError, OSError, AttributeError):
+    pass  # not Linux: ranks just lose the rendezvous server when the launcher dies
+if os.getppid() != int(sys.argv[1]):
+    os._exit(1)  # the launcher died before the line above took effect
+os.execv(sys.executable, [sys.executable] + sys.argv[2:])
+"""
+_POLL = 0.02  # seconds between checks of the ranks; launching is not latency-critical
+
+
+def _log(text):
+    print(f"[gexmk.run] {text}", file=sys.stderr, flush=True)
+
+
+def _exit_code(returncode: int) -> int:
+    """Popen's returncode (-signum for a signal death) as a shell exit status."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to process group ``pgid``; False if the group is gone."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member changed its credentials: not ours to kill
+        return False
+
+
+class _Job:
+    """One run of the launcher: the ranks, the server and the supervision state."""
+
+    def __init__(self, n, argv, timeout, keep_going, env):
+        self.n = n
+        self.argv = argv
+        self.timeout = timeout
+        self.keep_going = keep_going
+        self.env = env
+        self.jobid = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self.procs = {}          # rank -> Popen, every rank started
+        self.running = {}        # rank -> Popen, not reaped yet
+        self.signals = []        # signals received, to forward (filled by the handler)
+        self.forwarded = 0       # how many signals were forwarded
+        self.quiet = False       # deaths from here on are our doing: do not report them
+        self.kill_at = None      # monotonic time to escalate SIGTERM to SIGKILL
+        self.first_failure = None
+
+    def run(self) -> int:
+        server = RendezvousServer(self.n, name=f"gexmk-{self.jobid}")
+        server.start()
+        saved = self._install_handlers()
+        try:
+            self._spawn(server.address)
+            return self._supervise(server)
+        finally:
+            self._cleanup()
+            self._restore_handlers(saved)
+            server.close()
+
+    # -- signals --------------------------------------------------------------------------
+
+    def _on_signal(self, signum, frame):
+        # Only record: forwarding happens in the supervision loop, outside the handler.
+        self.signals.append(signum)
+
+    def _install_handlers(self):
+        if threading.current_thread() is not threading.main_thread():
+            return {}  # signal handlers can only be set from the main thread
+        return {sig: signal.signal(sig, self._on_signal) for sig in _FORWARDED}
+
+    @staticmethod
+    def _restore_handlers(saved):
+        for sig, handler in saved.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+    def _forward_signals(self):
+        while self.signals:
+            sig = self.signals.pop(0)
+            self.quiet = True
+            self.forwarded += 1
+            if self.forwarded == 1:
+                self._signal_running(sig)
+            else:
+                _log(f"received {signal.Signals(sig).name} again; killing all ranks")
+                self._signal_running(signal.SIGKILL)
+
+    # -- ranks ----------------------------------------------------------------------------
+
+    def _spawn(self, address):
+        base = dict(os.environ if self.env is None else self.env)
+        base.update(GEXMK_SIZE=str(self.n), GEXMK_BOOTSTRAP=address, GEXMK_JOBID=self.jobid)
+        cmd = [sys.executable, "-I", "-S", "-c", _RANK_WRAPPER, str(os.getpid()), *self.argv]
+        for rank in range(self.n):
+            env = dict(base, GEXMK_RANK=str(rank))
+            try:
+                # A new session makes each rank lead a process group that can be killed
+                # whole (its own children included), and keeps terminal signals from
+                # reaching it twice (directly, then forwarded).
+                proc = subprocess.Popen(cmd, env=env,
+                                        stdin=None if rank == 0 else subprocess.DEVNULL,
+                                        start_new_session=True)
+            except OSError as exc:
+                raise BootstrapError(f"cannot start rank {rank} ({sys.executable}): {exc}") from exc
+            self.procs[rank] = self.running[rank] = proc
+
+    def _signal_running(self, sig):
+        for proc in self.running.values():
+            _signal_group(proc.pid, sig)
+
+    def _terminate(self):
+        """Stop every running rank: SIGTERM now, SIGKILL after GRACE seconds."""
+        self.quiet = True
+        if self.kill_at is None:
+            self._signal_running(signal.SIGTERM)
+            self.kill_at = time.monotonic() + GRACE
+
+    def _supervise(self, server) -> int:
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        timed_out = False
+        while self.running:
+            self._forward_signals()
+            for rank in sorted(self.running):
+                proc = self.running[rank]
+                returncode = proc.poll()
+                if returncode is None:
+                    continue
+                del self.running[rank]
+                server.process_exited(rank, proc.pid)
+                if returncode == 0:
+                    continue
+                code = _exit_code(returncode)
+                if not self.quiet:
+                    _log(f"rank {rank} exited with code {code}")
+                if self.first_failure is None:
+                    self.first_failure = code
+                if not self.keep_going and self.running:
+                    self._terminate()
+            now = time.monotonic()
+            if deadline is not None and now >= deadline and self.running and not timed_out:
+                timed_out = True
+                _log(f"timeout: the job ran longer than --timeout {self.timeout:g} s; "
+                     f"killing all {len(self.running)} running rank(s)")
+                self._terminate()
+            if self.kill_at is not None and now >= self.kill_at:
+                self._signal_running(signal.SIGKILL)
+                self.kill_at = float("inf")  # once
+            if self.running:
+                time.sleep(_POLL)
+        return TIMEOUT_EXIT if timed_out else (self.first_failure or 0)
+
+    def _cleanup(self):
+        """Leave nothing behind: reap every rank, then empty their process groups."""
+        for proc in self.running.values():  # only on an error path of the launcher itself
+            _signal_group(proc.pid, signal.SIGKILL)
+        for proc in self.running.values():
+            proc.wait()
+        self.running.clear()
+        # Children a rank started stay in its group after it exited.  A group id
+        # cannot be reused while the group has members, so this reaches only ours.
+        groups = [p.pid for p in self.procs.values() if _signal_group(p.pid, 0)]
+        if not groups:
+            return
+        for g in groups:
+            _signal_group(g, signal.SIGTERM)
+        end = time.monotonic() + GRACE
+        while groups and time.monotonic() < end:
+            time.sleep(_POLL)
+            groups = [g for g in groups if _signal_group(g, 0)]
+        for g in groups:
+            _signal_group(g, signal.SIGKILL)
+
+
+def launch(n: int, argv, timeout: float | None = None, keep_going: bool = False,
+           env=None) -> int:
+    """Run a job of ``n`` ranks and return the launcher's exit status.
+
+    ``argv`` is every rank's command line after the interpreter, e.g.
+    ``["prog.py", "arg"]`` or ``["-m", "module", "arg"]``; it runs under
+    ``sys.executable``.  ``timeout`` (seconds, or None) kills the job and
+    returns 124 when it expires; ``keep_going`` lets the other ranks run on
+    when one fails.  ``env`` (a mapping, default ``os.environ``) is the ranks'
+    environment, to which the GEXMK_* variables are added.
+
+    Returns 0 when every rank exited 0, else the first failing rank's status
+    (128+signum for a signal).  Blocks until every rank has exited.  Signal
+    forwarding (SIGINT/SIGTERM/SIGHUP) is installed only when called from the
+    main thread, and the previous handlers are restored.  Raises
+    :class:`~gexmk.errors.BootstrapError` if a rank cannot be started (the
+    ones already started are killed).
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ArgumentError(f"n must be a positive number of ranks, got {n!r}")
+    if isinstance(argv, str):
+        raise TypeError("argv must be a list of arguments, not one string")
+    argv = list(argv)
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise ArgumentError("argv must be a non-empty list of str: a script and its arguments, "
+                            "or '-m', a module and its arguments")
+    if timeout is not None and not timeout > 0:
+        raise ArgumentError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+    return _Job(n, argv, timeout, keep_going, env).run()
+
+
+def _parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m gexmk.run",
+        usage="%(prog)s -n N [--timeout SECONDS] [--keep-going] (prog.py | -m module | -c cmd) "
+              "[args...]",
+        description="Run N ranks of a gexmk program on this host.",
+        epilog="Everything from the program (or -m) on is passed to every rank unchanged.")
+    parser.add_argument("-n", "--np", dest="n", type=int, required=True, metavar="N",
+                        help="number of ranks")
+    parser.add_argument("--timeout", type=float, metavar="SECONDS",
+                        help="kill the job after SECONDS and exit with 124")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="when a rank fails, let the others run on (they see a dead peer)")
+    return parser
+
+
+def _split(argv):
+    """Split argv into the launcher's options and the ranks' command line."""
+    takes_value = ("-n", "--np", "--timeout")
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return argv[:i], argv[i + 1:]
+        if arg[:2] in ("-m", "-c") and not arg.startswith("--"):
+            command = [arg[:2], arg[2:], *argv[i + 1:]] if len(arg) > 2 else argv[i:]
+            return argv[:i], command
+        if arg in takes_value:
+            i += 2
+        elif arg.startswith("-"):
+            i += 1  # --np=4, -n4, --keep-going, -h, or an unknown option argparse reports
+        else:
+            return argv[:i], argv[i:]
+    return argv, []
+
+
+def main(argv=None) -> int:
+    """Command-line entry point; returns the exit status (see the module docstring)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    own, command = _split(argv)
+    parser = _parser()
+    try:
+        args = parser.parse_args(own)
+        if not command or command in (["-m"], ["-c"]):
+            parser.error("no program given: name a script (prog.py), -m module or -c command")
+        if args.n < 1:
+            parser.error(f"-n must be at least 1, got {args.n}")
+        if args.timeout is not None and not args.timeout > 0:
+            parser.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    except SystemExit as exc:  # argparse's way to report usage errors and --help
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        return launch(args.n, command, timeout=args.timeout, keep_going=args.keep_going)
+    except BootstrapError as exc:
+        _log(f"error: {exc}")
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main())
