@@ -427,6 +427,19 @@ def _gone_text(rank, how, key):
 # --------------------------------------------------------------------------------------------
 # The socket server.
 
+# Servers of this process that still serve other ranks after the local one left
+# (MPI rank 0), with how long to wait for them at interpreter exit.
+_lingering = {}
+
+
+@atexit.register
+def _linger_at_exit():
+    # Registered at import, so it runs after every Bootstrap's own exit hook (they are
+    # registered later): the local rank has left; wait for the others, then stop.
+    for server, timeout in list(_lingering.items()):
+        server.wait_finished(timeout)
+        server.close()
+
 
 class _Conn(_Peer):
     """A server-side client connection; it is also the protocol's peer."""
@@ -456,14 +469,23 @@ class RendezvousServer:
     thread and closes every socket; it is idempotent.  With
     ``stop_when_finished`` the thread also ends by itself once every rank has
     connected and disconnected again.
+
+    ``home_rank`` names the rank whose process hosts the server (MPI rank 0).
+    Replies to it are held back until every other client's output has left,
+    so that once it has its answer it may block in a call that keeps the GIL
+    (the server thread then cannot run) without starving the others.
     """
 
     def __init__(self, size: int, *, tcp: bool = False, token: str | None = None,
-                 name: str | None = None, stop_when_finished: bool = False):
+                 name: str | None = None, stop_when_finished: bool = False,
+                 home_rank: int | None = None):
         if not isinstance(size, int) or size < 1:
             raise ArgumentError(f"a job needs at least one rank, got size={size!r}")
         self.size = size
         self._stop_when_finished = stop_when_finished
+        self._home_rank = home_rank
+        self._home = None      # the home rank's connection, once it said hello
+        self._backlog = set()  # other connections with output not yet sent
         if tcp:
             if socket.has_dualstack_ipv6():
                 self._listener = socket.create_server(("", 0), family=socket.AF_INET6,
@@ -520,6 +542,11 @@ class RendezvousServer:
         """
         self._call(lambda: self._exits.append((time.monotonic() + 0.5, rank, pid)))
 
+    @property
+    def stopped(self) -> bool:
+        """True once the server thread has ended (closed, or finished by itself)."""
+        return self._stopped
+
     def wait_finished(self, timeout: float | None) -> bool:
         """Wait until every rank has connected and disconnected; True if it happened."""
         with self._finished:
@@ -568,6 +595,12 @@ class RendezvousServer:
                     self._drop(conn)
                 self._to_drop.clear()
                 self._last_msg = self._last_frame = None  # do not keep a result alive
+                home = self._home
+                if home is not None and home.outbuf and not self._backlog:
+                    self._flush(home)
+                    for conn in self._to_drop:
+                        self._drop(conn)
+                    self._to_drop.clear()
                 with self._finished:
                     self._finished.notify_all()
                 if self._stop_when_finished and self._rdv.finished:
@@ -588,6 +621,7 @@ class RendezvousServer:
         with self._finished:
             self._stopped = True
             self._finished.notify_all()
+        _lingering.pop(self, None)
 
     def _run_commands(self) -> bool:
         try:
@@ -678,10 +712,15 @@ class RendezvousServer:
         if msg is not self._last_msg:
             self._last_msg, self._last_frame = msg, _frame(msg)
         conn.outbuf += self._last_frame
-        self._flush(conn)
+        if conn.rank is not None and conn.rank == self._home_rank:
+            self._home = conn  # flushed at the end of the loop iteration, see _serve
+        else:
+            self._flush(conn)
 
     def _flush(self, conn):
-        if conn.outbuf:
+        home = conn is self._home
+        held = home and bool(self._backlog)
+        if conn.outbuf and not held:
             try:
                 n = conn.sock.send(conn.outbuf)
                 del conn.outbuf[:n]
@@ -689,17 +728,26 @@ class RendezvousServer:
                 pass
             except OSError:
                 conn.outbuf.clear()
+                self._backlog.discard(conn)
                 self._to_drop.append(conn)
                 return
-        want = bool(conn.outbuf)
+        want = bool(conn.outbuf) and not held
         if want != conn.want_write:
             conn.want_write = want
             events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
             self._sel.modify(conn.sock, events, conn)
-        if not want and conn.closing:
+        if not home:
+            if conn.outbuf:
+                self._backlog.add(conn)
+            else:
+                self._backlog.discard(conn)
+        if not conn.outbuf and conn.closing:
             self._to_drop.append(conn)
 
     def _drop(self, conn):
+        self._backlog.discard(conn)
+        if conn is self._home:
+            self._home = None
         try:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):
@@ -846,6 +894,7 @@ class Bootstrap:
         self._lost = None          # text, once the server connection is gone
         self._fatal = None         # text of an "error" from the server
         self._barrier_seq = 0
+        self._server = None        # the server this process hosts (MPI rank 0), if any
         self._transport = connect(self._on_message, self._on_lost)
         try:
             try:
@@ -999,6 +1048,10 @@ class Bootstrap:
             self._cond.notify_all()
         atexit.unregister(self._at_exit)
         self._transport.close(goodbye=goodbye and self._lost is None)
+        if self._server is not None and not self._server.stopped:
+            # MPI rank 0: the server keeps serving the others (it stops by itself when
+            # they have all left); the process must not exit under them.
+            _lingering[self._server] = self.timeout
         # MPI rank 0's server keeps serving the others after this; see _from_mpi.
 
     # -- internals ------------------------------------------------------------------------
@@ -1202,7 +1255,7 @@ def _from_mpi(comm, force_tcp: bool = False) -> Bootstrap:
             try:
                 token = secrets.token_hex(16) if tcp else None
                 server = RendezvousServer(comm.Get_size(), tcp=tcp, token=token,
-                                          stop_when_finished=True)
+                                          stop_when_finished=True, home_rank=0)
                 server.start()
                 info = (server.address, token, None)
             except Exception as exc:  # the others must learn about it, not hang
@@ -1221,16 +1274,7 @@ def _from_mpi(comm, force_tcp: bool = False) -> Bootstrap:
         if server is not None:
             server.close()
         raise
-    if server is not None:
-        # The server lives in rank 0's process (daemon thread) and serves the others after
-        # rank 0 closed its own bootstrap.  At interpreter exit (this runs before the
-        # bootstrap's own atexit close, which is then a no-op) rank 0 leaves, then waits
-        # for the others to leave before taking the server away.
-        def linger():
-            bootstrap.close()
-            server.wait_finished(timeout)
-            server.close()
-        atexit.register(linger)
+    bootstrap._server = server
     return bootstrap
 
 

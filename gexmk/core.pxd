@@ -17,6 +17,9 @@ cdef class Client:
     cdef list _nodes
     cdef list _pids
     cdef str _force                        # GEXMK_TRANSPORT
+    cdef readonly object net               # the ofi Domain, or None when no network transport
+    cdef list _nbi_keep                    # buffers of implicit network ops, until nbi_wait
+    cdef list _retired                     # destroyed client-allocated segments, kept until finalize
     cdef bint finalized
     cdef int _inflight                     # GIL-free copies in progress
     cdef object __weakref__
@@ -32,6 +35,9 @@ cdef class Endpoint:
     cdef readonly int index
     cdef readonly Segment segment
     cdef readonly int caps
+    cdef readonly object net               # its ofi Endpoint, or None
+    cdef void* net_handle
+    cdef tuple _net_reg                    # (key, base) of the bound segment's registration
     cdef bint destroyed
     cdef object __weakref__
     cdef int check_alive(self) except -1
@@ -53,6 +59,7 @@ cdef class Team:
     cdef list _exchange(self, object payload)
     cdef int _put(self, int rank, uintptr_t dest, const void* p, size_t n) except -1
     cdef int _get(self, void* p, int rank, uintptr_t src, size_t n) except -1
+    cdef object _issue(self, bint is_put, int mode, int rank, uintptr_t addr, object buf)
     @staticmethod
     cdef Team _make(Client client, Endpoint ep, list members, int rank, str tid, bint pair)
 
@@ -62,9 +69,14 @@ cdef class Event:
     cdef object _result
     cdef object _keep
     cdef Event _lc
+    cdef void* _op                         # pending network op, NULL once complete
+    cdef int _dt                           # atomic data type of the fetched result, or -1
+    cdef bint _region                      # an access region's event: completes with nbi_wait
+    cdef int _complete(self, bint block) except -1
 
 # The slow half of the data path: unmapped targets (process_vm), dead peers,
 # and every error report.  Called by gexmk.rma when the inline path declines.
 cdef int put_slow(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n, int rc) except -1 nogil
 cdef int get_slow(const gx_team* tm, int rank, void* dest, uintptr_t src, size_t n, int rc) except -1 nogil
-cdef int atomic_slow(const gx_team* tm, int rank, uintptr_t addr, int dt, int op, int rc) except -1 nogil
+cdef int atomic_slow(const gx_team* tm, int rank, uintptr_t addr, int dt, int op,
+                     gx_val a, gx_val b, gx_val* result, int rc) except -1 nogil

@@ -35,6 +35,8 @@ from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAI
 from posix.unistd cimport close, sysconf, _SC_PAGESIZE
 
 from gexmk.lib.gx cimport *
+from gexmk.net cimport *
+from cpython.pycapsule cimport PyCapsule_GetPointer
 from gexmk.lib.linux cimport iovec, process_vm_readv, process_vm_writev
 from gexmk.memory cimport Segment, MemoryKind, host_buffer
 
@@ -97,6 +99,11 @@ _ALL_OPS = (1 << GX_OP_COUNT) - 1
 # ops that take no operand (INC/DEC/GET) and that take two (CAS)
 _NO_OPERAND = OP_GET | OP_INC | OP_FINC | OP_DEC | OP_FDEC
 _TWO_OPERANDS = OP_CAS | OP_FCAS
+# the same masks as C ints: tested on every atomic without touching Python objects
+cdef int _C_FETCHING = _FETCHING
+cdef int _C_NO_OPERAND = _NO_OPERAND
+cdef int _C_TWO_OPERANDS = _TWO_OPERANDS
+cdef int _C_ALL_OPS = _ALL_OPS
 
 _TRANSPORT_NAMES = {GX_TR_NONE: "none", GX_TR_SELF: "self", GX_TR_NBRHD: "nbrhd",
                     GX_TR_PVM: "pvm", GX_TR_OFI: "ofi"}
@@ -110,6 +117,13 @@ here (None when not mapped), its memory kind and the transport that reaches it."
 cdef size_t _NOGIL_BYTES = 64 * 1024
 
 cdef object _client = None     # the one live Client of this process
+cdef net_ops* _net = NULL      # the network transport's table, once loaded
+
+
+def _set_net_ops(capsule):
+    """Install a network transport's function table (gexmk.ofi_transport.ops_capsule())."""
+    global _net
+    _net = <net_ops*>PyCapsule_GetPointer(capsule, b"gexmk.net_ops")
 
 
 # ---- events -----------------------------------------------------------------
@@ -120,16 +134,66 @@ cdef class Event:
     ``test()`` returns True once the operation is complete (GASNet-EX: a
     successful test consumes the event); unlike GASNet-EX, waiting on or
     testing a completed event again is allowed and returns at once.  An event
-    keeps the buffers of its operation alive until it completes.
+    keeps the buffers of its operation alive until it completes.  Waiting
+    releases the GIL.
     """
+
+    def __cinit__(self):
+        self._dt = -1
 
     def __init__(self):
         raise TypeError("events come from NB operations; use gexmk.LeafEvent() for an lc slot")
+
+    def __dealloc__(self):
+        # A pending network op is handed to the transport, which frees it at
+        # completion: its context must outlive this object.
+        if self._op != NULL and _net != NULL:
+            _net.orphan(self._op)
+            self._op = NULL
+
+    cdef int _complete(self, bint block) except -1:
+        """Drive a pending network op; 1 when complete."""
+        cdef gx_val res
+        cdef void* op = self._op
+        cdef int done
+        if self._region:
+            if block:
+                nbi_wait(EC_ALL)
+                done = 1
+            else:
+                done = nbi_test(EC_ALL)
+            if done:
+                self._done = True
+            return done
+        if op == NULL:
+            return 1
+        self._op = NULL          # the transport frees it on every outcome but "pending"
+        try:
+            if block:
+                with nogil:
+                    _net.wait(op, &res)
+                done = 1
+            else:
+                done = _net.test(op, &res)
+                if not done:
+                    self._op = op
+                    return 0
+        except BaseException:
+            self._done = True    # failed: complete, with the error raised now
+            self._keep = None
+            raise
+        if self._dt >= 0:
+            self._result = _from_val(self._dt, &res)
+        self._done = True
+        self._keep = None
+        return 1
 
     def test(self):
         """True when complete (never blocks)."""
         if not self._bound:
             raise StateError("this event is not bound to an operation yet")
+        if not self._done:
+            self._complete(False)
         return self._done
 
     def wait(self):
@@ -137,13 +201,15 @@ cdef class Event:
         if not self._bound:
             raise StateError("this event is not bound to an operation yet "
                              "(an access region's event exists only after the region ends)")
+        if not self._done:
+            self._complete(True)
         self._keep = None
         return self._result
 
     @property
     def result(self):
         """The operation's result once complete (fetched atomic value, query answer)."""
-        if not self._bound or not self._done:
+        if not self._bound or not self.test():
             raise StateError("the event is not complete")
         return self._result
 
@@ -178,6 +244,16 @@ cdef Event _done_event(object result):
     return ev
 
 
+cdef Event _net_event(void* op, object keep, int dt):
+    """Event over a pending network op; `keep` holds its buffers alive."""
+    cdef Event ev = Event.__new__(Event)
+    ev._bound = True
+    ev._op = op
+    ev._keep = keep
+    ev._dt = dt
+    return ev
+
+
 # One completed event shared by every NB operation that finished at issue
 # (GASNet-EX's GEX_EVENT_INVALID); its local-completion leaf is itself.
 cdef Event _DONE = _done_event(None)
@@ -185,15 +261,34 @@ _DONE._lc = _DONE
 EVENT_DONE = _DONE
 
 
-cdef Event _lc_event(object lc):
-    """Apply an lc option to an operation that completed at issue."""
-    if lc is None or lc is LC_NOW or lc == LC_NOW or lc == LC_DEFER or lc == LC_GROUP:
-        return _DONE
+cdef int _lc_mode(object lc) except -1:
+    """Check an lc option; 1 when the source must be reusable on return (LC_NOW)."""
+    if lc is None or lc is LC_NOW:
+        return 1
     if isinstance(lc, LeafEvent):
-        (<Event>lc)._bound = True
-        (<Event>lc)._done = True
-        return _DONE
+        return 0
+    if lc == LC_NOW:
+        return 1
+    if lc == LC_DEFER or lc == LC_GROUP:
+        return 0
     raise ArgumentError(f"lc must be LC_NOW, LC_DEFER, LC_GROUP or a gexmk.LeafEvent, got {lc!r}")
+
+
+cdef Event _lc_event(object lc, Event rc_event):
+    """Bind an lc option to an operation whose remote completion is rc_event.
+    Local completion is implied by remote completion, so the leaf is the
+    remote-completion event itself (or complete at once when that is)."""
+    if isinstance(lc, LeafEvent):
+        if rc_event._done:
+            (<Event>lc)._bound = True
+            (<Event>lc)._done = True
+        else:
+            (<Event>lc)._bound = True
+            (<Event>lc)._region = False
+            (<Event>lc)._lc = rc_event
+    if rc_event is not _DONE and rc_event._lc is None:
+        rc_event._lc = rc_event
+    return rc_event
 
 
 def _events(events):
@@ -217,14 +312,19 @@ def wait_some(events):
     """Wait until at least one event is complete; return the indices of the
     complete ones (GASNet-EX ``gex_Event_WaitSome``)."""
     events = list(events)
-    _events(events)
-    done = [i for i, e in enumerate(events) if e is not None and (<Event>e).test()]
-    return done
+    live = _events(events)
+    if not live:
+        return []
+    while True:
+        done = [i for i, e in enumerate(events) if e is not None and (<Event>e).test()]
+        if done:
+            return done
+        _yield_cpu()
 
 
 def test_all(events):
     """True when every event is complete."""
-    return all((<Event>e).test() for e in _events(events))
+    return all([(<Event>e).test() for e in _events(events)])
 
 
 def test_some(events):
@@ -234,29 +334,74 @@ def test_some(events):
     return [i for i, e in enumerate(events) if e is not None and (<Event>e).test()]
 
 
+cdef void _yield_cpu() noexcept:
+    with nogil:
+        gx_quiet()
+
+
 _tls = threading.local()
 
 
-def nbi_wait(int category=EC_ALL, int flags=0):
-    """Wait for every implicit-event operation of ``category`` issued by this
-    thread (GASNet-EX ``gex_NBI_Wait``).  Puts and gets to mapped targets are
-    complete at issue; this adds the ordering of ``quiet``."""
-    _check_category(category)
+cdef int _categories(int category) except -1:
+    """EC_* mask -> NET_CAT_* bit mask."""
+    if category & ~(EC_ALL | EC_LC) or category == 0:
+        raise ArgumentError(f"unknown event category mask {category:#x}; "
+                            "use EC_GET, EC_PUT, EC_RMW, EC_LC, EC_ALL")
+    cdef int m = 0
+    if category & EC_GET:
+        m |= 1 << NET_CAT_GET
+    if category & (EC_PUT | EC_LC):
+        m |= 1 << NET_CAT_PUT
+    if category & EC_RMW:
+        m |= 1 << NET_CAT_RMW
+    return m
+
+
+cdef list _net_eps(Endpoint only=None):
+    """Network endpoints to synchronise: one, or every endpoint of the client."""
+    if only is not None:
+        return [only] if only.net is not None else []
+    c = _client
+    if c is None or (<Client>c).net is None:
+        return []
+    return [e for e in (<Client>c)._eps if e is not None and (<Endpoint>e).net is not None]
+
+
+cdef int _nbi_sync(int category, Endpoint only=None) except -1:
+    cdef int mask = _categories(category)
+    cdef Endpoint e
+    cdef void* h
+    for e in _net_eps(only):
+        h = e.net_handle
+        with nogil:
+            _net.nbi_wait(h, mask)
+    if mask == 7 and _client is not None and only is None:
+        (<Client>_client)._nbi_keep.clear()     # their ops are complete
     gx_quiet()
+    return 0
+
+
+def nbi_wait(int category=EC_ALL, int flags=0):
+    """Wait for every implicit-event operation of ``category`` (GASNet-EX
+    ``gex_NBI_Wait``).  Network operations are tracked per endpoint, so this
+    completes those of every endpoint of the process; on mapped targets every
+    operation is complete at issue."""
+    _nbi_sync(category)
 
 
 def nbi_test(int category=EC_ALL, int flags=0):
     """True when every implicit-event operation of ``category`` is complete."""
-    _check_category(category)
-    gx_quiet()
+    cdef int mask = _categories(category)
+    cdef Endpoint e
+    for e in _net_eps():
+        e.net.progress()
+        pending = e.net.nbi_pending()
+        for c in range(3):
+            if mask & (1 << c) and pending[c]:
+                return False
+    if mask == 7:
+        _nbi_sync(category)     # all complete: collect errors, release buffers
     return True
-
-
-cdef int _check_category(int category) except -1:
-    if category & ~(EC_ALL | EC_LC) or category == 0:
-        raise ArgumentError(f"unknown event category mask {category:#x}; "
-                            "use EC_GET, EC_PUT, EC_RMW, EC_LC, EC_ALL")
-    return 0
 
 
 class nbi_access_region:
@@ -267,6 +412,8 @@ class nbi_access_region:
         ev.wait()      # completes every NBI op issued inside the region
 
     The event is bound when the region ends; regions do not nest (per thread).
+    Over the network the event completes when every implicit operation of the
+    process is complete (a superset of the region's, never fewer).
     """
 
     def __init__(self):
@@ -281,22 +428,26 @@ class nbi_access_region:
         return ev
 
     def __exit__(self, *exc):
-        ev = self._event
+        cdef Event ev = self._event
         _tls.region = None
         gx_quiet()
-        (<Event>ev)._bound = True
-        (<Event>ev)._done = True
+        ev._bound = True
+        if _net_eps():
+            ev._region = True
+        else:
+            ev._done = True
         return False
 
 
 def fence():
-    """Order this thread's earlier puts/atomics before its later ones (NVSHMEM fence)."""
-    gx_fence()
+    """Order this process's earlier puts/atomics before its later ones (NVSHMEM
+    fence).  Over the network this completes them (quiet), which orders them."""
+    _nbi_sync(EC_PUT | EC_RMW)
 
 
 def quiet():
-    """Complete this thread's outstanding puts/atomics (NVSHMEM quiet)."""
-    gx_quiet()
+    """Complete this process's outstanding puts/atomics (NVSHMEM quiet)."""
+    _nbi_sync(EC_PUT | EC_RMW)
 
 
 # ---- local buffers ----------------------------------------------------------
@@ -374,6 +525,9 @@ cdef int _pvm_error(gx_target* t, int err, str what) except -1 with gil:
             f"{what}: this process may not access job rank {t.jobrank}'s client-allocated "
             f"segment (process_vm_* not permitted: {os.strerror(err)}; see "
             "/proc/sys/kernel/yama/ptrace_scope); use a library-allocated segment")
+    if err == EFAULT:
+        raise SegmentError(f"{what}: job rank {t.jobrank}'s published segment is no longer mapped "
+                           "there (destroyed without republishing?)")
     raise OSError(err, f"{what}: process_vm_* on job rank {t.jobrank}: {os.strerror(err)}")
 
 
@@ -405,6 +559,8 @@ cdef int put_slow(const gx_team* tm, int rank, uintptr_t dest, const void* src, 
         if t.transport == GX_TR_PVM:
             _pvm(t, dest, <void*>src, n, True, "put")
             return 0
+        if t.transport == GX_TR_OFI and _net != NULL and tm.net_ep != NULL:
+            return _net.put(tm.net_ep, t, dest, <void*>src, n, NET_BLOCKING, NULL)
     return _raise_rc(tm, rank, dest, n, rc, "put")
 
 
@@ -415,10 +571,18 @@ cdef int get_slow(const gx_team* tm, int rank, void* dest, uintptr_t src, size_t
         if t.transport == GX_TR_PVM:
             _pvm(t, src, dest, n, False, "get")
             return 0
+        if t.transport == GX_TR_OFI and _net != NULL and tm.net_ep != NULL:
+            return _net.get(tm.net_ep, t, src, dest, n, NET_BLOCKING, NULL)
     return _raise_rc(tm, rank, src, n, rc, "get")
 
 
-cdef int atomic_slow(const gx_team* tm, int rank, uintptr_t addr, int dt, int op, int rc) except -1 nogil:
+cdef int atomic_slow(const gx_team* tm, int rank, uintptr_t addr, int dt, int op,
+                     gx_val a, gx_val b, gx_val* result, int rc) except -1 nogil:
+    cdef gx_target* t
+    if rc == GX_NOT_MAPPED:
+        t = tm.targets[rank]
+        if t.transport == GX_TR_OFI and _net != NULL and tm.net_ep != NULL:
+            return _net.atomic(tm.net_ep, t, addr, dt, op, a, b, result, NET_BLOCKING, NULL)
     if rc == GX_NOT_MAPPED and tm.targets[rank].transport == GX_TR_PVM:
         with gil:
             raise UnsupportedError(
@@ -455,8 +619,6 @@ def init(comm=None):
     force = os.environ.get("GEXMK_TRANSPORT", "auto").strip().lower() or "auto"
     if force not in ("auto", "self", "nbrhd", "pvm", "ofi"):
         raise ArgumentError(f"GEXMK_TRANSPORT={force!r}: expected auto, nbrhd, pvm or ofi")
-    if force == "ofi":
-        raise UnsupportedError("GEXMK_TRANSPORT=ofi: the libfabric transport is not in this build yet")
     from gexmk import bootstrap
     boot = bootstrap.from_environment(comm)
     cdef Client c = Client.__new__(Client)
@@ -467,6 +629,28 @@ def init(comm=None):
         raise
     _client = c
     return c
+
+
+def _open_network(bint multi_node):
+    """The ofi transport's Domain, its table installed and, for providers
+    with manual progress, its progress thread started (GEXMK_PROGRESS_THREAD:
+    auto, 1, 0, or spin for a thread that polls without sleeping).  Provider and interface: GEXMK_OFI_PROVIDER (else
+    libfabric's FI_PROVIDER / first match) and GEXMK_OFI_IFACE."""
+    try:
+        from gexmk import ofi_transport
+    except ImportError as e:
+        raise UnsupportedError(f"the ofi transport is needed (peers on other nodes or "
+                               f"GEXMK_TRANSPORT=ofi) but not built: {e}") from None
+    mode = os.environ.get("GEXMK_PROGRESS_THREAD", "auto").strip().lower()
+    if mode not in ("auto", "1", "0", "on", "off", "yes", "no", "spin"):
+        raise ArgumentError(f"GEXMK_PROGRESS_THREAD={mode!r}: expected auto, 1, 0 or spin")
+    dom = ofi_transport.Domain(os.environ.get("GEXMK_OFI_PROVIDER") or None,
+                               os.environ.get("GEXMK_OFI_IFACE") or None,
+                               skip_loopback=multi_node)
+    _set_net_ops(ofi_transport.ops_capsule())
+    if mode in ("1", "on", "yes", "spin") or (mode == "auto" and dom.manual_progress):
+        dom.start_progress(spin=(mode == "spin"))
+    return dom
 
 
 def _atexit():
@@ -498,6 +682,11 @@ cdef class Client:
         self._maps = {}
         self._segments = weakref.WeakSet()
         self._teams = weakref.WeakSet()
+        self._nbi_keep = []
+        self._retired = []
+        self.net = None
+        if force == "ofi" or len(set(self._nodes)) > 1:
+            self.net = _open_network(multi_node=len(set(self._nodes)) > 1)
         ep0 = self.ep_create()
         self.tm = Team._make(self, ep0, [(j, 0) for j in range(self.size)], self.rank, "tm0", False)
         me = weakref.ref(self)
@@ -602,10 +791,20 @@ cdef class Client:
         return seg
 
     def _segment_destroyed(self, Segment seg):
+        """Unbind a segment being destroyed.  True when the client keeps its
+        memory until finalize: client memory that peers reach by address
+        (process_vm) must not be handed back while a peer that has not seen
+        a new publication may still write to it."""
+        bound = False
         for e in self._eps:
             if e is not None and (<Endpoint>e).segment is seg:
                 (<Endpoint>e).unbind_segment()
+                bound = True
         self._drain()     # a GIL-free copy may still be writing into it
+        if bound and not seg.library_allocated and self.size > 1 and not self.finalized:
+            self._retired.append(seg)
+            return True
+        return False
 
     def _drain(self):
         """Wait until no GIL-free copy started through the Python API is running."""
@@ -625,6 +824,9 @@ cdef class Client:
         ep.client = self
         ep.index = len(self._eps)
         ep.caps = caps
+        if self.net is not None:
+            ep.net = self.net.endpoint()
+            ep.net_handle = <void*><uintptr_t>ep.net.handle
         self._eps.append(ep)
         return ep
 
@@ -656,9 +858,15 @@ cdef class Client:
         self._dir.clear()
         for s in list(self._segments):
             s.destroy()
+        for s in self._retired:
+            if (<Segment>s).exports == 0:
+                (<Segment>s)._free()
+        self._retired = []
         for e in self._eps:
             if e is not None:
                 (<Endpoint>e).destroyed = True
+        if self.net is not None:
+            self.net.close()
         self.bootstrap.close()
         if _client is self:
             _client = None
@@ -681,13 +889,15 @@ cdef class Client:
 
     def _seg_info(self, Endpoint ep):
         cdef Segment s = ep.segment
+        name = ep.net.name if ep.net is not None else b""
         if s is None:
-            return (ep.index, 0, 0, GX_MK_HOST, -1, "")
-        return (ep.index, <uintptr_t>s.addr, s.size, s.kind.cls, s.fd, s.token)
+            return (ep.index, 0, 0, GX_MK_HOST, -1, "", name, 0, 0)
+        key, base = ep._net_reg if ep._net_reg is not None else (0, 0)
+        return (ep.index, <uintptr_t>s.addr, s.size, s.kind.cls, s.fd, s.token, name, key, base)
 
     def _apply(self, int jobrank, tuple info):
         """Record what (jobrank, EP) published: map it here when possible."""
-        ep_index, base, size, kind, fd, token = info
+        ep_index, base, size, kind, fd, token, net_name, net_key, net_base = info
         cdef _Target tg = self.target(jobrank, ep_index)
         cdef gx_target* t = tg.t
         if jobrank == self.rank:
@@ -699,9 +909,15 @@ cdef class Client:
             t.transport = GX_TR_NONE
             return
         t.kind = kind
-        if self._nodes[jobrank] != self._nodes[self.rank]:
+        if (self._nodes[jobrank] != self._nodes[self.rank] or self._force == "ofi"
+                or (fd < 0 and self.net is not None)):
+            # other node, forced, or client memory this node cannot map: the network
             self._unmap(tg)
             t.transport = GX_TR_OFI
+            if self.net is not None and net_name:
+                t.net_addr = self.net.insert(net_name)
+                t.net_key = net_key
+                t.net_base = net_base
         elif fd >= 0 and self._force != "pvm" and self._try_map(tg, (jobrank, token), fd, size):
             t.transport = GX_TR_NBRHD
         else:
@@ -799,6 +1015,8 @@ cdef class Endpoint:
         for e in self.client._eps:
             if e is not None and (<Endpoint>e).segment is seg:
                 raise StateError(f"the segment is already bound to endpoint {(<Endpoint>e).index}")
+        if self.net is not None:
+            self._net_reg = self.net.bind(<uintptr_t>seg.addr, seg.size)
         self.segment = seg
         cdef gx_target* t = self.client.target(self.client.rank, self.index).t
         t.kind = seg.kind.cls
@@ -809,11 +1027,18 @@ cdef class Endpoint:
 
     def unbind_segment(self):
         """Unbind the bound segment (no-op when none).  Peers learn of it at
-        the next publication; until then their accesses still land in memory
-        that stays mapped, never in freed memory."""
+        the next publication; until then their accesses land in memory that
+        stays valid: a library-allocated segment stays mapped in the peers
+        that mapped it, client memory is retained until finalize when its
+        segment is destroyed, and network registrations are closed (peers'
+        accesses fail)."""
         if self.segment is None:
             return
         self.segment = None
+        if self.net is not None:
+            self._net_reg = None
+            if not self.net.closed:
+                self.net.unbind()
         cdef gx_target* t = self.client.target(self.client.rank, self.index).t
         t.size = 0
         t.local_base = NULL
@@ -825,6 +1050,9 @@ cdef class Endpoint:
             return
         self.unbind_segment()
         self.destroyed = True
+        if self.net is not None:
+            self.net.close()
+            self.net_handle = NULL
         if not self.client.finalized:
             self.client._eps[self.index] = None
 
@@ -867,6 +1095,7 @@ cdef class Team:
         tm._pair = pair
         tm.c.rank = rank
         tm.c.owner = <void*>tm
+        tm.c.net_ep = ep.net_handle
         tm._set_targets()
         client._teams.add(tm)
         return tm
@@ -1132,31 +1361,65 @@ cdef class Team:
         finally:
             _drop(&view, &loc)
 
+    cdef object _issue(self, bint is_put, int mode, int rank, uintptr_t addr, object buf):
+        """Start a put or get of ``buf`` that need not complete on return.
+        Returns a pending Event (network op in NET_NB mode) or None when the
+        operation is already complete (mapped and process_vm targets complete
+        at issue).  Implicit network ops keep their buffer alive in the client
+        until nbi_wait."""
+        cdef Py_buffer view
+        cdef _Local loc
+        cdef int rc
+        cdef void* op = NULL
+        cdef gx_target* t
+        cdef char* p
+        cdef void* h = self.c.net_ep
+        _take(buf, &view, &loc, not is_put, b"src" if is_put else b"dest")
+        try:
+            rc = gx_locate(&self.c, rank, addr, loc.n, &p, &t)
+            if rc == GX_NOT_MAPPED and t.transport == GX_TR_OFI and _net != NULL and h != NULL:
+                with nogil:
+                    if is_put:
+                        _net.put(h, t, addr, loc.p, loc.n, mode, &op)
+                    else:
+                        _net.get(h, t, addr, loc.p, loc.n, mode, &op)
+                if op != NULL:
+                    return _net_event(op, buf, -1)
+                if mode == NET_NBI:
+                    self.client._nbi_keep.append(buf)
+                return None
+            if is_put:
+                self._put(rank, addr, loc.p, loc.n)
+            else:
+                self._get(loc.p, rank, addr, loc.n)
+            return None
+        finally:
+            _drop(&view, &loc)
+
     def put_nb(self, int rank, uintptr_t dest, src, lc=LC_NOW):
         """Non-blocking put (``gex_RMA_PutNB``): returns an Event for remote
         completion.  ``lc``: LC_NOW (source reusable on return), LC_DEFER
-        (``ev.leaf(EC_LC)``), LC_GROUP (``nbi_wait(EC_PUT)``) or a LeafEvent."""
-        cdef Py_buffer view
-        cdef _Local loc
-        _take(src, &view, &loc, False, b"src")
-        try:
-            self._put(rank, dest, loc.p, loc.n)
-        finally:
-            _drop(&view, &loc)
-        return _lc_event(lc)
+        (``ev.leaf(EC_LC)``), LC_GROUP (``nbi_wait(EC_PUT)``) or a LeafEvent.
+        Over the network, local completion is reported with remote completion."""
+        cdef int now = _lc_mode(lc)
+        ev = self._issue(True, NET_NB, rank, dest, src)
+        if ev is None:
+            return _lc_event(lc, _DONE)
+        if now:
+            (<Event>ev).wait()       # the source must be reusable on return
+            return _lc_event(lc, _DONE)
+        return _lc_event(lc, <Event>ev)
 
     def put_nbi(self, int rank, uintptr_t dest, src, lc=LC_NOW):
         """Implicit-event put (``gex_RMA_PutNBI``): completed by ``nbi_wait``,
-        ``quiet`` or the enclosing access region's event."""
-        cdef Py_buffer view
-        cdef _Local loc
-        _take(src, &view, &loc, False, b"src")
-        try:
-            self._put(rank, dest, loc.p, loc.n)
-        finally:
-            _drop(&view, &loc)
-        if lc is not None and lc is not LC_NOW:
-            _lc_event(lc)
+        ``quiet`` or the enclosing access region's event.  With LC_NOW (or a
+        LeafEvent) the source is reusable on return; with LC_GROUP/LC_DEFER
+        it is held until ``nbi_wait``."""
+        cdef int now = _lc_mode(lc)
+        self._issue(True, NET_NBI_LCNOW if (now or isinstance(lc, LeafEvent)) else NET_NBI,
+                    rank, dest, src)
+        if isinstance(lc, LeafEvent):
+            _lc_event(lc, _DONE)
 
     def put_val(self, int rank, uintptr_t dest, value, size_t nbytes=8):
         """Blocking put of the low ``nbytes`` (1..8) of the integer ``value``
@@ -1190,13 +1453,15 @@ cdef class Team:
             _drop(&view, &loc)
 
     def get_nb(self, dest, int rank, uintptr_t src):
-        """Non-blocking get (``gex_RMA_GetNB``); returns an Event."""
-        self.get(dest, rank, src)
-        return _DONE
+        """Non-blocking get (``gex_RMA_GetNB``); returns an Event.  ``dest`` is
+        held (and must not be read) until the event completes."""
+        ev = self._issue(False, NET_NB, rank, src, dest)
+        return _DONE if ev is None else ev
 
     def get_nbi(self, dest, int rank, uintptr_t src):
-        """Implicit-event get (``gex_RMA_GetNBI``)."""
-        self.get(dest, rank, src)
+        """Implicit-event get (``gex_RMA_GetNBI``): ``dest`` is filled by the
+        next ``nbi_wait(EC_GET)`` (or the access region's event)."""
+        self._issue(False, NET_NBI, rank, src, dest)
 
     def get_val(self, int rank, uintptr_t src, size_t nbytes=8):
         """Blocking get of ``nbytes`` (1..8) returned as an unsigned int
@@ -1210,12 +1475,14 @@ cdef class Team:
     # -- ordering --
 
     def fence(self):
-        """Order earlier puts/atomics of this endpoint before later ones (NVSHMEM fence)."""
-        gx_fence()
+        """Order earlier puts/atomics of this team's endpoint before later ones
+        (NVSHMEM fence; over the network it completes them)."""
+        _nbi_sync(EC_PUT | EC_RMW, self.ep)
 
     def quiet(self):
-        """Complete every outstanding put/atomic of this endpoint (NVSHMEM quiet)."""
-        gx_quiet()
+        """Complete every outstanding put/atomic of this team's endpoint
+        (NVSHMEM quiet on this endpoint's context)."""
+        _nbi_sync(EC_PUT | EC_RMW, self.ep)
 
     # -- atomics --
 
@@ -1269,28 +1536,40 @@ cdef class AtomicDomain:
     def __exit__(self, *exc):
         self.destroy()
 
-    cdef object _do(self, int rank, uintptr_t addr, int op, object a, object b):
+    cdef object _do(self, int rank, uintptr_t addr, int op, object a, object b, int mode):
+        """Run one op; the fetched value (or None), or for mode NET_NB an Event."""
         cdef gx_val va, vb, res
         cdef int code, rc, dt = self.dt
+        cdef void* nop = NULL
+        cdef gx_target* t
+        cdef char* p
         if self.destroyed:
             raise StateError("the atomic domain has been destroyed")
         if op <= 0 or op & (op - 1) or not (op & self.ops):
-            if op > 0 and not op & (op - 1) and op & _ALL_OPS:
+            if op > 0 and not op & (op - 1) and op & _C_ALL_OPS:
                 raise ArgumentError(f"op {op:#x} is not in this domain's op set {self.ops:#x}")
             raise ArgumentError(f"op must be one OP_* flag, got {op!r}")
         code = _bit_index(op)
-        if op & _NO_OPERAND:
-            va.u64 = 0
-        else:
+        va.u64 = 0
+        vb.u64 = 0
+        res.u64 = 0
+        if not op & _C_NO_OPERAND:
             _to_val(dt, a, &va, "operand1")
-        if op & _TWO_OPERANDS:
+        if op & _C_TWO_OPERANDS:
             _to_val(dt, b, &vb, "operand2")
-        else:
-            vb.u64 = 0
         rc = gx_atomic(&self.team.c, rank, addr, dt, code, va, vb, &res)
+        if rc == GX_NOT_MAPPED and mode != NET_BLOCKING:
+            rc = gx_locate(&self.team.c, rank, addr, gx_dt_size(dt), &p, &t)
+            if rc == GX_NOT_MAPPED and t.transport == GX_TR_OFI and _net != NULL \
+                    and self.team.c.net_ep != NULL:
+                _net.atomic(self.team.c.net_ep, t, addr, dt, code, va, vb, &res, mode, &nop)
+                if nop != NULL:
+                    return _net_event(nop, None, dt if op & _C_FETCHING else -1)
+                return None
+            rc = GX_NOT_MAPPED
         if rc != GX_OK:
-            atomic_slow(&self.team.c, rank, addr, dt, code, rc)
-        if not op & _FETCHING:
+            atomic_slow(&self.team.c, rank, addr, dt, code, va, vb, &res, rc)
+        if not op & _C_FETCHING:
             return None
         return _from_val(dt, &res)
 
@@ -1298,12 +1577,15 @@ cdef class AtomicDomain:
         """Blocking atomic: perform ``op`` on the object at ``addr`` of team
         rank ``rank``; return the old value for fetching ops, else None.
         CAS/FCAS: operand1 is compared, operand2 is swapped in."""
-        return self._do(rank, addr, op, operand1, operand2)
+        return self._do(rank, addr, op, operand1, operand2, NET_BLOCKING)
 
     def op_nb(self, int rank, uintptr_t addr, int op, operand1=None, operand2=None):
         """Non-blocking atomic (``gex_AD_OpNB``): an Event whose result is the
         fetched value (None for non-fetching ops)."""
-        return _done_event(self._do(rank, addr, op, operand1, operand2))
+        r = self._do(rank, addr, op, operand1, operand2, NET_NB)
+        if isinstance(r, Event):
+            return r
+        return _done_event(r)
 
     def op_nbi(self, int rank, uintptr_t addr, int op, operand1=None, operand2=None, result=None):
         """Implicit-event atomic (``gex_AD_OpNBI``); a fetching op writes the
@@ -1320,7 +1602,8 @@ cdef class AtomicDomain:
             if mv.readonly or mv.nbytes < gx_dt_size(self.dt):
                 raise ArgumentError(f"result must be a writable buffer of at least "
                                     f"{gx_dt_size(self.dt)} bytes")
-        v = self._do(rank, addr, op, operand1, operand2)
+        # fetching ops complete here (the value must land in result); others are implicit
+        v = self._do(rank, addr, op, operand1, operand2, NET_BLOCKING if mv is not None else NET_NBI)
         if mv is not None:
             struct.pack_into(_DT_FORMATS[self.dt], mv, 0, v)
 
@@ -1334,27 +1617,39 @@ cdef int _bit_index(int op) noexcept:
 
 
 cdef int _to_val(int dt, object x, gx_val* v, str what) except -1:
+    cdef long long i
+    cdef unsigned long long u
     if x is None:
         raise ArgumentError(f"{what} is required for this op")
     if dt == GX_DT_FLT:
         v.flt = <float>float(x)
-    elif dt == GX_DT_DBL:
+        return 0
+    if dt == GX_DT_DBL:
         v.dbl = float(x)
-    else:
-        if not isinstance(x, int):
-            raise TypeError(f"{what} must be an int for {_DT_NAMES[dt]}, got {type(x).__name__}")
-        lo, hi = {GX_DT_I32: (-2**31, 2**31 - 1), GX_DT_U32: (0, 2**32 - 1),
-                  GX_DT_I64: (-2**63, 2**63 - 1), GX_DT_U64: (0, 2**64 - 1)}[dt]
-        if not lo <= x <= hi:
-            raise OverflowError(f"{what}={x} does not fit {_DT_NAMES[dt]}")
-        if dt == GX_DT_I32:
-            v.i32 = x
-        elif dt == GX_DT_U32:
-            v.u32 = x
-        elif dt == GX_DT_I64:
-            v.i64 = x
+        return 0
+    if not isinstance(x, int):
+        raise TypeError(f"{what} must be an int for {_DT_NAMES[dt]}, got {type(x).__name__}")
+    try:
+        if dt == GX_DT_U64 or dt == GX_DT_U32:
+            if x < 0:
+                raise OverflowError
+            u = x
+            if dt == GX_DT_U32:
+                if u > 0xFFFFFFFFu:
+                    raise OverflowError
+                v.u32 = <uint32_t>u
+            else:
+                v.u64 = u
         else:
-            v.u64 = x
+            i = x
+            if dt == GX_DT_I32:
+                if i < -2147483648 or i > 2147483647:
+                    raise OverflowError
+                v.i32 = <int32_t>i
+            else:
+                v.i64 = i
+    except OverflowError:
+        raise OverflowError(f"{what}={x} does not fit {_DT_NAMES[dt]}") from None
     return 0
 
 

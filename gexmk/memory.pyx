@@ -234,17 +234,18 @@ cdef class Segment:
 
         Library-allocated memory is unmapped here, unless buffer views of it
         are alive, in which case it is unmapped when the last one goes.
-        Client-allocated memory goes back to its owner (the buffer is released).
+        Client-allocated memory goes back to its owner (the buffer is released)
+        -- at finalize when it was bound in a job of several processes, since a
+        peer may still write to it by address until it sees a new publication.
         Peers that mapped the segment keep their mapping until their own
         finalize: their writes land in memory this process no longer sees.
         """
         if self.destroyed:
             return
         unbind = getattr(self.client, "_segment_destroyed", None)
-        if unbind is not None:
-            unbind(self)
+        retained = unbind(self) if unbind is not None else False
         self.destroyed = True
-        if self.exports == 0:
+        if self.exports == 0 and not retained:
             self._free()
 
     def __enter__(self):

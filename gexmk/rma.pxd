@@ -60,7 +60,7 @@ cdef inline int atomic(const gx_team* tm, int rank, uintptr_t addr, int dt, int 
     cdef int rc = gx_atomic(tm, rank, addr, dt, op, a, b, result)
     if rc == GX_OK:
         return 0
-    return atomic_slow(tm, rank, addr, dt, op, rc)
+    return atomic_slow(tm, rank, addr, dt, op, a, b, result, rc)
 
 
 cdef inline void fence() noexcept nogil:

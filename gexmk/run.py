@@ -51,7 +51,7 @@ import time
 from gexmk.bootstrap import RendezvousServer
 from gexmk.errors import ArgumentError, BootstrapError
 
-__all__ = ["launch", "main", "GRACE"]
+__all__ = ["launch", "main", "GRACE", "TIMEOUT_EXIT"]
 
 #: Seconds between SIGTERM and SIGKILL when the launcher stops ranks.
 GRACE = 2.0

@@ -33,12 +33,16 @@ cdef extern from "gexmk/gexmk.h" nogil:
         int jobrank
         int ep_index
         int dead
+        uint64_t net_addr
+        uint64_t net_key
+        uint64_t net_base
 
     ctypedef struct gx_team:
         int rank
         int size
         gx_target** targets
         void* owner
+        void* net_ep
 
     int gx_locate(const gx_team* tm, int rank, uintptr_t addr, size_t n, char** out, gx_target** tgt)
     int gx_put(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n)
@@ -76,3 +80,8 @@ cdef extern from "gexmk/gexmk.h" nogil:
     int gx_atomic_local(void* p, int dt, int op, gx_val a, gx_val b, gx_val* result)
     int gx_atomic(const gx_team* tm, int rank, uintptr_t addr, int dt, int op,
                   gx_val a, gx_val b, gx_val* result)
+
+    int gx_xchg_int(int* p, int v)
+    int gx_load_int(const int* p)
+    long gx_add_long(long* p, long v)
+    long gx_load_long(const long* p)

@@ -55,6 +55,11 @@ typedef struct gx_target {
     int jobrank;             /* owner's rank in the job */
     int ep_index;            /* owner's endpoint index */
     volatile int dead;       /* set when the owner is known to have died */
+    /* network transports (ofi): how the initiator names the target */
+    uint64_t net_addr;       /* fi_addr_t of the target endpoint */
+    uint64_t net_key;        /* registration key of the target segment */
+    uint64_t net_base;       /* address the network uses for the segment's first byte
+                                (remote_base with FI_MR_VIRT_ADDR, else 0) */
 } gx_target;
 
 /* The hot-path view of a team: one target pointer per team rank.  The
@@ -64,6 +69,7 @@ typedef struct gx_team {
     int size;                /* number of members */
     gx_target **targets;     /* [size] */
     void *owner;             /* the Python Team object (borrowed), for error reports */
+    void *net_ep;            /* the local endpoint's network state (NULL without one) */
 } gx_team;
 
 /* Locate [addr, addr + n) of team rank `rank` in this process.
@@ -264,6 +270,12 @@ static inline int gx_atomic(const gx_team *tm, int rank, uintptr_t addr, int dt,
         return GX_ERANGE;
     return gx_atomic_local(p, dt, op, a, b, result);
 }
+
+/* Small atomics for completion state shared with progress threads. */
+static inline int gx_xchg_int(volatile int *p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_ACQ_REL); }
+static inline int gx_load_int(const volatile int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline long gx_add_long(volatile long *p, long v) { return __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL); }
+static inline long gx_load_long(const volatile long *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,963 @@
+"""The ``ofi`` transport: libfabric RDM endpoints for RMA and atomics.
+
+One :class:`Domain` per process (fabric, domain and one address vector shared
+by every endpoint); one :class:`Endpoint` per gexmk endpoint, owning its
+libfabric endpoint, completion queue and segment registration, so two gexmk
+endpoints have independent ordering and ``quiet`` (the explicit-context model).
+
+Operations carry a heap-allocated context (``gx_op``); whoever reads its
+completion from the CQ -- the initiating thread or the progress thread --
+marks it done.  An op abandoned before completion (an Event collected early, a
+timeout) is *orphaned* and freed by its completion, never before, so a late
+completion cannot write into freed memory.
+
+Puts ask for FI_DELIVERY_COMPLETE: their completion means the data is at the
+target, which is what a blocking put and an NB put's event promise.
+"""
+import os
+import threading
+
+from cpython.pycapsule cimport PyCapsule_New
+from libc.errno cimport ENOMEM
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t, int64_t
+from libc.stdlib cimport calloc, free, getenv, strtod
+from libc.string cimport memcpy, memset, strcmp
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC, nanosleep
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+
+from gexmk.lib.libfabric cimport *
+from gexmk.lib.gx cimport *
+from gexmk.net cimport *
+
+from gexmk.errors import (OFIError, UnsupportedError, PeerDeadError, TimeoutError as GxTimeoutError,
+                          ArgumentError, StateError)
+
+cdef enum:
+    OP_PENDING = 0
+    OP_DONE = 1
+    OP_ORPHAN = 2
+    MAX_MR = 3
+
+
+cdef struct ofi_dom:
+    fi_info* info
+    fid_fabric* fabric
+    fid_domain* domain
+    fid_av* av
+    uint64_t mr_mode
+    size_t inject_size
+    int manual              # FI_PROGRESS_MANUAL data progress: targets must poll
+    uint64_t next_key       # requested keys when the provider does not choose them
+    double timeout          # seconds a blocking wait may take before TimeoutError
+    signed char valid[3][GX_DT_COUNT][GX_OP_COUNT]   # fi_*atomicvalid cache: -1 unknown
+
+
+cdef struct ofi_ep:
+    ofi_dom* dom
+    fid_ep* ep
+    fid_cq* cq
+    fid_mr* seg_mr
+    void* seg_desc
+    uintptr_t seg_lo
+    uintptr_t seg_hi
+    long nbi[3]             # outstanding implicit ops by NET_CAT_*
+    int nbi_err             # first failure (fi errno) among implicit ops since the last sync
+
+
+cdef struct gx_op:
+    fi_context2 ctx         # first: the provider's per-op scratch (FI_CONTEXT2)
+    ofi_ep* ep
+    int state               # OP_*
+    int err                 # fi errno of a failed op, else 0
+    int nbi                 # NET_CAT_* + 1 for implicit ops (freed at completion), else 0
+    int nmr
+    fid_mr* mr[3]           # on-the-fly registrations, closed at completion
+    gx_val operand          # atomic operands and result live here until completion
+    gx_val compare
+    gx_val result
+
+
+# ---- errors ------------------------------------------------------------------
+
+cdef int _raise(const char* call, ssize_t rc) except -1 with gil:
+    code = -rc if rc < 0 else rc
+    raise OFIError(call.decode(), code, fi_strerror(<int>code).decode())
+
+
+cdef inline int check(const char* call, ssize_t rc) except -1 nogil:
+    """One check for every libfabric return code: raise only on failure."""
+    if rc < 0:
+        return _raise(call, rc)
+    return 0
+
+
+cdef int _raise_dead(gx_target* t, const char* what) except -1 with gil:
+    raise PeerDeadError(f"{what.decode()}: job rank {t.jobrank} has died")
+
+
+cdef int _raise_timeout(gx_target* t, double secs, const char* what) except -1 with gil:
+    who = f"job rank {t.jobrank}" if t != NULL else "the target"
+    raise GxTimeoutError(f"{what.decode()}: no completion from {who} within {secs:g} s "
+                         "(GEXMK_TIMEOUT); is it alive and reachable?")
+
+
+cdef int _raise_op_failed(int err, const char* what) except -1 with gil:
+    raise OFIError(what.decode(), err, fi_strerror(err).decode() +
+                   " (the target may have died or become unreachable)")
+
+
+cdef double _now() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+# ---- completion ------------------------------------------------------------
+
+cdef void _release_mrs(gx_op* op) noexcept nogil:
+    cdef int i
+    for i in range(op.nmr):
+        fi_close(&op.mr[i].fid)
+    op.nmr = 0
+
+
+cdef void _complete(gx_op* op, int err) noexcept nogil:
+    cdef ofi_ep* ep = op.ep
+    _release_mrs(op)
+    if op.nbi:
+        if err and ep.nbi_err == 0:
+            ep.nbi_err = err
+        gx_add_long(&ep.nbi[op.nbi - 1], -1)
+        free(op)
+        return
+    op.err = err
+    if gx_xchg_int(&op.state, OP_DONE) == OP_ORPHAN:
+        free(op)
+
+
+cdef int _progress(ofi_ep* ep) except -1 nogil:
+    """Read completions from the endpoint's CQ (and drive manual progress)."""
+    cdef int n = _progress_quiet(ep)
+    if n < 0:
+        return check("fi_cq_read", -FI_EIO)
+    return n
+
+
+cdef int _wait_op(gx_op* op, gx_target* t, const char* what) except -1 nogil:
+    """Progress until op completes; free it; raise if it failed."""
+    cdef double deadline = 0
+    cdef unsigned long spins = 0
+    cdef int err
+    while gx_load_int(&op.state) != OP_DONE:
+        _progress(op.ep)
+        spins += 1
+        if (spins & 1023) == 0:
+            if t != NULL and t.dead:
+                _orphan(op)
+                return _raise_dead(t, what)
+            if deadline == 0:
+                deadline = _now() + op.ep.dom.timeout
+            elif _now() > deadline:
+                _orphan(op)
+                return _raise_timeout(t, op.ep.dom.timeout, what)
+    err = op.err
+    free(op)
+    if err:
+        return _raise_op_failed(err, what)
+    return 0
+
+
+cdef void _orphan(gx_op* op) noexcept nogil:
+    if gx_xchg_int(&op.state, OP_ORPHAN) == OP_DONE:
+        free(op)
+
+
+# ---- the table handed to the core ------------------------------------------
+
+cdef gx_op* _new_op(ofi_ep* ep, int mode, int cat) except NULL nogil:
+    cdef gx_op* op = <gx_op*>calloc(1, sizeof(gx_op))
+    if op == NULL:
+        with gil:
+            raise MemoryError()
+    op.ep = ep
+    if mode == NET_NBI or mode == NET_NBI_LCNOW:
+        op.nbi = cat + 1
+        gx_add_long(&ep.nbi[cat], 1)
+    return op
+
+
+cdef void _drop_new(gx_op* op) noexcept nogil:
+    """Undo _new_op for an op the provider refused."""
+    _release_mrs(op)
+    if op.nbi:
+        gx_add_long(&op.ep.nbi[op.nbi - 1], -1)
+    free(op)
+
+
+cdef int _desc(ofi_ep* ep, gx_op* op, void* p, size_t n, uint64_t access, void** desc) noexcept nogil:
+    """Local descriptor for [p, p+n): the segment's when inside it, none when the
+    provider does not need one (no FI_MR_LOCAL), else an on-the-fly registration."""
+    cdef uintptr_t a = <uintptr_t>p
+    desc[0] = NULL
+    if a >= ep.seg_lo and a + n <= ep.seg_hi and ep.seg_mr != NULL:
+        desc[0] = ep.seg_desc
+        return 0
+    if not (ep.dom.mr_mode & FI_MR_LOCAL):
+        return 0
+    cdef fid_mr* mr
+    cdef int rc = fi_mr_reg(ep.dom.domain, p, n, access, 0, 0, 0, &mr, NULL)
+    if rc < 0:
+        return rc          # the caller drops the op, then raises
+    op.mr[op.nmr] = mr
+    op.nmr += 1
+    desc[0] = fi_mr_desc(mr)
+    return 0
+
+
+cdef inline uint64_t _raddr(gx_target* t, uintptr_t remote) noexcept nogil:
+    return remote - t.remote_base + t.net_base
+
+
+cdef int net_put(void* epv, gx_target* t, uintptr_t remote, void* local, size_t n,
+                 int mode, void** out) except -1 nogil:
+    cdef ofi_ep* ep = <ofi_ep*>epv
+    cdef gx_op* op = _new_op(ep, mode, NET_CAT_PUT)
+    cdef iovec iov
+    cdef void* desc
+    cdef fi_rma_iov riov
+    cdef fi_msg_rma msg
+    cdef uint64_t flags = FI_COMPLETION | FI_DELIVERY_COMPLETE
+    cdef ssize_t rc
+    rc = _desc(ep, op, local, n, FI_WRITE, &desc)
+    if rc < 0:
+        _drop_new(op)
+        return check("fi_mr_reg", rc)
+    if mode == NET_NBI_LCNOW and n <= ep.dom.inject_size:
+        flags |= FI_INJECT            # buffer copied at issue: reusable on return
+    elif mode == NET_NBI_LCNOW:
+        mode = NET_BLOCKING           # reusable only once complete
+    iov.iov_base = local
+    iov.iov_len = n
+    riov.addr = _raddr(t, remote)
+    riov.len = n
+    riov.key = t.net_key
+    memset(&msg, 0, sizeof(msg))
+    msg.msg_iov = &iov
+    msg.desc = &desc
+    msg.iov_count = 1
+    msg.addr = t.net_addr
+    msg.rma_iov = &riov
+    msg.rma_iov_count = 1
+    msg.context = op
+    while True:
+        rc = fi_writemsg(ep.ep, &msg, flags)
+        if rc != -FI_EAGAIN:
+            break
+        _progress(ep)
+        if t.dead:
+            _drop_new(op)
+            return _raise_dead(t, "put")
+    if rc < 0:
+        _drop_new(op)
+        return check("fi_writemsg", rc)
+    if mode == NET_BLOCKING:
+        if op.nbi:       # an lc=NOW implicit put that had to wait: count it as done
+            op.nbi = 0
+            gx_add_long(&ep.nbi[NET_CAT_PUT], -1)
+        return _wait_op(op, t, "put")
+    if mode == NET_NB:
+        out[0] = op
+    return 0
+
+
+cdef int net_get(void* epv, gx_target* t, uintptr_t remote, void* local, size_t n,
+                 int mode, void** out) except -1 nogil:
+    cdef ofi_ep* ep = <ofi_ep*>epv
+    cdef gx_op* op = _new_op(ep, mode, NET_CAT_GET)
+    cdef void* desc
+    cdef ssize_t rc
+    rc = _desc(ep, op, local, n, FI_READ, &desc)
+    if rc < 0:
+        _drop_new(op)
+        return check("fi_mr_reg", rc)
+    while True:
+        rc = fi_read(ep.ep, local, n, desc, t.net_addr, _raddr(t, remote), t.net_key, op)
+        if rc != -FI_EAGAIN:
+            break
+        _progress(ep)
+        if t.dead:
+            _drop_new(op)
+            return _raise_dead(t, "get")
+    if rc < 0:
+        _drop_new(op)
+        return check("fi_read", rc)
+    if mode == NET_BLOCKING:
+        return _wait_op(op, t, "get")
+    if mode == NET_NB:
+        out[0] = op
+    return 0
+
+
+cdef fi_datatype _fi_dt(int dt) noexcept nogil:
+    if dt == GX_DT_I32:
+        return FI_INT32
+    if dt == GX_DT_U32:
+        return FI_UINT32
+    if dt == GX_DT_I64:
+        return FI_INT64
+    if dt == GX_DT_U64:
+        return FI_UINT64
+    if dt == GX_DT_FLT:
+        return FI_FLOAT
+    return FI_DOUBLE
+
+
+# How each gexmk op maps onto libfabric: the fi_op and which call family
+# (0 fi_atomic, 1 fi_fetch_atomic, 2 fi_compare_atomic).
+cdef int _map_op(int code, int dt, fi_op* fop, int* family, gx_val* a, gx_val* b) noexcept nogil:
+    cdef bint fetch = code in (GX_OP_GET, GX_OP_SWAP, GX_OP_FCAS, GX_OP_FADD, GX_OP_FSUB,
+                               GX_OP_FINC, GX_OP_FDEC, GX_OP_FAND, GX_OP_FOR, GX_OP_FXOR,
+                               GX_OP_FMIN, GX_OP_FMAX)
+    family[0] = 1 if fetch else 0
+    if code == GX_OP_SET or code == GX_OP_SWAP:
+        fop[0] = FI_ATOMIC_WRITE
+    elif code == GX_OP_GET:
+        fop[0] = FI_ATOMIC_READ
+    elif code == GX_OP_CAS or code == GX_OP_FCAS:
+        fop[0] = FI_CSWAP
+        family[0] = 2
+    elif code in (GX_OP_ADD, GX_OP_FADD, GX_OP_SUB, GX_OP_FSUB, GX_OP_INC, GX_OP_FINC,
+                  GX_OP_DEC, GX_OP_FDEC):
+        fop[0] = FI_SUM
+        # SUB, INC and DEC become a SUM of the negated operand / +-1 (wrapping for integers)
+        if code == GX_OP_INC or code == GX_OP_FINC or code == GX_OP_DEC or code == GX_OP_FDEC:
+            _set_one(dt, a, -1 if (code == GX_OP_DEC or code == GX_OP_FDEC) else 1)
+        elif code == GX_OP_SUB or code == GX_OP_FSUB:
+            _negate(dt, a)
+    elif code == GX_OP_AND or code == GX_OP_FAND:
+        fop[0] = FI_BAND
+    elif code == GX_OP_OR or code == GX_OP_FOR:
+        fop[0] = FI_BOR
+    elif code == GX_OP_XOR or code == GX_OP_FXOR:
+        fop[0] = FI_BXOR
+    elif code == GX_OP_MIN or code == GX_OP_FMIN:
+        fop[0] = FI_MIN
+    elif code == GX_OP_MAX or code == GX_OP_FMAX:
+        fop[0] = FI_MAX
+    else:
+        return -1
+    return 0
+
+
+cdef void _set_one(int dt, gx_val* v, int sign) noexcept nogil:
+    if dt == GX_DT_I32 or dt == GX_DT_U32:
+        v.u32 = <uint32_t>(<int>sign)
+    elif dt == GX_DT_I64 or dt == GX_DT_U64:
+        v.u64 = <uint64_t>(<int64_t>sign)
+    elif dt == GX_DT_FLT:
+        v.flt = sign
+    else:
+        v.dbl = sign
+
+
+cdef void _negate(int dt, gx_val* v) noexcept nogil:
+    if dt == GX_DT_I32 or dt == GX_DT_U32:
+        v.u32 = 0u - v.u32
+    elif dt == GX_DT_I64 or dt == GX_DT_U64:
+        v.u64 = 0u - v.u64
+    elif dt == GX_DT_FLT:
+        v.flt = -v.flt
+    else:
+        v.dbl = -v.dbl
+
+
+cdef int _valid(ofi_ep* ep, int family, int dt, fi_op fop, int code) noexcept nogil:
+    cdef signed char* slot = &ep.dom.valid[family][dt][code]
+    cdef size_t count = 0
+    cdef int rc
+    if slot[0] < 0:
+        if family == 0:
+            rc = fi_atomicvalid(ep.ep, _fi_dt(dt), fop, &count)
+        elif family == 1:
+            rc = fi_fetch_atomicvalid(ep.ep, _fi_dt(dt), fop, &count)
+        else:
+            rc = fi_compare_atomicvalid(ep.ep, _fi_dt(dt), fop, &count)
+        slot[0] = 1 if (rc == 0 and count >= 1) else 0
+    return slot[0]
+
+
+cdef enum:
+    ISSUE_DEAD = -1000000     # _issue_atomic: the target died while the queue was full
+
+cdef ssize_t _issue_atomic(ofi_ep* ep, gx_target* t, uintptr_t remote, int dt, fi_op fop, int family,
+                           gx_op* op) noexcept nogil:
+    """Post one atomic; returns libfabric's code (or ISSUE_DEAD), never raises."""
+    cdef void* d1
+    cdef void* d2
+    cdef void* d3
+    cdef ssize_t rc
+    cdef size_t sz = gx_dt_size(dt)
+    d2 = d3 = NULL
+    rc = _desc(ep, op, &op.operand, sz, FI_WRITE, &d1)
+    if rc == 0 and family >= 1:
+        rc = _desc(ep, op, &op.result, sz, FI_READ, &d3)
+    if rc == 0 and family == 2:
+        rc = _desc(ep, op, &op.compare, sz, FI_WRITE, &d2)
+    if rc < 0:
+        return rc
+    while True:
+        if family == 0:
+            rc = fi_atomic(ep.ep, &op.operand, 1, d1, t.net_addr, _raddr(t, remote), t.net_key,
+                           _fi_dt(dt), fop, op)
+        elif family == 1:
+            rc = fi_fetch_atomic(ep.ep, &op.operand, 1, d1, &op.result, d3, t.net_addr,
+                                 _raddr(t, remote), t.net_key, _fi_dt(dt), fop, op)
+        else:
+            rc = fi_compare_atomic(ep.ep, &op.operand, 1, d1, &op.compare, d2, &op.result, d3,
+                                   t.net_addr, _raddr(t, remote), t.net_key, _fi_dt(dt), fop, op)
+        if rc != -FI_EAGAIN:
+            return rc
+        if _progress_quiet(ep) < 0 or t.dead:
+            return ISSUE_DEAD
+
+
+cdef int _post_atomic(ofi_ep* ep, gx_target* t, uintptr_t remote, int dt, fi_op fop, int family,
+                      gx_op* op) except -1 nogil:
+    """Post, or drop the op and raise."""
+    cdef ssize_t rc = _issue_atomic(ep, t, remote, dt, fop, family, op)
+    if rc >= 0:
+        return 0
+    _drop_new(op)
+    if rc == ISSUE_DEAD:
+        return _raise_dead(t, "atomic")
+    return check("fi_atomic", rc)
+
+
+cdef int _progress_quiet(ofi_ep* ep) noexcept nogil:
+    """_progress for callers that cannot raise: -1 on a CQ failure."""
+    cdef fi_cq_entry entries[16]
+    cdef fi_cq_err_entry e
+    cdef ssize_t n = fi_cq_read(ep.cq, entries, 16), i
+    if n > 0:
+        for i in range(n):
+            _complete(<gx_op*>entries[i].op_context, 0)
+        return <int>n
+    if n == -FI_EAVAIL:
+        memset(&e, 0, sizeof(e))
+        if fi_cq_readerr(ep.cq, &e, 0) > 0 and e.op_context != NULL:
+            _complete(<gx_op*>e.op_context, e.err if e.err else FI_EIO)
+            return 1
+        return 0
+    if n == -FI_EAGAIN or n == 0:
+        return 0
+    return -1
+
+
+cdef int net_atomic(void* epv, gx_target* t, uintptr_t remote, int dt, int code,
+                    gx_val a, gx_val b, gx_val* result, int mode, void** out) except -1 nogil:
+    cdef ofi_ep* ep = <ofi_ep*>epv
+    cdef fi_op fop
+    cdef int family
+    cdef gx_val na = a
+    cdef gx_op* op
+    if _map_op(code, dt, &fop, &family, &na, &b) < 0:
+        with gil:
+            raise ArgumentError(f"atomic: unknown op code {code}")
+    if not _valid(ep, family, dt, fop, code):
+        # The provider lacks this op/type: a compare-and-swap loop is still exact.
+        _cas_loop(ep, t, remote, dt, code, a, b, result)
+        return 0
+    op = _new_op(ep, mode if mode != NET_NBI_LCNOW else NET_NBI, NET_CAT_RMW)
+    op.operand = na
+    if family == 2:          # libfabric: compare is the expected value, buf the new one
+        op.compare = a
+        op.operand = b
+    _post_atomic(ep, t, remote, dt, fop, family, op)
+    if mode == NET_NB:
+        out[0] = op
+        return 0
+    if mode != NET_BLOCKING:
+        return 0
+    # blocking: keep the result before the op is freed
+    while gx_load_int(&op.state) != OP_DONE:
+        _progress(ep)
+        if t.dead:
+            _orphan(op)
+            return _raise_dead(t, "atomic")
+    if result != NULL:
+        result[0] = op.result
+    return _wait_op(op, t, "atomic")
+
+
+cdef int _cas_loop(ofi_ep* ep, gx_target* t, uintptr_t remote, int dt, int code,
+                   gx_val a, gx_val b, gx_val* result) except -1 nogil:
+    """Emulate an op the provider lacks: read, compute locally, compare-and-swap."""
+    cdef int udt = GX_DT_U32 if gx_dt_size(dt) == 4 else GX_DT_U64
+    cdef gx_val old, new, seen
+    cdef gx_op* op
+    if not _valid(ep, 2, udt, FI_CSWAP, GX_OP_FCAS) or not _valid(ep, 1, udt, FI_ATOMIC_READ, GX_OP_GET):
+        with gil:
+            raise UnsupportedError("atomic: this provider offers neither the op nor "
+                                   "compare-and-swap for its size")
+    op = _new_op(ep, NET_BLOCKING, NET_CAT_RMW)
+    _post_atomic(ep, t, remote, udt, FI_ATOMIC_READ, 1, op)
+    while gx_load_int(&op.state) != OP_DONE:
+        _progress(ep)
+    old = op.result
+    _wait_op(op, t, "atomic")
+    while True:
+        new = old
+        gx_atomic_local(&new, dt, code, a, b, NULL)    # the op applied to a private copy
+        op = _new_op(ep, NET_BLOCKING, NET_CAT_RMW)
+        op.compare = old
+        op.operand = new
+        _post_atomic(ep, t, remote, udt, FI_CSWAP, 2, op)
+        while gx_load_int(&op.state) != OP_DONE:
+            _progress(ep)
+            if t.dead:
+                _orphan(op)
+                return _raise_dead(t, "atomic")
+        seen = op.result
+        _wait_op(op, t, "atomic")
+        if (udt == GX_DT_U32 and seen.u32 == old.u32) or (udt == GX_DT_U64 and seen.u64 == old.u64):
+            break
+        old = seen
+    if result != NULL:
+        result[0] = old
+    return 0
+
+
+cdef int net_test(void* opv, gx_val* result) except -1 nogil:
+    cdef gx_op* op = <gx_op*>opv
+    if gx_load_int(&op.state) != OP_DONE:
+        _progress(op.ep)
+        if gx_load_int(&op.state) != OP_DONE:
+            return 0
+    if result != NULL:
+        result[0] = op.result
+    _wait_op(op, NULL, "event")     # frees; raises if the op failed
+    return 1
+
+
+cdef int net_wait(void* opv, gx_val* result) except -1 nogil:
+    cdef gx_op* op = <gx_op*>opv
+    while gx_load_int(&op.state) != OP_DONE:
+        _progress(op.ep)
+        if gx_load_int(&op.state) == OP_DONE:
+            break
+        # _wait_op handles the timeout; loop here only to copy the result first
+        return _wait_then(op, result)
+    if result != NULL:
+        result[0] = op.result
+    return _wait_op(op, NULL, "event")
+
+
+cdef int _wait_then(gx_op* op, gx_val* result) except -1 nogil:
+    cdef double deadline = _now() + op.ep.dom.timeout
+    while gx_load_int(&op.state) != OP_DONE:
+        _progress(op.ep)
+        if _now() > deadline:
+            _orphan(op)
+            return _raise_timeout(NULL, op.ep.dom.timeout, "event wait")
+    if result != NULL:
+        result[0] = op.result
+    return _wait_op(op, NULL, "event")
+
+
+cdef void net_orphan(void* opv) noexcept nogil:
+    _orphan(<gx_op*>opv)
+
+
+cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
+    cdef ofi_ep* ep = <ofi_ep*>epv
+    cdef double deadline = 0
+    cdef unsigned long spins = 0
+    cdef int err, c
+    for c in range(3):
+        if not (categories & (1 << c)):
+            continue
+        while gx_load_long(&ep.nbi[c]) > 0:
+            _progress(ep)
+            spins += 1
+            if (spins & 1023) == 0:
+                if deadline == 0:
+                    deadline = _now() + ep.dom.timeout
+                elif _now() > deadline:
+                    return _raise_timeout(NULL, ep.dom.timeout, "nbi_wait")
+    err = ep.nbi_err
+    if err:
+        ep.nbi_err = 0
+        return _raise_op_failed(err, "nbi_wait (an implicit-event operation failed)")
+    return 0
+
+
+cdef net_ops _OPS
+_OPS.put = net_put
+_OPS.get = net_get
+_OPS.atomic = net_atomic
+_OPS.test = net_test
+_OPS.wait = net_wait
+_OPS.orphan = net_orphan
+_OPS.nbi_wait = net_nbi_wait
+
+
+def ops_capsule():
+    """The transport's function table, for gexmk.core."""
+    return PyCapsule_New(&_OPS, b"gexmk.net_ops", NULL)
+
+
+# ---- objects ---------------------------------------------------------------
+
+cdef uint64_t _WANT_MR_MODE = (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY
+                               | FI_MR_ENDPOINT)
+
+
+def _env_timeout():
+    try:
+        return float(os.environ.get("GEXMK_TIMEOUT", "300"))
+    except ValueError:
+        raise ArgumentError(f"GEXMK_TIMEOUT must be a number of seconds, got "
+                            f"{os.environ['GEXMK_TIMEOUT']!r}") from None
+
+
+cdef class Domain:
+    """Process-wide libfabric state: fabric, domain and address vector.
+
+    ``provider``: a libfabric provider name (``tcp;ofi_rxm``, ``shm``,
+    ``verbs;ofi_rxm``, ``cxi``, ``efa``, ``sockets``) or None for the first
+    that offers RDM + RMA (libfabric's own FI_PROVIDER applies too).
+    ``interface``: a domain name (e.g. ``eth0``); loopback domains are skipped
+    when ``skip_loopback`` (jobs spanning nodes)."""
+    cdef ofi_dom d
+    cdef readonly str provider
+    cdef readonly str domain_name
+    cdef readonly bint atomics
+    cdef dict _addrs
+    cdef list _eps
+    cdef object _thread
+    cdef bint _stop
+    cdef bint _spin
+    cdef volatile int _stop_flag          # read by the progress thread without the GIL
+    cdef bint closed
+    cdef object __weakref__
+
+    def __cinit__(self):
+        memset(&self.d, 0, sizeof(self.d))
+        memset(self.d.valid, -1, sizeof(self.d.valid))
+
+    def __init__(self, provider=None, interface=None, bint skip_loopback=False, want_atomics=True):
+        cdef fi_info* hints = fi_allocinfo()
+        cdef fi_info* info = NULL
+        cdef fi_info* p
+        cdef int rc
+        if hints == NULL:
+            raise MemoryError()
+        self._addrs = {}
+        self._eps = []
+        self.d.timeout = _env_timeout()
+        self.d.next_key = 1
+        try:
+            hints.caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE
+            if want_atomics:
+                hints.caps |= FI_ATOMIC
+            hints.mode = FI_CONTEXT | FI_CONTEXT2
+            hints.ep_attr.type = FI_EP_RDM
+            hints.domain_attr.mr_mode = _WANT_MR_MODE
+            hints.domain_attr.threading = FI_THREAD_SAFE
+            hints.tx_attr.op_flags = FI_DELIVERY_COMPLETE
+            hints.addr_format = FI_FORMAT_UNSPEC
+            if provider:
+                hints.fabric_attr.prov_name = _strdup(provider.encode())
+            with nogil:
+                rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info)
+            if rc == -FI_ENODATA and want_atomics:
+                # a provider without FI_ATOMIC still serves RMA (atomics: CAS fallback or error)
+                hints.caps &= ~FI_ATOMIC
+                with nogil:
+                    rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info)
+            if rc == -FI_ENODATA:
+                raise UnsupportedError(f"no libfabric provider offers RDM endpoints with RMA"
+                                       f"{' for ' + repr(provider) if provider else ''}")
+            check("fi_getinfo", rc)
+            p = info
+            while p != NULL:
+                name = p.domain_attr.name.decode() if p.domain_attr.name != NULL else ""
+                if interface is not None and name != interface:
+                    p = p.next
+                    continue
+                if skip_loopback and interface is None and name == "lo":
+                    p = p.next
+                    continue
+                break
+            if p == NULL:
+                raise UnsupportedError(f"no libfabric domain matches interface={interface!r} "
+                                       f"(provider {provider!r})")
+            self.d.info = fi_dupinfo(p)
+        finally:
+            if info != NULL:
+                fi_freeinfo(info)
+            if hints != NULL:
+                fi_freeinfo(hints)
+        self.provider = self.d.info.fabric_attr.prov_name.decode()
+        self.domain_name = self.d.info.domain_attr.name.decode()
+        self.atomics = bool(self.d.info.caps & FI_ATOMIC)
+        self.d.mr_mode = self.d.info.domain_attr.mr_mode
+        self.d.inject_size = self.d.info.tx_attr.inject_size
+        self.d.manual = self.d.info.domain_attr.data_progress == FI_PROGRESS_MANUAL
+        cdef fi_av_attr av_attr
+        memset(&av_attr, 0, sizeof(av_attr))
+        av_attr.type = FI_AV_TABLE
+        try:
+            check("fi_fabric", fi_fabric(self.d.info.fabric_attr, &self.d.fabric, NULL))
+            check("fi_domain", fi_domain(self.d.fabric, self.d.info, &self.d.domain, NULL))
+            check("fi_av_open", fi_av_open(self.d.domain, &av_attr, &self.d.av, NULL))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def manual_progress(self):
+        """True when targets must poll (FI_PROGRESS_MANUAL): a progress thread does."""
+        return bool(self.d.manual)
+
+    @property
+    def mr_mode(self):
+        return self.d.mr_mode
+
+    @property
+    def inject_size(self):
+        return self.d.inject_size
+
+    def insert(self, bytes name):
+        """fi_addr of a peer endpoint's name (inserted once, cached)."""
+        cdef fi_addr_t a
+        cdef const char* p = name
+        cached = self._addrs.get(name)
+        if cached is not None:
+            return cached
+        rc = fi_av_insert(self.d.av, p, 1, &a, 0, NULL)
+        if rc != 1:
+            check("fi_av_insert", rc if rc < 0 else -FI_EINVAL)
+        self._addrs[name] = a
+        return a
+
+    def endpoint(self):
+        """A new libfabric endpoint with its own CQ, for one gexmk endpoint."""
+        if self.closed:
+            raise StateError("the ofi domain is closed")
+        ep = Endpoint._make(self)
+        self._eps.append(ep)
+        return ep
+
+    # -- progress thread --
+
+    def start_progress(self, bint spin=False):
+        """Start the background progress thread (idempotent): manual-progress
+        providers need the target to poll for puts and gets to complete.  By
+        default it sleeps in the CQ's wait object between events; ``spin``
+        makes it poll continuously (lowest latency, one core busy)."""
+        if self._thread is not None:
+            return
+        self._stop = False
+        self._spin = spin
+        self._thread = threading.Thread(target=self._progress_loop, name="gexmk-ofi-progress",
+                                        daemon=True)
+        self._thread.start()
+
+    def _progress_loop(self):
+        cdef ofi_ep** eps = NULL
+        cdef int n, i
+        cdef ssize_t got
+        cdef bint spin = self._spin
+        cdef fi_cq_entry entries[16]
+        while not self._stop:
+            live = [e for e in self._eps if not (<Endpoint>e).closed]
+            n = len(live)
+            eps = <ofi_ep**>calloc(n if n else 1, sizeof(ofi_ep*))
+            for i in range(n):
+                eps[i] = &(<Endpoint>live[i]).e
+            try:
+                with nogil:
+                    for _ in range(50 if not spin else 20000):
+                        if n == 0:
+                            break
+                        if spin:
+                            for i in range(n):
+                                _progress_quiet(eps[i])
+                            sched_yield()
+                            continue
+                        # Block in the CQ's wait object: wakes as soon as traffic
+                        # arrives (and makes the provider progress it), costs
+                        # nothing while idle.  stop_progress() wakes it with fi_cq_signal.
+                        got = fi_cq_sread(eps[0].cq, entries, 16, NULL, 20)
+                        if got > 0:
+                            for i in range(got):
+                                _complete(<gx_op*>entries[i].op_context, 0)
+                        elif got == -FI_EAVAIL:
+                            _progress_quiet(eps[0])
+                        for i in range(1, n):
+                            _progress_quiet(eps[i])
+                        if self._stop_flag:
+                            break
+            finally:
+                free(eps)
+
+    def stop_progress(self):
+        """Stop and join the progress thread (idempotent)."""
+        cdef double deadline
+        if self._thread is None:
+            return
+        self._stop = True
+        self._stop_flag = 1
+        deadline = _now() + 10
+        while self._thread.is_alive() and _now() < deadline:
+            for e in self._eps:
+                if not (<Endpoint>e).closed and (<Endpoint>e).e.cq != NULL:
+                    fi_cq_signal((<Endpoint>e).e.cq)
+            self._thread.join(0.05)
+        if self._thread.is_alive():
+            raise StateError("the ofi progress thread did not stop; not closing its endpoints")
+        self._thread = None
+        self._stop_flag = 0
+
+    def close(self):
+        """Close every endpoint, the AV, domain and fabric (idempotent)."""
+        if self.closed:
+            return
+        self.stop_progress()
+        for e in self._eps:
+            (<Endpoint>e).close()
+        self._eps = []
+        self.closed = True
+        if self.d.av != NULL:
+            fi_close(&self.d.av.fid)
+            self.d.av = NULL
+        if self.d.domain != NULL:
+            fi_close(&self.d.domain.fid)
+            self.d.domain = NULL
+        if self.d.fabric != NULL:
+            fi_close(&self.d.fabric.fid)
+            self.d.fabric = NULL
+        if self.d.info != NULL:
+            fi_freeinfo(self.d.info)
+            self.d.info = NULL
+
+    def __dealloc__(self):
+        if not self.closed:
+            self.close()
+
+    def __repr__(self):
+        return f"<gexmk.ofi Domain {self.provider} on {self.domain_name}>"
+
+
+cdef char* _strdup(bytes s):
+    # libfabric frees prov_name with fi_freeinfo: allocate with the C allocator
+    cdef size_t n = len(s)
+    cdef char* p = <char*>calloc(n + 1, 1)
+    memcpy(p, <char*>s, n)
+    return p
+
+
+cdef class Endpoint:
+    """One libfabric endpoint + CQ (+ the registration of a bound segment)."""
+    cdef ofi_ep e
+    cdef readonly Domain domain
+    cdef readonly bytes name
+    cdef readonly bint closed
+
+    @staticmethod
+    cdef Endpoint _make(Domain dom):
+        cdef Endpoint ep = Endpoint.__new__(Endpoint)
+        cdef fi_cq_attr cq_attr
+        cdef char buf[256]
+        cdef size_t blen = sizeof(buf)
+        memset(&ep.e, 0, sizeof(ep.e))
+        ep.domain = dom
+        ep.e.dom = &dom.d
+        memset(&cq_attr, 0, sizeof(cq_attr))
+        cq_attr.format = FI_CQ_FORMAT_CONTEXT
+        cq_attr.wait_obj = FI_WAIT_UNSPEC     # the progress thread sleeps in fi_cq_sread
+        cq_attr.size = 0
+        try:
+            check("fi_endpoint", fi_endpoint(dom.d.domain, dom.d.info, &ep.e.ep, NULL))
+            check("fi_cq_open", fi_cq_open(dom.d.domain, &cq_attr, &ep.e.cq, NULL))
+            check("fi_ep_bind(cq)", fi_ep_bind(ep.e.ep, &ep.e.cq.fid, FI_TRANSMIT | FI_RECV))
+            check("fi_ep_bind(av)", fi_ep_bind(ep.e.ep, &dom.d.av.fid, 0))
+            check("fi_enable", fi_enable(ep.e.ep))
+            check("fi_getname", fi_getname(&ep.e.ep.fid, buf, &blen))
+        except BaseException:
+            ep.close()
+            raise
+        ep.name = buf[:blen]
+        return ep
+
+    @property
+    def handle(self):
+        """Address of the C state, for the core's team structures."""
+        return <uintptr_t>&self.e
+
+    def bind(self, uintptr_t addr, size_t size):
+        """Register [addr, addr+size) for remote access; returns (key, base):
+        what peers need to address it (base is addr with FI_MR_VIRT_ADDR, else 0)."""
+        cdef fid_mr* mr = NULL
+        cdef uint64_t key = 0
+        cdef uint64_t access = FI_REMOTE_READ | FI_REMOTE_WRITE | FI_READ | FI_WRITE
+        if self.e.dom.info.caps & FI_ATOMIC:
+            access |= FI_REMOTE_READ | FI_REMOTE_WRITE
+        self.unbind()
+        if not (self.e.dom.mr_mode & FI_MR_PROV_KEY):
+            key = self.e.dom.next_key
+            self.e.dom.next_key += 1
+        with nogil:
+            check("fi_mr_reg", fi_mr_reg(self.e.dom.domain, <void*>addr, size, access, 0, key, 0,
+                                         &mr, NULL))
+        try:
+            if self.e.dom.mr_mode & FI_MR_ENDPOINT:
+                check("fi_mr_bind", fi_mr_bind(mr, &self.e.ep.fid, 0))
+                check("fi_mr_enable", fi_mr_enable(mr))
+        except BaseException:
+            fi_close(&mr.fid)
+            raise
+        self.e.seg_mr = mr
+        self.e.seg_desc = fi_mr_desc(mr)
+        self.e.seg_lo = addr
+        self.e.seg_hi = addr + size
+        base = addr if (self.e.dom.mr_mode & FI_MR_VIRT_ADDR) else 0
+        return fi_mr_key(mr), base
+
+    def unbind(self):
+        if self.e.seg_mr != NULL:
+            fi_close(&self.e.seg_mr.fid)
+            self.e.seg_mr = NULL
+            self.e.seg_desc = NULL
+            self.e.seg_lo = self.e.seg_hi = 0
+
+    def progress(self):
+        """Poll the CQ once (completions, manual progress); returns how many completed."""
+        if self.closed:
+            return 0
+        return _progress(&self.e)
+
+    def nbi_pending(self):
+        """Outstanding implicit ops by category: (get, put, rmw)."""
+        return tuple(self.e.nbi[i] for i in range(3))
+
+    def close(self):
+        """Close (idempotent): waits briefly for outstanding ops first."""
+        if self.closed:
+            return
+        self.closed = True
+        cdef int spins = 0
+        if self.e.cq != NULL:
+            while (self.e.nbi[0] or self.e.nbi[1] or self.e.nbi[2]) and spins < 100000:
+                _progress(&self.e)
+                spins += 1
+        self.unbind()
+        if self.e.ep != NULL:
+            fi_close(&self.e.ep.fid)
+            self.e.ep = NULL
+        if self.e.cq != NULL:
+            fi_close(&self.e.cq.fid)
+            self.e.cq = NULL

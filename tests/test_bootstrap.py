@@ -1,0 +1,520 @@
+"""Job rendezvous and bootstrap collectives (gexmk.bootstrap).
+
+Single mode runs in this process; launcher mode runs worker scripts under
+``python -m gexmk.run``; MPI mode under the ``mpiexec`` of the mpich wheel.
+Workers import only ``gexmk.bootstrap``, assert, print ``ok <rank>`` and exit
+0; the job's exit code and output carry the verdict.
+"""
+import os
+import shutil
+import socket
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+try:
+    from . import mp_util
+except ImportError:
+    import mp_util
+
+from gexmk import bootstrap as B
+from gexmk.errors import (ArgumentError, BootstrapError, GexmkError, RankError,
+                          StateError, TimeoutError)
+
+# Prepended to every worker: only the bootstrap, so these tests do not depend on the core.
+HEADER = r'''
+import os, signal, sys, threading, time
+from gexmk import bootstrap as B
+from gexmk import errors as E
+
+def say(text):
+    os.write(1, (text + "\n").encode())  # one write: lines of concurrent ranks do not mix
+
+def expect(exc, fn, *args, **kw):
+    try:
+        fn(*args, **kw)
+    except exc as e:
+        return e
+    raise AssertionError(f"{fn.__name__}{args} did not raise {exc.__name__}")
+'''
+
+
+def job(tmp_path, body, n, **kw):
+    """Run ``body`` (after HEADER) on ``n`` ranks under the launcher; returns a JobResult."""
+    source = HEADER + "\n" + textwrap.dedent(body)
+    kw.setdefault("launcher_timeout", 40)
+    kw["env"] = {"GEXMK_BOOTSTRAP": None, **kw.get("env", {})}
+    return mp_util.run_job(tmp_path, source, n, prelude=False, **kw)
+
+
+def oks(result, ranks):
+    """Assert every rank in ``ranks`` printed its ``ok`` line."""
+    lines = set(result.stdout.split("\n"))
+    for r in ranks:
+        assert f"ok {r}" in lines, result.report()
+
+
+@pytest.fixture(autouse=True)
+def nothing_left(tmp_path):
+    """Fail a test that leaves one of its processes (command line naming tmp_path) alive."""
+    yield
+    marker = str(tmp_path)
+    end = time.monotonic() + 5
+    while mp_util.processes_running(marker) and time.monotonic() < end:
+        time.sleep(0.05)
+    left = mp_util.processes_running(marker)
+    for pid in left:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    assert not left, f"processes left running: {left}"
+
+
+@pytest.fixture
+def single(monkeypatch):
+    """A single-process bootstrap, whatever launched pytest; closed after the test."""
+    for name in ("GEXMK_BOOTSTRAP", "GEXMK_TIMEOUT", *B.MPI_ENVIRONMENT):
+        monkeypatch.delenv(name, raising=False)
+    bs = B.from_environment()
+    yield bs
+    bs.close()
+
+
+# -- single process -------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_single_identity_and_exchange(single):
+    assert single.kind == "single"
+    assert (single.rank, single.size) == (0, 1)
+    assert single.pids == [os.getpid()] and single.nodes == [0]
+    assert single.exchange("k1", [0], 0, b"abc") == [b"abc"]
+    assert single.exchange("k2", [0], 0, bytearray(b"xy")) == [b"xy"]  # any bytes-like
+    single.barrier()
+    single.barrier()
+
+
+@pytest.mark.timeout(30)
+def test_single_two_threads_as_two_members(single):
+    results = {}
+
+    def member(i):
+        results[i] = single.exchange("pair", [0, 0], i, f"m{i}".encode(), timeout=10)
+
+    threads = [threading.Thread(target=member, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert results == {0: [b"m0", b"m1"], 1: [b"m0", b"m1"]}
+    # several keys in flight at once, from many threads
+    results.clear()
+
+    def member2(key, i):
+        results[key, i] = single.exchange(key, [0, 0, 0], i, bytes([i]), timeout=10)
+
+    threads = [threading.Thread(target=member2, args=(f"k{k}", i)) for k in range(4) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert all(v == [b"\0", b"\1", b"\2"] for v in results.values()) and len(results) == 12
+
+
+@pytest.mark.timeout(30)
+def test_single_timeout_names_missing_member_and_withdraws(single):
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError) as info:
+        single.exchange("lonely", [0, 0], 0, b"x", timeout=0.3)
+    assert 0.25 <= time.monotonic() - t0 < 5
+    assert "index [1]" in str(info.value) and "lonely" in str(info.value)
+    assert isinstance(info.value, GexmkError)
+    # the timed-out contribution was withdrawn: the key can be completed afresh
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault(1, single.exchange("lonely", [0, 0], 1, b"b")))
+    t.start()
+    assert single.exchange("lonely", [0, 0], 0, b"a", timeout=10) == [b"a", b"b"]
+    t.join(10)
+    assert out[1] == [b"a", b"b"]
+
+
+@pytest.mark.timeout(30)
+def test_single_bad_arguments(single):
+    with pytest.raises(ArgumentError):
+        single.exchange("k", [], 0, b"")
+    with pytest.raises(RankError):
+        single.exchange("k", [0, 1], 0, b"")            # rank 1 is not in a job of one
+    with pytest.raises(ArgumentError):
+        single.exchange("k", [0], 1, b"")               # index outside members
+    with pytest.raises(TypeError):
+        single.exchange("k", [0], 0, "not bytes")
+    with pytest.raises(TypeError):
+        single.exchange(7, [0], 0, b"")
+    with pytest.raises(ValueError):
+        single.exchange("k", [0], 0, b"", timeout=-1)
+    with pytest.raises(TypeError):
+        single.on_peer_death("not callable")
+
+
+@pytest.mark.timeout(30)
+def test_single_close_is_idempotent_and_final(single):
+    waiting = {}
+
+    def waiter():
+        try:
+            single.exchange("never", [0, 0], 0, b"", timeout=20)
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            waiting["error"] = e
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.2)
+    single.close()
+    single.close()
+    t.join(10)
+    assert isinstance(waiting.get("error"), StateError)  # a pending exchange fails at close
+    assert single.closed
+    with pytest.raises(StateError):
+        single.exchange("k", [0], 0, b"")
+    with pytest.raises(StateError):
+        single.barrier()
+
+
+@pytest.mark.timeout(30)
+def test_bad_environment_raises_bootstrap_error(monkeypatch):
+    monkeypatch.setenv("GEXMK_TIMEOUT", "1")
+    monkeypatch.setenv("GEXMK_BOOTSTRAP", "@gexmk-test-nobody-listens-here")
+    monkeypatch.setenv("GEXMK_RANK", "0")
+    monkeypatch.setenv("GEXMK_SIZE", "2")
+    t0 = time.monotonic()
+    with pytest.raises(BootstrapError, match="gexmk-test-nobody-listens-here"):
+        B.from_environment()
+    assert time.monotonic() - t0 < 5
+    monkeypatch.setenv("GEXMK_RANK", "two")
+    with pytest.raises(BootstrapError, match="GEXMK_RANK"):
+        B.from_environment()
+    monkeypatch.setenv("GEXMK_BOOTSTRAP", "nonsense")
+    monkeypatch.setenv("GEXMK_RANK", "0")
+    with pytest.raises(BootstrapError, match="nonsense"):
+        B.from_environment()
+    monkeypatch.setenv("GEXMK_TIMEOUT", "soon")
+    with pytest.raises(BootstrapError, match="GEXMK_TIMEOUT"):
+        B.from_environment()
+
+
+@pytest.mark.timeout(30)
+def test_server_fails_exchange_with_mismatched_members(monkeypatch):
+    # Two clients in threads of this process, on a server of this process.
+    monkeypatch.delenv("GEXMK_TIMEOUT", raising=False)
+    server = B.RendezvousServer(2)
+    server.start()
+    try:
+        clients = [None, None]
+
+        def connect(r):
+            clients[r] = B.Bootstrap(rank=r, size=2, kind="launcher", timeout=10,
+                                     connect=B._connect_socket(server.address, 10))
+
+        threads = [threading.Thread(target=connect, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        errors = {}
+
+        def call(r, members):
+            try:
+                clients[r].exchange("bad", members, members.index(r), b"", timeout=10)
+            except Exception as e:  # noqa: BLE001
+                errors[r] = e
+
+        threads = [threading.Thread(target=call, args=(0, [0, 1])),
+                   threading.Thread(target=call, args=(1, [1, 0]))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        assert all(isinstance(errors.get(r), ValueError) for r in range(2)), errors
+        assert "different member lists" in str(errors[0])
+        for c in clients:
+            c.close()
+        assert server.wait_finished(5)
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(30)
+def test_tcp_server_wants_the_job_token():
+    server = B.RendezvousServer(1, tcp=True, token="secret")
+    server.start()
+    try:
+        connect = B._connect_socket(server.address, 5)
+        with pytest.raises(BootstrapError, match="wrong job token"):
+            B.Bootstrap(rank=0, size=1, kind="mpi", timeout=5, connect=connect, token="guess")
+        with B.Bootstrap(rank=0, size=1, kind="mpi", timeout=5,
+                         connect=B._connect_socket(server.address, 5), token="secret") as bs:
+            assert bs.exchange("k", [0], 0, b"tcp") == [b"tcp"]
+    finally:
+        server.close()
+
+@pytest.mark.timeout(30)
+def test_server_answers_its_home_rank_last():
+    # MPI rank 0 hosts the server: once rank 0 has its answer it may block holding
+    # the GIL, so everybody else's answer must have left the server before rank 0's.
+    server = B.RendezvousServer(2, home_rank=0)
+    server.start()
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # rank 1, reading nothing yet
+    try:
+        raw.connect("\0" + server.address[1:])
+        raw.sendall(B._frame(("hello", None, 1, 2, os.getpid(), "node")))
+        home = B.Bootstrap(rank=0, size=2, kind="mpi", timeout=10,
+                           connect=B._connect_socket(server.address, 10))
+        big = b"x" * (8 << 20)                      # far more than a socket buffer holds
+        raw.sendall(B._frame(("contrib", "k", [0, 1], 1, big)))
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (home.exchange("k", [0, 1], 0, big), done.set()))
+        t.start()
+        assert not done.wait(1.0), "rank 0 was answered while rank 1's answer was stuck"
+        while not done.is_set():                    # rank 1 reads: rank 0 gets its answer
+            raw.settimeout(0.2)
+            try:
+                if not raw.recv(1 << 20):
+                    break
+            except socket.timeout:
+                pass
+        t.join(10)
+        assert done.is_set()
+        home.close()
+    finally:
+        raw.close()
+        server.close()
+
+# -- launcher mode --------------------------------------------------------------------------
+
+COLLECTIVES = r'''
+bs = B.from_environment()
+me, n = bs.rank, bs.size
+assert bs.kind == "launcher"
+assert (me, n) == (int(os.environ["GEXMK_RANK"]), int(os.environ["GEXMK_SIZE"]))
+assert len(bs.pids) == n and bs.pids[me] == os.getpid() and len(set(bs.pids)) == n
+assert bs.nodes == [0] * n
+everyone = list(range(n))
+bs.barrier()
+# allgather of rank-dependent payloads, several rounds
+for i in range(20):
+    got = bs.exchange(f"ag{i}", everyone, me, f"{i}:{me}".encode() * (me + 1))
+    assert got == [f"{i}:{r}".encode() * (r + 1) for r in everyone], got
+# a large payload crosses many socket buffers
+big = bs.exchange("big", everyone, me, bytes([me]) * (1 << 20))
+assert [len(p) for p in big] == [1 << 20] * n and all(p[-1] == r for r, p in enumerate(big))
+# sub-teams: even ranks, and the pair {me, me^1}, members in non-rank order
+evens = [r for r in reversed(everyone) if r % 2 == 0]
+if me in evens:
+    assert bs.exchange("evens", evens, evens.index(me), bytes([me])) == [bytes([r]) for r in evens]
+pair = sorted({me, me ^ 1} & set(everyone), reverse=True)
+assert bs.exchange(f"pair{min(pair)}", pair, pair.index(me), bytes([me])) == [bytes([r]) for r in pair]
+# this process holds two members: one call per entry, from two threads
+doubled = [r for r in everyone for _ in range(2)]
+results = {}
+def member(index):
+    results[index] = bs.exchange("doubled", doubled, index, f"{me}.{index}".encode())
+threads = [threading.Thread(target=member, args=(2 * me + k,)) for k in range(2)]
+for t in threads: t.start()
+for t in threads: t.join(30)
+expected = [f"{r}.{i}".encode() for i, r in enumerate(doubled)]
+assert results == {2 * me: expected, 2 * me + 1: expected}, results
+bs.barrier()
+assert bs.dead_ranks() == []
+bs.close()
+say(f"ok {me}")
+'''
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("n", [2, 4])
+def test_launcher_collectives(tmp_path, n):
+    result = job(tmp_path, COLLECTIVES, n).check(0)
+    oks(result, range(n))
+
+
+DEATH = r'''
+how = sys.argv[1]
+bs = B.from_environment()
+me, n = bs.rank, bs.size
+seen = []
+reported = threading.Event()
+bs.on_peer_death(lambda r: (seen.append(r), reported.set()))
+bs.barrier()
+if me == 1:
+    time.sleep(0.3)             # let the others enter the next exchange first
+    if how == "exit":
+        os._exit(7)
+    if how == "raise":
+        raise RuntimeError("rank 1 crashes")   # uncaught: reported as a death too
+    os.kill(os.getpid(), signal.SIGKILL)
+t0 = time.monotonic()
+# pending when rank 1 dies
+e = expect(E.PeerDeadError, bs.exchange, "after", list(range(n)), me, b"x")
+assert e.rank == 1 and "rank 1" in str(e), e
+assert time.monotonic() - t0 < 5
+assert reported.wait(5) and seen == [1], seen
+assert bs.dead_ranks() == [1]
+# a later exchange that needs rank 1 fails at once; one without it still works
+t0 = time.monotonic()
+e = expect(E.PeerDeadError, bs.exchange, "later", [1, me], 1, b"x")
+assert e.rank == 1 and time.monotonic() - t0 < 2
+survivors = [r for r in range(n) if r != 1]
+got = bs.exchange("survivors", survivors, survivors.index(me), bytes([me]))
+assert got == [bytes([r]) for r in survivors], got
+# a callback registered now still hears about the earlier death
+late = []
+bs.on_peer_death(late.append)
+time.sleep(0.3)
+assert late == [1], late
+bs.close()
+say(f"ok {me}")
+'''
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how, code", [("exit", 7), ("kill", 128 + 9), ("raise", 1)])
+def test_death_is_reported_to_survivors(tmp_path, how, code):
+    result = job(tmp_path, DEATH, 3, keep_going=True, args=[how])
+    result.check(code)
+    oks(result, [0, 2])
+    assert f"rank 1 exited with code {code}" in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_death_before_connecting_is_reported(tmp_path):
+    # Rank 1 never reaches the rendezvous; the launcher tells the server it exited.
+    body = r'''
+    if os.environ["GEXMK_RANK"] == "1":
+        sys.exit(5)
+    bs = B.from_environment()
+    t0 = time.monotonic()
+    e = expect(E.PeerDeadError, bs.exchange, "x", [0, 1, 2], bs.rank, b"")
+    assert e.rank == 1 and time.monotonic() - t0 < 5, e
+    assert bs.dead_ranks() == [1]
+    bs.exchange("y", [0, 2], bs.rank // 2, b"")
+    bs.close()
+    say(f"ok {bs.rank}")
+    '''
+    result = job(tmp_path, body, 3, keep_going=True).check(5)
+    oks(result, [0, 2])
+
+
+@pytest.mark.timeout(60)
+def test_clean_leave_is_not_a_death(tmp_path):
+    body = r'''
+    bs = B.from_environment()
+    me = bs.rank
+    deaths = []
+    bs.on_peer_death(deaths.append)
+    bs.barrier()
+    if me == 1:
+        bs.close()              # then exits 0
+        say("ok 1")
+        sys.exit(0)
+    e = expect(E.PeerDeadError, bs.exchange, "with1", [0, 1], 0, b"", timeout=20)
+    assert e.rank == 1 and "left" in str(e), e
+    time.sleep(0.5)
+    assert deaths == [] and bs.dead_ranks() == [], deaths
+    bs.close()
+    say("ok 0")
+    '''
+    result = job(tmp_path, body, 2).check(0)
+    oks(result, [0, 1])
+
+
+@pytest.mark.timeout(60)
+def test_timeout_names_missing_members(tmp_path):
+    body = r'''
+    bs = B.from_environment()
+    me = bs.rank
+    assert bs.timeout == 2.0
+    if me == 2:
+        time.sleep(4)           # never takes part; outlives the others' timeout
+        bs.close()
+        say("ok 2")
+        sys.exit(0)
+    t0 = time.monotonic()
+    e = expect(E.TimeoutError, bs.exchange, "slow", [0, 1, 2], me, b"")
+    took = time.monotonic() - t0
+    assert 1.9 <= took < 4, took
+    assert "job ranks [2]" in str(e) and "slow" in str(e), e
+    e = expect(E.TimeoutError, bs.exchange, f"slow2.{me}", [2, me], 1, b"", timeout=0.5)
+    assert "job ranks [2]" in str(e), e
+    # the job is still usable after a timeout
+    assert bs.exchange("fine", [0, 1], me, bytes([me])) == [b"\0", b"\1"]
+    bs.close()
+    say(f"ok {me}")
+    '''
+    result = job(tmp_path, body, 3, env={"GEXMK_TIMEOUT": "2"}).check(0)
+    oks(result, range(3))
+
+
+@pytest.mark.timeout(60)
+def test_a_process_joins_a_launcher_job_once(tmp_path):
+    body = r'''
+    with B.from_environment() as bs:
+        bs.barrier()
+    e = expect(E.BootstrapError, B.from_environment)
+    assert "already left" in str(e), e
+    say(f"ok {bs.rank}")
+    '''
+    result = job(tmp_path, body, 2).check(0)
+    oks(result, range(2))
+
+
+# -- MPI mode -------------------------------------------------------------------------------
+
+MPI_WORKER = r'''
+from mpi4py import MPI
+mode = sys.argv[1]
+world = MPI.COMM_WORLD
+if mode == "auto":
+    bs = B.from_environment()
+elif mode == "comm":
+    bs = B.from_environment(world)
+else:
+    bs = B._from_mpi(world, force_tcp=True)
+me, n = bs.rank, bs.size
+assert bs.kind == "mpi" and (me, n) == (world.Get_rank(), world.Get_size())
+assert bs.pids == world.allgather(os.getpid()) and bs.nodes == [0] * n
+for i in range(5):
+    assert bs.exchange(f"ag{i}", list(range(n)), me, bytes([me, i])) == [bytes([r, i]) for r in range(n)]
+bs.barrier()
+world.Barrier()                 # the communicator is still usable for the program
+bs.close()
+say(f"ok {me}")
+'''
+
+
+def _mpi_available():
+    if shutil.which("mpiexec") is None:
+        return "mpiexec is not on PATH (pip install mpich)"
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed"
+    return None
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["auto", "comm", "tcp"])
+def test_mpi_mode(tmp_path, mode):
+    reason = _mpi_available()
+    if reason:
+        pytest.skip(reason)
+    script = mp_util.write_worker(tmp_path, HEADER + "\n" + MPI_WORKER, prelude=False)
+    env = mp_util.child_env({"GEXMK_BOOTSTRAP": None, "GEXMK_TIMEOUT": "30"})
+    result = mp_util.run_command(["mpiexec", "-n", "2", sys.executable, script, mode],
+                                 timeout=50, env=env, cwd=str(tmp_path), script=script)
+    result.check(0)
+    oks(result, range(2))
