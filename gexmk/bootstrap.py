@@ -89,13 +89,20 @@ def default_timeout() -> float:
 
 
 def _node_name() -> str:
-    """Name that is equal for two processes exactly when they share a (booted) host."""
+    """Name that is equal for two processes exactly when they share a (booted)
+    host and network namespace.  Processes in different network namespaces are
+    treated as different nodes: they cannot meet on an abstract socket, and this
+    is how one machine stands in for several hosts in the tests."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
     except OSError:
         boot = ""
-    return f"{socket.gethostname()}/{boot}"
+    try:
+        netns = os.readlink("/proc/self/ns/net")
+    except OSError:
+        netns = ""
+    return f"{socket.gethostname()}/{boot}/{netns}"
 
 
 # --------------------------------------------------------------------------------------------

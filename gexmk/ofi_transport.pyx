@@ -69,6 +69,7 @@ cdef struct ofi_ep:
 cdef struct gx_op:
     fi_context2 ctx         # first: the provider's per-op scratch (FI_CONTEXT2)
     ofi_ep* ep
+    gx_target* t            # the target: a wait gives up when its process dies
     int state               # OP_*
     int err                 # fi errno of a failed op, else 0
     int nbi                 # NET_CAT_* + 1 for implicit ops (freed at completion), else 0
@@ -176,12 +177,13 @@ cdef void _orphan(gx_op* op) noexcept nogil:
 
 # ---- the table handed to the core ------------------------------------------
 
-cdef gx_op* _new_op(ofi_ep* ep, int mode, int cat) except NULL nogil:
+cdef gx_op* _new_op(ofi_ep* ep, gx_target* t, int mode, int cat) except NULL nogil:
     cdef gx_op* op = <gx_op*>calloc(1, sizeof(gx_op))
     if op == NULL:
         with gil:
             raise MemoryError()
     op.ep = ep
+    op.t = t
     if mode == NET_NBI or mode == NET_NBI_LCNOW:
         op.nbi = cat + 1
         gx_add_long(&ep.nbi[cat], 1)
@@ -223,7 +225,7 @@ cdef inline uint64_t _raddr(gx_target* t, uintptr_t remote) noexcept nogil:
 cdef int net_put(void* epv, gx_target* t, uintptr_t remote, void* local, size_t n,
                  int mode, void** out) except -1 nogil:
     cdef ofi_ep* ep = <ofi_ep*>epv
-    cdef gx_op* op = _new_op(ep, mode, NET_CAT_PUT)
+    cdef gx_op* op = _new_op(ep, t, mode, NET_CAT_PUT)
     cdef iovec iov
     cdef void* desc
     cdef fi_rma_iov riov
@@ -275,7 +277,7 @@ cdef int net_put(void* epv, gx_target* t, uintptr_t remote, void* local, size_t 
 cdef int net_get(void* epv, gx_target* t, uintptr_t remote, void* local, size_t n,
                  int mode, void** out) except -1 nogil:
     cdef ofi_ep* ep = <ofi_ep*>epv
-    cdef gx_op* op = _new_op(ep, mode, NET_CAT_GET)
+    cdef gx_op* op = _new_op(ep, t, mode, NET_CAT_GET)
     cdef void* desc
     cdef ssize_t rc
     rc = _desc(ep, op, local, n, FI_READ, &desc)
@@ -469,7 +471,7 @@ cdef int net_atomic(void* epv, gx_target* t, uintptr_t remote, int dt, int code,
         # The provider lacks this op/type: a compare-and-swap loop is still exact.
         _cas_loop(ep, t, remote, dt, code, a, b, result)
         return 0
-    op = _new_op(ep, mode if mode != NET_NBI_LCNOW else NET_NBI, NET_CAT_RMW)
+    op = _new_op(ep, t, mode if mode != NET_NBI_LCNOW else NET_NBI, NET_CAT_RMW)
     op.operand = na
     if family == 2:          # libfabric: compare is the expected value, buf the new one
         op.compare = a
@@ -501,7 +503,7 @@ cdef int _cas_loop(ofi_ep* ep, gx_target* t, uintptr_t remote, int dt, int code,
         with gil:
             raise UnsupportedError("atomic: this provider offers neither the op nor "
                                    "compare-and-swap for its size")
-    op = _new_op(ep, NET_BLOCKING, NET_CAT_RMW)
+    op = _new_op(ep, t, NET_BLOCKING, NET_CAT_RMW)
     _post_atomic(ep, t, remote, udt, FI_ATOMIC_READ, 1, op)
     while gx_load_int(&op.state) != OP_DONE:
         _progress(ep)
@@ -510,7 +512,7 @@ cdef int _cas_loop(ofi_ep* ep, gx_target* t, uintptr_t remote, int dt, int code,
     while True:
         new = old
         gx_atomic_local(&new, dt, code, a, b, NULL)    # the op applied to a private copy
-        op = _new_op(ep, NET_BLOCKING, NET_CAT_RMW)
+        op = _new_op(ep, t, NET_BLOCKING, NET_CAT_RMW)
         op.compare = old
         op.operand = new
         _post_atomic(ep, t, remote, udt, FI_CSWAP, 2, op)
@@ -537,33 +539,29 @@ cdef int net_test(void* opv, gx_val* result) except -1 nogil:
             return 0
     if result != NULL:
         result[0] = op.result
-    _wait_op(op, NULL, "event")     # frees; raises if the op failed
+    _wait_op(op, op.t, "event")     # frees; raises if the op failed
     return 1
 
 
 cdef int net_wait(void* opv, gx_val* result) except -1 nogil:
     cdef gx_op* op = <gx_op*>opv
+    cdef double deadline = 0
+    cdef unsigned long spins = 0
     while gx_load_int(&op.state) != OP_DONE:
         _progress(op.ep)
-        if gx_load_int(&op.state) == OP_DONE:
-            break
-        # _wait_op handles the timeout; loop here only to copy the result first
-        return _wait_then(op, result)
+        spins += 1
+        if (spins & 1023) == 0:
+            if op.t != NULL and op.t.dead:
+                _orphan(op)
+                return _raise_dead(op.t, "event wait")
+            if deadline == 0:
+                deadline = _now() + op.ep.dom.timeout
+            elif _now() > deadline:
+                _orphan(op)
+                return _raise_timeout(op.t, op.ep.dom.timeout, "event wait")
     if result != NULL:
         result[0] = op.result
-    return _wait_op(op, NULL, "event")
-
-
-cdef int _wait_then(gx_op* op, gx_val* result) except -1 nogil:
-    cdef double deadline = _now() + op.ep.dom.timeout
-    while gx_load_int(&op.state) != OP_DONE:
-        _progress(op.ep)
-        if _now() > deadline:
-            _orphan(op)
-            return _raise_timeout(NULL, op.ep.dom.timeout, "event wait")
-    if result != NULL:
-        result[0] = op.result
-    return _wait_op(op, NULL, "event")
+    return _wait_op(op, op.t, "event")
 
 
 cdef void net_orphan(void* opv) noexcept nogil:
