@@ -9,7 +9,8 @@ Three ways to find the job, picked by :func:`from_environment`:
 
 ``launcher``
     The process was started by ``python -m gexmk.run``; the rendezvous server
-    runs inside the launcher on an abstract-namespace Unix socket.
+    runs inside the launcher on an abstract-namespace Unix socket (or on TCP,
+    with ``--bootstrap-listen``; the ranks then present GEXMK_BOOTSTRAP_TOKEN).
 ``mpi``
     The process runs under ``mpiexec``/``srun``; MPI rank 0 runs the
     rendezvous server in a daemon thread and broadcasts its address once.
@@ -462,14 +463,34 @@ class _Conn(_Peer):
         self.closing = False  # close once outbuf is flushed
 
 
+def _tcp_listener(host: str):
+    """A listening TCP socket on ``host`` (address or name), port picked by the kernel."""
+    try:
+        infos = socket.getaddrinfo(host, 0, socket.AF_UNSPEC, socket.SOCK_STREAM, 0,
+                                   socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise BootstrapError(f"cannot listen on {host!r}: not a known host name or address "
+                             f"({exc})") from None
+    errors = []
+    for family, _, _, _, sockaddr in infos:
+        try:
+            return socket.create_server(sockaddr, family=family, backlog=128)
+        except OSError as exc:
+            errors.append(f"{sockaddr[0]}: {exc}")
+    raise BootstrapError(f"cannot listen on {host!r} (is it an address of this machine, in "
+                         f"this network namespace?): {'; '.join(errors)}")
+
+
 class RendezvousServer:
     """The job's rendezvous server: a thread serving a listening socket.
 
     ``size`` is the number of ranks of the job.  With ``tcp=False`` (default) it
     listens on an abstract-namespace Unix socket (nothing on disk; only processes
-    of the same user may connect); with ``tcp=True`` on all interfaces, port
-    chosen by the kernel, and clients must present ``token``.  :attr:`address`
-    is the string clients pass to connect (GEXMK_BOOTSTRAP).
+    of the same user and network namespace may connect); with ``tcp=True`` on
+    TCP, port chosen by the kernel, and clients must present ``token``: on all
+    interfaces (address ``hostname:port``), or on ``host`` alone (an address or
+    name of this machine; address ``host:port``).  :attr:`address` is the
+    string clients pass to connect (GEXMK_BOOTSTRAP).
 
     The listening socket exists when the constructor returns, so clients may be
     started right after; :meth:`start` begins serving.  :meth:`close` stops the
@@ -485,7 +506,7 @@ class RendezvousServer:
 
     def __init__(self, size: int, *, tcp: bool = False, token: str | None = None,
                  name: str | None = None, stop_when_finished: bool = False,
-                 home_rank: int | None = None):
+                 home_rank: int | None = None, host: str | None = None):
         if not isinstance(size, int) or size < 1:
             raise ArgumentError(f"a job needs at least one rank, got size={size!r}")
         self.size = size
@@ -493,7 +514,14 @@ class RendezvousServer:
         self._home_rank = home_rank
         self._home = None      # the home rank's connection, once it said hello
         self._backlog = set()  # other connections with output not yet sent
-        if tcp:
+        if host is not None and not tcp:
+            raise ArgumentError("host is only for a TCP server (tcp=True)")
+        if tcp and host is not None:
+            host = host.strip().strip("[]")
+            self._listener = _tcp_listener(host)
+            shown = f"[{host}]" if ":" in host else host
+            self.address = f"{shown}:{self._listener.getsockname()[1]}"
+        elif tcp:
             if socket.has_dualstack_ipv6():
                 self._listener = socket.create_server(("", 0), family=socket.AF_INET6,
                                                       dualstack_ipv6=True, backlog=128)
@@ -1242,8 +1270,10 @@ def _from_launcher(address: str) -> Bootstrap:
     if not 0 <= rank < size:
         raise BootstrapError(f"GEXMK_RANK={rank} is outside 0..GEXMK_SIZE-1 ({size - 1})")
     timeout = default_timeout()
+    # A TCP server (gexmk.run --bootstrap-listen) asks for the job's token.
+    token = os.environ.get("GEXMK_BOOTSTRAP_TOKEN") or None
     return Bootstrap(rank=rank, size=size, kind="launcher", timeout=timeout,
-                     connect=_connect_socket(address, timeout))
+                     connect=_connect_socket(address, timeout), token=token)
 
 
 def _from_mpi(comm, force_tcp: bool = False) -> Bootstrap:

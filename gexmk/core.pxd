@@ -80,3 +80,6 @@ cdef int put_slow(const gx_team* tm, int rank, uintptr_t dest, const void* src, 
 cdef int get_slow(const gx_team* tm, int rank, void* dest, uintptr_t src, size_t n, int rc) except -1 nogil
 cdef int atomic_slow(const gx_team* tm, int rank, uintptr_t addr, int dt, int op,
                      gx_val a, gx_val b, gx_val* result, int rc) except -1 nogil
+cdef int rma_nbi_slow(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* local,
+                      size_t n, int rc) except -1 nogil
+cdef int nbi_sync(const gx_team* tm) except -1 nogil

@@ -564,6 +564,31 @@ cdef int put_slow(const gx_team* tm, int rank, uintptr_t dest, const void* src, 
     return _raise_rc(tm, rank, dest, n, rc, "put")
 
 
+cdef int rma_nbi_slow(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* local,
+                      size_t n, int rc) except -1 nogil:
+    """Implicit-event put/get to a target the inline path declined: over the
+    network the op is counted on the team's endpoint (a put's source is
+    reusable on return; a get's destination is filled by nbi_sync)."""
+    cdef gx_target* t
+    if rc == GX_NOT_MAPPED:
+        t = tm.targets[rank]
+        if t.transport == GX_TR_OFI and _net != NULL and tm.net_ep != NULL:
+            if is_put:
+                return _net.put(tm.net_ep, t, remote, local, n, NET_NBI_LCNOW, NULL)
+            return _net.get(tm.net_ep, t, remote, local, n, NET_NBI, NULL)
+    if is_put:
+        return put_slow(tm, rank, remote, local, n, rc)
+    return get_slow(tm, rank, local, remote, n, rc)
+
+
+cdef int nbi_sync(const gx_team* tm) except -1 nogil:
+    """Complete every implicit op of the team's endpoint (C-level nbi_wait)."""
+    if _net != NULL and tm.net_ep != NULL:
+        _net.nbi_wait(tm.net_ep, 7)
+    gx_quiet()
+    return 0
+
+
 cdef int get_slow(const gx_team* tm, int rank, void* dest, uintptr_t src, size_t n, int rc) except -1 nogil:
     cdef gx_target* t
     if rc == GX_NOT_MAPPED:

@@ -105,7 +105,29 @@ def _libfabric(cuda_info):
         return out
     names = list(dict.fromkeys(p["provider"] for p in out["providers"]))
     out["hmem_cuda"] = _hmem_cuda(ofi, names, cuda_info)
+    out["transport"] = _chosen_transport()
     return out
+
+
+def _chosen_transport():
+    """What the ofi transport would open here, with this environment
+    (GEXMK_OFI_PROVIDER, GEXMK_OFI_IFACE, FI_PROVIDER): the same Domain the
+    client opens, closed again at once."""
+    try:
+        transport = importlib.import_module("gexmk.ofi_transport")
+    except Exception as exc:
+        return {"error": f"gexmk.ofi_transport did not import: {_error(exc)}"}
+    try:
+        dom = transport.Domain(os.environ.get("GEXMK_OFI_PROVIDER") or None,
+                               os.environ.get("GEXMK_OFI_IFACE") or None)
+    except Exception as exc:
+        return {"error": _error(exc)}
+    try:
+        return {"provider": dom.provider, "domain": dom.domain_name, "atomics": dom.atomics,
+                "manual_progress": dom.manual_progress, "inject_size": dom.inject_size,
+                "mr_mode": dom.mr_mode}
+    finally:
+        dom.close()
 
 
 _PTRACE_MEANING = {
@@ -279,6 +301,14 @@ def _format(rep):
                          f"{', '.join(r['domains'])}")
     elif not lf.get("error"):
         lines.append("  no RDM provider offers FI_RMA")
+    tr = lf.get("transport") or {}
+    if tr.get("provider"):
+        lines.append(f"  gexmk's ofi transport would use: {tr['provider']} on {tr['domain']} "
+                     f"(atomics {_yes(tr['atomics'])}, "
+                     f"{'manual' if tr['manual_progress'] else 'auto'} progress, "
+                     f"inject {tr['inject_size']} B)")
+    elif tr.get("error"):
+        lines.append(f"  gexmk's ofi transport: {tr['error']}")
     if lf.get("hmem_cuda"):
         lines.append("  FI_HMEM_CUDA registration (tried, not read from caps):")
         for name, res in lf["hmem_cuda"].items():

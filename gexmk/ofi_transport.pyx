@@ -51,6 +51,7 @@ cdef struct ofi_dom:
     int manual              # FI_PROGRESS_MANUAL data progress: targets must poll
     uint64_t next_key       # requested keys when the provider does not choose them
     double timeout          # seconds a blocking wait may take before TimeoutError
+    long waiters            # threads spinning on a completion: the progress thread stands aside
     signed char valid[3][GX_DT_COUNT][GX_OP_COUNT]   # fi_*atomicvalid cache: -1 unknown
 
 
@@ -146,23 +147,45 @@ cdef int _progress(ofi_ep* ep) except -1 nogil:
     return n
 
 
-cdef int _wait_op(gx_op* op, gx_target* t, const char* what) except -1 nogil:
-    """Progress until op completes; free it; raise if it failed."""
+cdef int _spin(gx_op* op, gx_target* t) noexcept nogil:
+    """Progress until op completes: 0, or 1 when its target died, 2 on timeout,
+    3 when the CQ itself fails.  While a thread spins here the progress thread
+    stands aside (dom.waiters), so the two do not fight over the CQ and cores."""
+    cdef ofi_dom* dom = op.ep.dom
     cdef double deadline = 0
     cdef unsigned long spins = 0
-    cdef int err
+    cdef int why = 0
+    gx_add_long(&dom.waiters, 1)
     while gx_load_int(&op.state) != OP_DONE:
-        _progress(op.ep)
+        if _progress_quiet(op.ep) < 0:
+            why = 3
+            break
         spins += 1
         if (spins & 1023) == 0:
             if t != NULL and t.dead:
-                _orphan(op)
-                return _raise_dead(t, what)
+                why = 1
+                break
             if deadline == 0:
-                deadline = _now() + op.ep.dom.timeout
+                deadline = _now() + dom.timeout
             elif _now() > deadline:
-                _orphan(op)
-                return _raise_timeout(t, op.ep.dom.timeout, what)
+                why = 2
+                break
+    gx_add_long(&dom.waiters, -1)
+    return why
+
+
+cdef int _wait_op(gx_op* op, gx_target* t, const char* what, gx_val* result=NULL) except -1 nogil:
+    """Wait for op, copy its fetched value to *result, free it; raise if it failed."""
+    cdef int err, why = _spin(op, t)
+    if why:
+        _orphan(op)
+        if why == 1:
+            return _raise_dead(t, what)
+        if why == 2:
+            return _raise_timeout(t, op.ep.dom.timeout, what)
+        return check("fi_cq_read", -FI_EIO)
+    if result != NULL:
+        result[0] = op.result
     err = op.err
     free(op)
     if err:
@@ -482,15 +505,7 @@ cdef int net_atomic(void* epv, gx_target* t, uintptr_t remote, int dt, int code,
         return 0
     if mode != NET_BLOCKING:
         return 0
-    # blocking: keep the result before the op is freed
-    while gx_load_int(&op.state) != OP_DONE:
-        _progress(ep)
-        if t.dead:
-            _orphan(op)
-            return _raise_dead(t, "atomic")
-    if result != NULL:
-        result[0] = op.result
-    return _wait_op(op, t, "atomic")
+    return _wait_op(op, t, "atomic", result)
 
 
 cdef int _cas_loop(ofi_ep* ep, gx_target* t, uintptr_t remote, int dt, int code,
@@ -505,10 +520,7 @@ cdef int _cas_loop(ofi_ep* ep, gx_target* t, uintptr_t remote, int dt, int code,
                                    "compare-and-swap for its size")
     op = _new_op(ep, t, NET_BLOCKING, NET_CAT_RMW)
     _post_atomic(ep, t, remote, udt, FI_ATOMIC_READ, 1, op)
-    while gx_load_int(&op.state) != OP_DONE:
-        _progress(ep)
-    old = op.result
-    _wait_op(op, t, "atomic")
+    _wait_op(op, t, "atomic", &old)
     while True:
         new = old
         gx_atomic_local(&new, dt, code, a, b, NULL)    # the op applied to a private copy
@@ -516,13 +528,7 @@ cdef int _cas_loop(ofi_ep* ep, gx_target* t, uintptr_t remote, int dt, int code,
         op.compare = old
         op.operand = new
         _post_atomic(ep, t, remote, udt, FI_CSWAP, 2, op)
-        while gx_load_int(&op.state) != OP_DONE:
-            _progress(ep)
-            if t.dead:
-                _orphan(op)
-                return _raise_dead(t, "atomic")
-        seen = op.result
-        _wait_op(op, t, "atomic")
+        _wait_op(op, t, "atomic", &seen)
         if (udt == GX_DT_U32 and seen.u32 == old.u32) or (udt == GX_DT_U64 and seen.u64 == old.u64):
             break
         old = seen
@@ -537,31 +543,13 @@ cdef int net_test(void* opv, gx_val* result) except -1 nogil:
         _progress(op.ep)
         if gx_load_int(&op.state) != OP_DONE:
             return 0
-    if result != NULL:
-        result[0] = op.result
-    _wait_op(op, op.t, "event")     # frees; raises if the op failed
+    _wait_op(op, op.t, "event", result)     # complete: frees it, raises if it failed
     return 1
 
 
 cdef int net_wait(void* opv, gx_val* result) except -1 nogil:
     cdef gx_op* op = <gx_op*>opv
-    cdef double deadline = 0
-    cdef unsigned long spins = 0
-    while gx_load_int(&op.state) != OP_DONE:
-        _progress(op.ep)
-        spins += 1
-        if (spins & 1023) == 0:
-            if op.t != NULL and op.t.dead:
-                _orphan(op)
-                return _raise_dead(op.t, "event wait")
-            if deadline == 0:
-                deadline = _now() + op.ep.dom.timeout
-            elif _now() > deadline:
-                _orphan(op)
-                return _raise_timeout(op.t, op.ep.dom.timeout, "event wait")
-    if result != NULL:
-        result[0] = op.result
-    return _wait_op(op, op.t, "event")
+    return _wait_op(op, op.t, "event wait", result)
 
 
 cdef void net_orphan(void* opv) noexcept nogil:
@@ -573,17 +561,25 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
     cdef double deadline = 0
     cdef unsigned long spins = 0
     cdef int err, c
+    cdef int why = 0
+    gx_add_long(&ep.dom.waiters, 1)
     for c in range(3):
         if not (categories & (1 << c)):
             continue
-        while gx_load_long(&ep.nbi[c]) > 0:
-            _progress(ep)
+        while gx_load_long(&ep.nbi[c]) > 0 and why == 0:
+            if _progress_quiet(ep) < 0:
+                why = 3
             spins += 1
             if (spins & 1023) == 0:
                 if deadline == 0:
                     deadline = _now() + ep.dom.timeout
                 elif _now() > deadline:
-                    return _raise_timeout(NULL, ep.dom.timeout, "nbi_wait")
+                    why = 2
+    gx_add_long(&ep.dom.waiters, -1)
+    if why == 2:
+        return _raise_timeout(NULL, ep.dom.timeout, "nbi_wait")
+    if why == 3:
+        return check("fi_cq_read", -FI_EIO)
     err = ep.nbi_err
     if err:
         ep.nbi_err = 0
@@ -770,6 +766,7 @@ cdef class Domain:
         cdef ssize_t got
         cdef bint spin = self._spin
         cdef fi_cq_entry entries[16]
+        cdef timespec ts
         while not self._stop:
             live = [e for e in self._eps if not (<Endpoint>e).closed]
             n = len(live)
@@ -779,8 +776,14 @@ cdef class Domain:
             try:
                 with nogil:
                     for _ in range(50 if not spin else 20000):
-                        if n == 0:
+                        if n == 0 or self._stop_flag:
                             break
+                        if gx_load_long(&self.d.waiters) > 0:
+                            # an application thread is polling: stay off its CPU
+                            ts.tv_sec = 0
+                            ts.tv_nsec = 50000
+                            nanosleep(&ts, NULL)
+                            continue
                         if spin:
                             for i in range(n):
                                 _progress_quiet(eps[i])

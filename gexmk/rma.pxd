@@ -17,7 +17,7 @@ from gexmk.lib.gx cimport (gx_team, gx_val, gx_put, gx_get, gx_atomic, gx_fence,
                            GX_OP_INC, GX_OP_FINC, GX_OP_DEC, GX_OP_FDEC,
                            GX_OP_AND, GX_OP_FAND, GX_OP_OR, GX_OP_FOR, GX_OP_XOR, GX_OP_FXOR,
                            GX_OP_MIN, GX_OP_FMIN, GX_OP_MAX, GX_OP_FMAX)
-from gexmk.core cimport Team, put_slow, get_slow, atomic_slow
+from gexmk.core cimport Team, put_slow, get_slow, atomic_slow, rma_nbi_slow, nbi_sync
 
 
 cdef inline gx_team* team_handle(Team tm) except NULL:
@@ -39,11 +39,25 @@ cdef inline int put(const gx_team* tm, int rank, uintptr_t dest, const void* src
 
 
 cdef inline int put_nbi(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n) except -1 nogil:
-    """Implicit-event put: on mapped targets it completes at once; quiet() completes it."""
+    """Implicit-event put: src is reusable on return; complete after nbi_wait(tm).
+    On mapped targets it is complete at once."""
     cdef int rc = gx_put(tm, rank, dest, src, n)
     if rc == GX_OK:
         return 0
-    return put_slow(tm, rank, dest, src, n, rc)
+    return rma_nbi_slow(tm, rank, True, dest, <void*>src, n, rc)
+
+
+cdef inline int get_nbi(const gx_team* tm, void* dest, int rank, uintptr_t src, size_t n) except -1 nogil:
+    """Implicit-event get: dest holds the data after nbi_wait(tm)."""
+    cdef int rc = gx_get(tm, rank, dest, src, n)
+    if rc == GX_OK:
+        return 0
+    return rma_nbi_slow(tm, rank, False, src, dest, n, rc)
+
+
+cdef inline int nbi_wait(const gx_team* tm) except -1 nogil:
+    """Complete every implicit put/get/atomic issued through tm's endpoint."""
+    return nbi_sync(tm)
 
 
 cdef inline int get(const gx_team* tm, void* dest, int rank, uintptr_t src, size_t n) except -1 nogil:

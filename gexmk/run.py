@@ -3,12 +3,15 @@
 
 Starts N ranks of a Python program on this host, each a new interpreter
 (``sys.executable``), and hosts the job's rendezvous server
-(:class:`gexmk.bootstrap.RendezvousServer`) on an abstract-namespace Unix socket.
-Each rank finds it through its environment:
+(:class:`gexmk.bootstrap.RendezvousServer`) on an abstract-namespace Unix socket,
+or on TCP with ``--bootstrap-listen``.  Each rank finds it through its
+environment:
 
 - ``GEXMK_RANK``: the rank, ``0..N-1``;
 - ``GEXMK_SIZE``: N;
-- ``GEXMK_BOOTSTRAP``: the server address (``@name``, an abstract socket);
+- ``GEXMK_BOOTSTRAP``: the server address (``@name``, an abstract socket, or
+  ``host:port``);
+- ``GEXMK_BOOTSTRAP_TOKEN``: the job secret a TCP server asks for (TCP only);
 - ``GEXMK_JOBID``: an identifier unique to this job.
 
 Options:
@@ -19,6 +22,23 @@ Options:
     Kill the whole job after this long and exit with 124.
 ``--keep-going``
     Let the other ranks run on when one fails (they see it as a dead peer).
+``--bootstrap-listen HOST``
+    Serve the rendezvous on TCP ``HOST``, port chosen by the kernel, instead of
+    the abstract Unix socket, which only processes of the launcher's network
+    namespace can reach.  ``HOST`` is an address (or name) of this machine that
+    every rank can connect to; ranks must present the job's random token.
+``--rank-prefix 'CMD ARGS...'``
+    Run each rank as ``CMD ARGS... python prog.py ...``.  The text is split
+    like a shell would (:func:`shlex.split`, no expansion), then ``{rank}`` and
+    ``{size}`` in each word are replaced (``{{``/``}}`` for literal braces).
+    Example: ``--rank-prefix 'ip netns exec ns{rank}'`` puts rank R in network
+    namespace ``nsR`` (pair it with ``--bootstrap-listen``: abstract sockets do
+    not cross namespaces).  The prefix should *exec* the program, as
+    ``ip netns exec``, ``env``, ``nice``, ``taskset`` and ``numactl`` do: the
+    rank then keeps the process the launcher started, with its parent-death
+    signal.  A prefix that forks instead still runs in the rank's process group
+    and is killed with it, but the program is then not the launcher's child and
+    its exit status is whatever the prefix returns.
 
 Supervision: SIGINT, SIGTERM and SIGHUP are forwarded to every rank (a second
 one kills them outright).  When a rank exits non-zero or by a signal, the
@@ -42,6 +62,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -63,8 +84,9 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 # Every rank starts as this tiny isolated interpreter, which asks the kernel to SIGKILL
 # it when the launcher dies (even by SIGKILL, when no clean-up code can run), then
-# execs the real command line; the setting survives exec.  A pre-exec hook would do the
-# same without the extra exec, but is unsafe with the server thread running.
+# execs the real command line (a --rank-prefix first, found on PATH); the setting
+# survives exec, except of a set-user-ID or file-capability program.  A pre-exec hook
+# would do the same without the extra exec, but is unsafe with the server thread running.
 _RANK_WRAPPER = """\
 import os, sys
 try:
@@ -74,7 +96,12 @@ except (ImportError, OSError, AttributeError):
     pass  # not Linux: ranks just lose the rendezvous server when the launcher dies
 if os.getppid() != int(sys.argv[1]):
     os._exit(1)  # the launcher died before the line above took effect
-os.execv(sys.executable, [sys.executable] + sys.argv[2:])
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as exc:
+    print(f"[gexmk.run] rank {os.environ.get('GEXMK_RANK')}: cannot run {sys.argv[2]!r}: {exc}",
+          file=sys.stderr, flush=True)
+    os._exit(127)
 """
 _POLL = 0.02  # seconds between checks of the ranks; launching is not latency-critical
 
@@ -102,12 +129,14 @@ def _signal_group(pgid: int, sig: int) -> bool:
 class _Job:
     """One run of the launcher: the ranks, the server and the supervision state."""
 
-    def __init__(self, n, argv, timeout, keep_going, env):
+    def __init__(self, n, argv, timeout, keep_going, env, listen=None, prefixes=None):
         self.n = n
         self.argv = argv
         self.timeout = timeout
         self.keep_going = keep_going
         self.env = env
+        self.listen = listen          # TCP host for the rendezvous server, or None (Unix)
+        self.prefixes = prefixes      # rank -> list of words before the interpreter, or None
         self.jobid = f"{os.getpid()}-{secrets.token_hex(4)}"
         self.procs = {}          # rank -> Popen, every rank started
         self.running = {}        # rank -> Popen, not reaped yet
@@ -118,11 +147,17 @@ class _Job:
         self.first_failure = None
 
     def run(self) -> int:
-        server = RendezvousServer(self.n, name=f"gexmk-{self.jobid}")
+        if self.listen is None:
+            token = None
+            server = RendezvousServer(self.n, name=f"gexmk-{self.jobid}")
+        else:
+            # Reachable from the network: only processes given the token may join.
+            token = secrets.token_hex(16)
+            server = RendezvousServer(self.n, tcp=True, host=self.listen, token=token)
         server.start()
         saved = self._install_handlers()
         try:
-            self._spawn(server.address)
+            self._spawn(server.address, token)
             return self._supervise(server)
         finally:
             self._cleanup()
@@ -158,11 +193,16 @@ class _Job:
 
     # -- ranks ----------------------------------------------------------------------------
 
-    def _spawn(self, address):
+    def _spawn(self, address, token):
         base = dict(os.environ if self.env is None else self.env)
         base.update(GEXMK_SIZE=str(self.n), GEXMK_BOOTSTRAP=address, GEXMK_JOBID=self.jobid)
-        cmd = [sys.executable, "-I", "-S", "-c", _RANK_WRAPPER, str(os.getpid()), *self.argv]
+        base.pop("GEXMK_BOOTSTRAP_TOKEN", None)  # never one of an outer job
+        if token is not None:
+            base["GEXMK_BOOTSTRAP_TOKEN"] = token
+        wrapper = [sys.executable, "-I", "-S", "-c", _RANK_WRAPPER, str(os.getpid())]
         for rank in range(self.n):
+            prefix = self.prefixes[rank] if self.prefixes is not None else []
+            cmd = [*wrapper, *prefix, sys.executable, *self.argv]
             env = dict(base, GEXMK_RANK=str(rank))
             try:
                 # A new session makes each rank lead a process group that can be killed
@@ -242,8 +282,33 @@ class _Job:
             _signal_group(g, signal.SIGKILL)
 
 
+def _rank_prefixes(template, n):
+    """Every rank's prefix words from ``template`` (a str to shlex-split, or a
+    sequence of str), with ``{rank}`` and ``{size}`` replaced; raises ArgumentError."""
+    if isinstance(template, str):
+        try:
+            words = shlex.split(template)
+        except ValueError as exc:
+            raise ArgumentError(f"rank prefix {template!r} cannot be split into words: {exc}") from None
+    else:
+        words = list(template)
+        if not all(isinstance(w, str) for w in words):
+            raise TypeError("a rank prefix must be a str or a sequence of str")
+    if not words:
+        raise ArgumentError("the rank prefix is empty: give a command, e.g. 'ip netns exec ns{rank}'")
+    prefixes = []
+    for rank in range(n):
+        try:
+            prefixes.append([w.format(rank=rank, size=n) for w in words])
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            raise ArgumentError(f"rank prefix {template!r}: only {{rank}} and {{size}} may be "
+                                f"replaced ({{{{ and }}}} for literal braces); {type(exc).__name__}: "
+                                f"{exc}") from None
+    return prefixes
+
+
 def launch(n: int, argv, timeout: float | None = None, keep_going: bool = False,
-           env=None) -> int:
+           env=None, *, bootstrap_listen: str | None = None, rank_prefix=None) -> int:
     """Run a job of ``n`` ranks and return the launcher's exit status.
 
     ``argv`` is every rank's command line after the interpreter, e.g.
@@ -252,6 +317,14 @@ def launch(n: int, argv, timeout: float | None = None, keep_going: bool = False,
     returns 124 when it expires; ``keep_going`` lets the other ranks run on
     when one fails.  ``env`` (a mapping, default ``os.environ``) is the ranks'
     environment, to which the GEXMK_* variables are added.
+
+    ``bootstrap_listen`` (a host name or address of this machine, or None)
+    serves the rendezvous on TCP there instead of an abstract Unix socket, for
+    ranks in other network namespaces.  ``rank_prefix`` (a str, split as by a
+    shell, or a sequence of str; ``{rank}`` and ``{size}`` are replaced in
+    each word) goes before every rank's interpreter, e.g.
+    ``"ip netns exec ns{rank}"``; see the module docstring for what the prefix
+    must do to stay supervised.
 
     Returns 0 when every rank exited 0, else the first failing rank's status
     (128+signum for a signal).  Blocks until every rank has exited.  Signal
@@ -270,14 +343,20 @@ def launch(n: int, argv, timeout: float | None = None, keep_going: bool = False,
                             "or '-m', a module and its arguments")
     if timeout is not None and not timeout > 0:
         raise ArgumentError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
-    return _Job(n, argv, timeout, keep_going, env).run()
+    if bootstrap_listen is not None and (not isinstance(bootstrap_listen, str)
+                                         or not bootstrap_listen.strip()):
+        raise ArgumentError(f"bootstrap_listen must be a host name or address, got "
+                            f"{bootstrap_listen!r}")
+    prefixes = None if rank_prefix is None else _rank_prefixes(rank_prefix, n)
+    return _Job(n, argv, timeout, keep_going, env, listen=bootstrap_listen,
+                prefixes=prefixes).run()
 
 
 def _parser():
     parser = argparse.ArgumentParser(
         prog="python -m gexmk.run",
-        usage="%(prog)s -n N [--timeout SECONDS] [--keep-going] (prog.py | -m module | -c cmd) "
-              "[args...]",
+        usage="%(prog)s -n N [--timeout SECONDS] [--keep-going] [--bootstrap-listen HOST] "
+              "[--rank-prefix 'CMD ...{rank}...'] (prog.py | -m module | -c cmd) [args...]",
         description="Run N ranks of a gexmk program on this host.",
         epilog="Everything from the program (or -m) on is passed to every rank unchanged.")
     parser.add_argument("-n", "--np", dest="n", type=int, required=True, metavar="N",
@@ -286,12 +365,25 @@ def _parser():
                         help="kill the job after SECONDS and exit with 124")
     parser.add_argument("--keep-going", action="store_true",
                         help="when a rank fails, let the others run on (they see a dead peer)")
+    parser.add_argument("--bootstrap-listen", metavar="HOST",
+                        help="serve the rendezvous on TCP HOST (port picked by the kernel; "
+                             "ranks present a random job token) instead of an abstract Unix "
+                             "socket, which ranks in other network namespaces cannot reach")
+    parser.add_argument("--rank-prefix", metavar="'CMD ...'",
+                        help="command words put before each rank's interpreter, split like a "
+                             "shell does; {rank} and {size} are replaced ({{ }} for braces). "
+                             "E.g. 'ip netns exec ns{rank}'. The prefix should exec the "
+                             "program (ip netns exec, env, nice, taskset, numactl do): it then "
+                             "keeps the rank's pid, process group and parent-death signal, so "
+                             "the launcher's kill and clean-up still reach it; a prefix that "
+                             "forks is killed with the rank's process group, but its exit "
+                             "status stands for the rank's")
     return parser
 
 
 def _split(argv):
     """Split argv into the launcher's options and the ranks' command line."""
-    takes_value = ("-n", "--np", "--timeout")
+    takes_value = ("-n", "--np", "--timeout", "--bootstrap-listen", "--rank-prefix")
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -322,10 +414,18 @@ def main(argv=None) -> int:
             parser.error(f"-n must be at least 1, got {args.n}")
         if args.timeout is not None and not args.timeout > 0:
             parser.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
+        if args.bootstrap_listen is not None and not args.bootstrap_listen.strip():
+            parser.error("--bootstrap-listen needs a host name or address")
+        if args.rank_prefix is not None:
+            try:
+                _rank_prefixes(args.rank_prefix, args.n)
+            except ArgumentError as exc:
+                parser.error(f"--rank-prefix: {exc}")
     except SystemExit as exc:  # argparse's way to report usage errors and --help
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        return launch(args.n, command, timeout=args.timeout, keep_going=args.keep_going)
+        return launch(args.n, command, timeout=args.timeout, keep_going=args.keep_going,
+                      bootstrap_listen=args.bootstrap_listen, rank_prefix=args.rank_prefix)
     except BootstrapError as exc:
         _log(f"error: {exc}")
         return 127

@@ -117,7 +117,8 @@ def test_module_form(tmp_path):
     # tmp_path is both the module's directory and, as an argument, the process marker
     result = mp_util.run_command(
         [sys.executable, "-m", "gexmk.run", "-n", "2", "-m", "gexmk_test_mod", "x", str(tmp_path)],
-        timeout=40, env=env(PYTHONPATH=os.pathsep.join([str(tmp_path), env()["PYTHONPATH"]])),
+        timeout=40, env=env(PYTHONPATH=os.pathsep.join(
+            p for p in [str(tmp_path), env().get("PYTHONPATH", "")] if p)),
         cwd=str(tmp_path)).check(0)
     lines = sorted(line for line in result.stdout.splitlines() if line.startswith("mod"))
     assert lines == [f"mod {r} ['x', '{tmp_path}']" for r in range(2)], result.report()
