@@ -135,6 +135,7 @@ class Endpoint:
     index: int
     segment: Segment | None
     caps: int
+    net: Any  # its gexmk.ofi_transport.Endpoint, or None
     def bind_segment(self, seg: Segment) -> None: ...
     def unbind_segment(self) -> None: ...
     def destroy(self) -> None: ...
@@ -193,6 +194,7 @@ class Client:
     size: int
     tm: Team
     bootstrap: Any
+    net: Any  # gexmk.ofi_transport.Domain when the network transport is open, else None
     @property
     def finalized(self) -> bool: ...
     @property

@@ -605,7 +605,7 @@ def ops_capsule():
 # ---- objects ---------------------------------------------------------------
 
 cdef uint64_t _WANT_MR_MODE = (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY
-                               | FI_MR_ENDPOINT)
+                               | FI_MR_ENDPOINT | FI_MR_RAW)
 
 
 def _env_timeout():
@@ -629,6 +629,7 @@ cdef class Domain:
     cdef readonly str domain_name
     cdef readonly bint atomics
     cdef dict _addrs
+    cdef dict _raw_keys
     cdef list _eps
     cdef object _thread
     cdef bint _stop
@@ -649,6 +650,7 @@ cdef class Domain:
         if hints == NULL:
             raise MemoryError()
         self._addrs = {}
+        self._raw_keys = {}
         self._eps = []
         self.d.timeout = _env_timeout()
         self.d.next_key = 1
@@ -736,6 +738,22 @@ cdef class Domain:
             check("fi_av_insert", rc if rc < 0 else -FI_EINVAL)
         self._addrs[name] = a
         return a
+
+    def map_key(self, key, uint64_t base):
+        """The 64-bit key to use for a peer's registration: its key itself, or
+        for FI_MR_RAW providers the local mapping of its raw key (cached)."""
+        cdef uint64_t out = 0
+        cdef bytes raw
+        if isinstance(key, int):
+            return key
+        raw = key
+        cached = self._raw_keys.get((raw, base))
+        if cached is not None:
+            return cached
+        check("fi_mr_map_raw", fi_mr_map_raw(self.d.domain, base, <uint8_t*><char*>raw, len(raw),
+                                             &out, 0))
+        self._raw_keys[(raw, base)] = out
+        return out
 
     def endpoint(self):
         """A new libfabric endpoint with its own CQ, for one gexmk endpoint."""
@@ -832,6 +850,9 @@ cdef class Domain:
             (<Endpoint>e).close()
         self._eps = []
         self.closed = True
+        for k in self._raw_keys.values():
+            fi_mr_unmap_key(self.d.domain, k)
+        self._raw_keys = {}
         if self.d.av != NULL:
             fi_close(&self.d.av.fid)
             self.d.av = NULL
@@ -926,7 +947,17 @@ cdef class Endpoint:
         self.e.seg_lo = addr
         self.e.seg_hi = addr + size
         base = addr if (self.e.dom.mr_mode & FI_MR_VIRT_ADDR) else 0
+        if self.e.dom.mr_mode & FI_MR_RAW:
+            return self._raw_key(mr, base), base
         return fi_mr_key(mr), base
+
+    cdef bytes _raw_key(self, fid_mr* mr, uint64_t base):
+        """FI_MR_RAW: the key is an opaque byte string peers map with fi_mr_map_raw."""
+        cdef uint8_t buf[256]
+        cdef size_t size = sizeof(buf)
+        cdef uint64_t b = base
+        check("fi_mr_raw_attr", fi_mr_raw_attr(mr, &b, buf, &size, 0))
+        return bytes(buf[:size])
 
     def unbind(self):
         if self.e.seg_mr != NULL:

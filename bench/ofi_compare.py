@@ -1,0 +1,530 @@
+"""gexmk's ``ofi`` transport beside raw libfabric (``bench/ofi/ofi_bench.c``) and
+mpi4py/MPICH over libfabric tcp, measured in the same run.
+
+    python -P bench/ofi_compare.py [--provider 'tcp;ofi_rxm'] [--rounds 3] [--json out.json]
+
+Two processes on this node; gexmk is forced onto the network path
+(``GEXMK_TRANSPORT=ofi``, ``GEXMK_OFI_PROVIDER=<provider>``).  Per provider
+(default ``tcp;ofi_rxm`` and ``shm``) and per target-progress mode, side by side:
+
+================  =============================================  ==============================
+what              gexmk                                          baseline
+================  =============================================  ==============================
+8 B put latency   ``tm.put`` from Python (remote completion);    ``fi_writemsg`` +
+                  ``rma.put`` from a nogil loop (for reference)  ``FI_DELIVERY_COMPLETE``
+8 B get latency   ``tm.get`` from Python; ``rma.get`` (nogil)    ``fi_read``
+bandwidth         W x ``tm.put_nbi(..., lc=LC_GROUP)`` then      W x ``fi_write``, reap W
+                  ``gexmk.nbi_wait()``                           completions
+issue cost        W x 8 B ``rma.put_nbi`` in a nogil loop (the   W x bare 8 B ``fi_write``
+                  loop timed, ``rma.nbi_wait`` untimed)          (``issue_ns``)
+================  =============================================  ==============================
+
+Target progress: ``GEXMK_PROGRESS_THREAD=auto`` (a thread sleeping in
+``fi_cq_sread``) beside ``ofi_bench -P wait`` (the target sleeps on the CQ's
+wait fd), and ``spin`` (a busy-polling thread) beside ``ofi_bench -P poll``
+(a busy target).  On ``tcp;ofi_rxm`` also mpi4py on the PyPI MPICH wheel forced
+onto its libfabric's tcp provider (``MPIR_CVAR_CH4_NETMOD=ofi``,
+``FI_PROVIDER=tcp``, ``MPIR_CVAR_NOLOCAL=1``; the provider MPICH chose is read
+from its ``MPIR_CVAR_DEBUG_SUMMARY`` output) running ``bench/mpi4py_rma.py``:
+``Put``/``Get`` + ``Flush`` beside gexmk's blocking put/get.
+
+Method: the C baseline is built with meson into a temporary directory (never
+installed), the Cython loops (``bench/ofi/nogil_ofi.pyx``) with
+``gexmk.bench.build_extension``.  Every configuration is a fresh pair of
+processes; runs alternate (gexmk auto, C wait, gexmk spin, C poll[, mpi4py]),
+in reverse order every other round.  Within a run, gexmk's Python figures use
+``gexmk.bench.measure`` (calibrated batches, interleaved, median per call);
+the nogil loops and the C program take one sample per operation (latency) or
+per window (bandwidth, issue cost).  Reported: the median over rounds of each
+run's median, and the minimum over rounds of each run's minimum (the best
+round for bandwidth).  Ratios are gexmk / baseline of the medians.  Timings
+are reported, never asserted; the 1-minute load average is printed because
+this is meant to run on small shared machines.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent           # bench/
+PROVIDERS = ("tcp;ofi_rxm", "shm")
+# (label, GEXMK_PROGRESS_THREAD, ofi_bench -P)
+MODES = (("sleep", "auto", "wait"), ("busy", "spin", "poll"))
+
+LAT_MAX = 1.2        # gexmk / C, 8 B blocking put and get
+BW_MIN = 0.9         # gexmk / C, windowed put bandwidth
+ISSUE_MAX = 1.1      # gexmk / C, 8 B put_nbi issue cost
+MPI_MAX = 1.0        # gexmk / mpi4py, 8 B Put+Flush and Get+Flush
+
+KIB, MIB = 1 << 10, 1 << 20
+
+
+def _sizes(text):
+    from gexmk.bench import parse_sizes
+    return parse_sizes(text)
+
+
+def _fmt_size(n):
+    for unit, scale in (("MiB", MIB), ("KiB", KIB)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def _load():
+    try:
+        return tuple(round(x, 2) for x in os.getloadavg())
+    except OSError:
+        return None
+
+
+def _stat(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1], "n": len(xs)}
+
+
+# ---- worker: runs inside the gexmk job (python -m gexmk.run -n 2) -----------------------
+
+def _worker(args):
+    import numpy as np
+    import gexmk
+    from itertools import repeat
+    from gexmk.bench import aligned_bytes, load_extension, measure
+
+    ext = load_extension(args.ext) if args.ext else None
+    bw_sizes, W = args.bw_sizes, args.window
+    span = max(16 * MIB, max(bw_sizes))            # as ofi_bench: >= 16 MiB, slots wrap
+    with gexmk.init() as client:
+        seg = client.segment_attach(span + 64 * KIB)
+        tm = client.tm
+        res = None
+        if tm.rank == 0:
+            peer = 1
+            net = client.net
+            res = {"transport": tm.transport(peer), "provider": net.provider if net else None,
+                   "domain": net.domain_name if net else None,
+                   "inject_size": net.inject_size if net else None,
+                   "manual_progress": net.manual_progress if net else None,
+                   "progress_thread": os.environ.get("GEXMK_PROGRESS_THREAD", "auto")}
+            if res["transport"] != "ofi":
+                raise RuntimeError(f"ofi_compare: the peer is reached through "
+                                   f"{res['transport']!r}, not ofi")
+            base = tm.addr(peer, 0)
+            local = np.asarray(seg)                  # source buffers live in our segment
+            src8 = local[span:span + 8]
+            src8[:] = np.arange(8, dtype=np.uint8)
+            dst8 = aligned_bytes(8)
+            put, get, put_nbi, nbi_wait = tm.put, tm.get, tm.put_nbi, gexmk.nbi_wait
+            LC_GROUP = gexmk.LC_GROUP
+
+            def c_put(k):
+                for _ in repeat(None, k):
+                    put(peer, base, src8)
+
+            def c_get(k):
+                for _ in repeat(None, k):
+                    get(dst8, peer, base)
+
+            t_sec = time.monotonic()
+            res["section_s"] = {}
+
+            def section(name):
+                nonlocal t_sec
+                now = time.monotonic()
+                res["section_s"][name] = round(now - t_sec, 3)
+                t_sec = now
+
+            for _ in range(3):                       # warm-up: connections, caches
+                c_put(50)
+                c_get(50)
+            m = measure({"put": c_put, "get": c_get}, args.iters, 200e3, args.cap)
+            res["lat_py_us"] = {k: {"median": v["median_ns"] / 1e3, "min": v["min_ns"] / 1e3,
+                                    "batch": v["batch"], "rounds": v["rounds"]}
+                                for k, v in m.items()}
+            section("lat_py")
+
+            if ext is not None:
+                buf = np.empty(1000, dtype=np.float64)
+                samples = {"put": [], "get": []}
+                for _ in range(4):                   # interleaved chunks
+                    n = ext.put8_lat(tm, peer, base, buf, args.cap / 8)
+                    samples["put"].extend(buf[:n] / 1e3)
+                    n = ext.get8_lat(tm, peer, base, buf, args.cap / 8)
+                    samples["get"].extend(buf[:n] / 1e3)
+                res["lat_nogil_us"] = {k: _stat(v) for k, v in samples.items()}
+                section("lat_nogil")
+
+            # Windowed bandwidth: W puts of `size` from our segment into the peer's,
+            # slot i % (span // size) on both sides (as ofi_bench), then nbi_wait.
+            cases = {}
+            for size in bw_sizes:
+                nslots = max(1, span // size)
+                slots = [(base + (i % nslots) * size, local[(i % nslots) * size:][:size])
+                         for i in range(W)]
+
+                def window(k, slots=slots):
+                    for _ in repeat(None, k):
+                        for dest, src in slots:
+                            put_nbi(peer, dest, src, LC_GROUP)
+                        nbi_wait()
+
+                window(1)
+                cases[size] = window
+            m = measure(cases, args.iters, 200e3, args.cap)
+            res["bw_GBps"] = {str(s): {"median": W * s / m[s]["median_ns"],
+                                       "best": W * s / m[s]["min_ns"], "rounds": m[s]["rounds"]}
+                              for s in bw_sizes}
+            section("bw")
+
+            if ext is not None:
+                out = np.empty(2000, dtype=np.float64)
+                n = ext.put_nbi8_issue(tm, peer, base, W, out, args.cap)
+                st = _stat(out[:n].tolist())
+                st["mean"] = float(out[:n].mean())
+                res["issue_ns"] = st
+                section("issue")
+            res["load"] = _load()
+        tm.barrier()
+    if res is not None:
+        with open(args.worker, "w") as f:
+            json.dump(res, f)
+    return 0
+
+
+# ---- driver ---------------------------------------------------------------------------
+
+class Skip(Exception):
+    """A configuration that could not run (the message says why)."""
+
+
+def _run(cmd, env, timeout, what):
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise Skip(f"{what}: no result within {timeout:g} s") from None
+    if r.returncode != 0:
+        tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
+        raise Skip(f"{what}: exit {r.returncode}: {tail}")
+    return r
+
+
+def build_c(tmp):
+    """meson setup + ninja of bench/ofi into tmp; path of ofi_bench."""
+    meson, ninja = shutil.which("meson"), shutil.which("ninja")
+    if meson is None or ninja is None:
+        raise Skip("meson and ninja are needed to build bench/ofi (pip install meson ninja)")
+    bdir = os.path.join(tmp, "ofi-build")
+    _run([meson, "setup", bdir, str(BENCH / "ofi")], None, 300, "meson setup bench/ofi")
+    _run([ninja, "-C", bdir], None, 300, "ninja (bench/ofi)")
+    return os.path.join(bdir, "ofi_bench")
+
+
+def run_gexmk(args, prov, pt_mode, ext, tmp):
+    out = os.path.join(tmp, "gexmk.json")
+    if os.path.exists(out):
+        os.unlink(out)
+    env = dict(os.environ, GEXMK_TRANSPORT="ofi", GEXMK_OFI_PROVIDER=prov,
+               GEXMK_PROGRESS_THREAD=pt_mode)
+    cmd = [sys.executable, "-P", "-m", "gexmk.run", "-n", "2", "--timeout", str(args.timeout),
+           "--", "-P", str(Path(__file__).resolve()), "--worker", out,
+           "--window", str(args.window), "--bw-sizes", ",".join(map(str, args.bw_sizes)),
+           "--iters", str(args.iters), "--cap", str(args.cap)]
+    if ext:
+        cmd += ["--ext", ext]
+    _run(cmd, env, args.timeout + 10, f"gexmk job ({prov}, GEXMK_PROGRESS_THREAD={pt_mode})")
+    with open(out) as f:
+        return json.load(f)
+
+
+def run_c(args, exe, prov, c_mode):
+    cmd = [exe, "-p", prov, "-P", c_mode, "-s", "8", "-b", ",".join(map(str, args.bw_sizes)),
+           "-w", str(args.window), "-i", "1000", "-t", str(args.cap), "-W", str(args.timeout),
+           "--json"]
+    r = _run(cmd, None, args.timeout + 10, f"ofi_bench -p '{prov}' -P {c_mode}")
+    return json.loads(r.stdout)
+
+
+def run_mpi(args):
+    script = BENCH / "mpi4py_rma.py"
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        raise Skip("mpiexec is not on PATH (pip install mpi4py mpich)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GEXMK_")}
+    # ch4:ofi (not ucx), its embedded libfabric on tcp, no shared-memory shortcut
+    # between the two local ranks; the debug summary names the provider chosen.
+    env.update(MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp", MPIR_CVAR_NOLOCAL="1",
+               MPIR_CVAR_DEBUG_SUMMARY="1")
+    cmd = [mpiexec, "-n", "2", sys.executable, "-P", str(script), "--sizes", "8",
+           "--iters", str(args.iters), "--batch-us", "200"]
+    r = _run(cmd, env, args.timeout + 10, "mpiexec -n 2 bench/mpi4py_rma.py")
+    lines = r.stdout.strip().splitlines()
+    res = json.loads(lines[-1])
+    m = re.search(r"libfabric provider:\s*(\S+)", r.stdout)
+    res["ofi_provider"] = m.group(1) if m else None
+    res["rma_native"] = "MPIDI_OFI_ENABLE_RMA: 1" in r.stdout
+    return res
+
+
+def _collect(args):
+    tmp = tempfile.mkdtemp(prefix="gexmk-ofi-compare-")
+    R = {"meta": {"load_start": _load(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  "ncpu": os.cpu_count(), "python": sys.version.split()[0],
+                  "args": {"providers": args.provider, "rounds": args.rounds, "window": args.window,
+                           "bw_sizes": args.bw_sizes, "iters": args.iters, "cap_s": args.cap}},
+         "providers": {}, "notes": []}
+    try:
+        import gexmk
+        from gexmk.bench import BuildError, build_extension
+        R["meta"]["gexmk"] = gexmk.__version__
+        log = lambda s: print(f"ofi_compare: {s}", file=sys.stderr, flush=True)
+        log("building bench/ofi with meson ...")
+        exe = build_c(tmp)
+        ext = None
+        if not args.no_cython:
+            log("building bench/ofi/nogil_ofi.pyx against gexmk ...")
+            try:
+                ext = build_extension(pyx=BENCH / "ofi" / "nogil_ofi.pyx",
+                                      outdir=os.path.join(tmp, "ext"))
+            except BuildError as exc:
+                R["notes"].append(f"nogil loops skipped: {exc}")
+        for prov in args.provider:
+            P = R["providers"][prov] = {"gexmk": {m[0]: [] for m in MODES},
+                                        "c": {m[0]: [] for m in MODES}, "mpi": [], "skipped": {}}
+            jobs = []
+            for label, pt, cm in MODES:
+                jobs.append(("gexmk", label, lambda pt=pt: run_gexmk(args, prov, pt, ext, tmp)))
+                jobs.append(("c", label, lambda cm=cm: run_c(args, exe, prov, cm)))
+            if prov.split(";")[0] == "tcp" and not args.no_mpi:
+                jobs.append(("mpi", None, lambda: run_mpi(args)))
+            for rnd in range(args.rounds):
+                log(f"{prov}: round {rnd + 1}/{args.rounds} (load {_load()[0]:.2f}) ...")
+                for side, label, fn in (jobs if rnd % 2 == 0 else jobs[::-1]):
+                    key = f"{side}:{label}"
+                    if key in P["skipped"]:
+                        continue                     # failed once: do not retry every round
+                    t_run = time.monotonic()
+                    try:
+                        res = fn()
+                    except Skip as exc:
+                        P["skipped"][key] = str(exc)
+                        log(f"  skipped {key}: {exc}")
+                        continue
+                    res["round"] = rnd
+                    res["run_wall_s"] = round(time.monotonic() - t_run, 2)
+                    (P["mpi"] if side == "mpi" else P[side][label]).append(res)
+        R["meta"]["load_end"] = _load()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return R
+
+
+# ---- summary and report ------------------------------------------------------------------
+
+def _agg(runs, get, best="min"):
+    """median over runs of get(run)['median'], and min (or max) of get(run)[best]."""
+    vals = [get(r) for r in runs]
+    vals = [v for v in vals if v]
+    if not vals:
+        return None
+    meds = [v["median"] for v in vals]
+    bests = [v[best] for v in vals]
+    return {"median": statistics.median(meds), best: (min(bests) if best == "min" else max(bests)),
+            "rounds": meds}
+
+
+def _c_lat(key):
+    return lambda r: r.get(key, {}).get("8")
+
+
+def _c_bw(size):
+    def get(r):
+        x = r.get("bw_GBps_rounds", {}).get(str(size))
+        return {"median": x["median"], "best": x["max"]} if x else None
+    return get
+
+
+def _c_issue(r):
+    if "issue_ns" not in r:
+        return None
+    return {"median": r["issue_ns"], "min": r["issue_ns_min"]}
+
+
+def summarize(R):
+    """Per provider: rows of (section, mode, what, gexmk agg, baseline agg, ratio, status)."""
+    out = {}
+    for prov, P in R["providers"].items():
+        rows = []
+        for label, _, _ in MODES:
+            g, c = P["gexmk"][label], P["c"][label]
+            for op, ckey in (("put", "write_dc_lat_us"), ("get", "read_lat_us")):
+                ga = _agg(g, lambda r, op=op: r.get("lat_py_us", {}).get(op))
+                ca = _agg(c, _c_lat(ckey))
+                rows.append(_row("lat", label, f"8 B {op}: tm.{op} (Python)", ga, ca, LAT_MAX, "<="))
+                na = _agg(g, lambda r, op=op: (r.get("lat_nogil_us") or {}).get(op))
+                rows.append(_row("lat", label, f"8 B {op}: rma.{op} (nogil)", na, ca, None, "<="))
+            for size in R["meta"]["args"]["bw_sizes"]:
+                ga = _agg(g, lambda r, s=size: r.get("bw_GBps", {}).get(str(s)), best="best")
+                ca = _agg(c, _c_bw(size), best="best")
+                rows.append(_row("bw", label, _fmt_size(size), ga, ca, BW_MIN, ">="))
+            ga = _agg(g, lambda r: r.get("issue_ns"))
+            ca = _agg(c, _c_issue)
+            rows.append(_row("issue", label, "8 B put_nbi issue", ga, ca, ISSUE_MAX, "<="))
+        if P["mpi"]:
+            for op, mkey in (("put", "put_flush"), ("get", "get_flush")):
+                ma = _agg(P["mpi"], lambda r, k=mkey: {"median": r["small"][k]["median_us"],
+                                                       "min": r["small"][k]["min_us"]})
+                for label, _, _ in MODES:
+                    ga = _agg(P["gexmk"][label], lambda r, op=op: r.get("lat_py_us", {}).get(op))
+                    rows.append(_row("mpi", label, f"8 B {op}: tm.{op} vs {op.title()}+Flush", ga, ma,
+                                     MPI_MAX, "<="))
+        out[prov] = rows
+    return out
+
+
+def _row(section, mode, what, g, b, target, sense):
+    ratio = g["median"] / b["median"] if g and b and b["median"] else None
+    if target is None or ratio is None:
+        status = "info" if target is None and ratio is not None else "n/a"
+    elif sense == "<=":
+        status = "met" if ratio <= target else "MISS"
+    else:
+        status = "met" if ratio >= target else "MISS"
+    return {"section": section, "mode": mode, "what": what, "gexmk": g, "base": b, "ratio": ratio,
+            "target": target, "sense": sense, "status": status}
+
+
+def _cell(a, best="min", fmt="{:8.2f}"):
+    if not a:
+        return f"{'n/a':>8} {'':>8}"
+    return fmt.format(a["median"]) + " " + fmt.format(a[best])
+
+
+def report(R, S, file=None):
+    out = file or sys.stdout
+    p = lambda s="": print(s, file=out)
+    m = R["meta"]
+    a = m["args"]
+    p(f"gexmk {m.get('gexmk', '?')} ofi transport vs raw libfabric (bench/ofi/ofi_bench.c) and mpi4py/MPICH"
+      f" - 2 processes on one node, {m['ncpu']} CPUs, Python {m['python']}")
+    p(f"load average (1/5/15 min): {m['load_start']} at start, {m.get('load_end')} at end"
+      + ("  <- busy machine: expect noisy figures" if m["load_start"] and
+         m["load_start"][0] > 0.5 * (m["ncpu"] or 1) else ""))
+    p(f"{a['rounds']} rounds, runs interleaved (gexmk sleep, C sleep, gexmk busy, C busy[, mpi4py]; "
+      f"reversed every other round); window W={a['window']}; per-measurement cap {a['cap_s']} s")
+    p("figures: median over rounds of each run's median, and the min over rounds of each run's min "
+      "(bandwidth: best); ratio = gexmk/baseline of the medians")
+    p("modes: sleep = GEXMK_PROGRESS_THREAD=auto (thread in fi_cq_sread) vs ofi_bench -P wait; "
+      "busy = GEXMK_PROGRESS_THREAD=spin vs ofi_bench -P poll")
+    for prov, rows in S.items():
+        P = R["providers"][prov]
+        p()
+        info = next((r for lab in P["gexmk"] for r in P["gexmk"][lab]), None)
+        cinfo = next((r for lab in P["c"] for r in P["c"][lab]), None)
+        head = f"== provider {prov}"
+        if info:
+            head += (f": domain {info['domain']}, inject {info['inject_size']} B, "
+                     f"{'manual' if info['manual_progress'] else 'auto'} data progress")
+        if cinfo:
+            head += f"; C baseline mr_mode {cinfo['mr_mode']}"
+        p(head + " ==")
+        for key, why in P["skipped"].items():
+            p(f"  skipped {key}: {why}")
+        p(f"{'':<34} {'mode':<6} {'gexmk med':>9} {'min':>8} | {'base med':>8} {'min':>8} "
+          f"{'gexmk/base':>10}  target")
+        last = None
+        for r in rows:
+            if r["section"] != last:
+                last = r["section"]
+                p({"lat": "-- 8 B blocking latency, µs (base: C fi_writemsg+FI_DELIVERY_COMPLETE / fi_read)",
+                   "bw": f"-- put bandwidth, GB/s, window of {a['window']} (gexmk put_nbi LC_GROUP + "
+                         "nbi_wait; base: C fi_write; second column: best)",
+                   "issue": f"-- issue cost, ns per call, loops of {a['window']} (gexmk rma.put_nbi nogil; "
+                            "base: C bare fi_write issue_ns)",
+                   "mpi": "-- vs mpi4py (MPICH ofi/tcp) Put/Get + Flush(target), µs"}[r["section"]])
+            best = "best" if r["section"] == "bw" else "min"
+            ratio = f"{r['ratio']:9.2f}x" if r["ratio"] is not None else f"{'n/a':>10}"
+            tgt = (f"{r['sense']} {r['target']:g}x {r['status']}" if r["target"] is not None
+                   else r["status"])
+            p(f"  {r['what']:<32} {r['mode']:<6} {_cell(r['gexmk'], best)} | {_cell(r['base'], best)} "
+              f"{ratio}  {tgt}")
+        if P["mpi"]:
+            mp = P["mpi"][0]
+            p(f"  mpi4py {mp.get('mpi4py')} on {mp.get('library')}; MPICH debug summary: libfabric "
+              f"provider {mp.get('ofi_provider')}, native RMA {'yes' if mp.get('rma_native') else 'no'}")
+    p()
+    counts = {}
+    for rows in S.values():
+        for r in rows:
+            if r["target"] is not None:
+                counts[r["status"]] = counts.get(r["status"], 0) + 1
+    p("targets: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    for n in R["notes"]:
+        p(f"note: {n}")
+
+
+def _parser():
+    ap = argparse.ArgumentParser(
+        prog="python -P bench/ofi_compare.py",
+        description="gexmk's ofi transport beside raw libfabric (bench/ofi/ofi_bench.c) and "
+                    "mpi4py/MPICH on libfabric tcp, 2 local processes, same run.")
+    ap.add_argument("--provider", action="append",
+                    help="libfabric provider (repeatable; default: 'tcp;ofi_rxm' and shm)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    ap.add_argument("--window", type=int, default=16,
+                    help="puts in flight for bandwidth and issue cost, both sides (default 16)")
+    ap.add_argument("--bw-sizes", type=_sizes, default=None,
+                    help="bandwidth sizes (default 64K,256K,1M,4M)")
+    ap.add_argument("--iters", type=int, default=300,
+                    help="timed batches per gexmk.bench.measure call (default 300)")
+    ap.add_argument("--cap", type=float, default=0.5,
+                    help="seconds per measurement before it stops early (default 0.5)")
+    ap.add_argument("--timeout", type=int, default=90, help="seconds per run (default 90)")
+    ap.add_argument("--no-mpi", action="store_true", help="skip the mpi4py baseline")
+    ap.add_argument("--no-cython", action="store_true", help="skip the nogil loops")
+    ap.add_argument("--json", metavar="PATH", help="also write every figure to PATH")
+    ap.add_argument("--worker", metavar="OUT", help=argparse.SUPPRESS)
+    ap.add_argument("--ext", help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    if args.bw_sizes is None:
+        args.bw_sizes = [64 * KIB, 256 * KIB, MIB, 4 * MIB]
+    if args.worker:
+        return _worker(args)
+    if args.rounds < 1 or args.window < 1 or args.cap <= 0:
+        print("ofi_compare: --rounds, --window and --cap must be positive", file=sys.stderr)
+        return 2
+    args.provider = args.provider or list(PROVIDERS)
+    t0 = time.monotonic()
+    try:
+        R = _collect(args)
+    except Skip as exc:
+        print(f"ofi_compare: {exc}", file=sys.stderr)
+        return 1
+    R["meta"]["wall_s"] = round(time.monotonic() - t0, 1)
+    S = summarize(R)
+    report(R, S)
+    print(f"(wall time {R['meta']['wall_s']:.1f} s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**R, "summary": S}, f, indent=1)
+        print(f"results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
