@@ -18,7 +18,6 @@ cdef class Client:
     cdef list _pids
     cdef str _force                        # GEXMK_TRANSPORT
     cdef readonly object net               # the ofi Domain, or None when no network transport
-    cdef list _nbi_keep                    # buffers of implicit network ops, until nbi_wait
     cdef list _retired                     # destroyed client-allocated segments, kept until finalize
     cdef bint finalized
     cdef int _inflight                     # GIL-free copies in progress
@@ -38,6 +37,8 @@ cdef class Endpoint:
     cdef readonly object net               # its ofi Endpoint, or None
     cdef void* net_handle
     cdef tuple _net_reg                    # (key, base) of the bound segment's registration
+    cdef list _keep_put                    # buffers of implicit network puts, until synced
+    cdef list _keep_get                    # destinations of implicit network gets, until synced
     cdef bint destroyed
     cdef object __weakref__
     cdef int check_alive(self) except -1

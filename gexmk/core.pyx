@@ -166,6 +166,11 @@ cdef class Event:
                 self._done = True
             return done
         if op == NULL:
+            if self._lc is not None and self._lc is not self:
+                # a LeafEvent bound to another operation's event
+                if not (<Event>self._lc)._done and not (<Event>self._lc)._complete(block):
+                    return 0
+            self._done = True
             return 1
         self._op = NULL          # the transport frees it on every outcome but "pending"
         try:
@@ -375,8 +380,11 @@ cdef int _nbi_sync(int category, Endpoint only=None) except -1:
         h = e.net_handle
         with nogil:
             _net.nbi_wait(h, mask)
-    if mask == 7 and _client is not None and only is None:
-        (<Client>_client)._nbi_keep.clear()     # their ops are complete
+        # their operations are complete: the buffers may go
+        if mask & (1 << NET_CAT_PUT):
+            e._keep_put.clear()
+        if mask & (1 << NET_CAT_GET):
+            e._keep_get.clear()
     gx_quiet()
     return 0
 
@@ -707,7 +715,6 @@ cdef class Client:
         self._maps = {}
         self._segments = weakref.WeakSet()
         self._teams = weakref.WeakSet()
-        self._nbi_keep = []
         self._retired = []
         self.net = None
         if force == "ofi" or len(set(self._nodes)) > 1:
@@ -847,6 +854,8 @@ cdef class Client:
                                 "EP_CAPABILITY_RMA")
         cdef Endpoint ep = Endpoint.__new__(Endpoint)
         ep.client = self
+        ep._keep_put = []
+        ep._keep_get = []
         ep.index = len(self._eps)
         ep.caps = caps
         if self.net is not None:
@@ -1410,8 +1419,8 @@ cdef class Team:
                         _net.get(h, t, addr, loc.p, loc.n, mode, &op)
                 if op != NULL:
                     return _net_event(op, buf, -1)
-                if mode == NET_NBI:
-                    self.client._nbi_keep.append(buf)
+                if mode == NET_NBI:      # held until the endpoint's next sync of its category
+                    (self.ep._keep_put if is_put else self.ep._keep_get).append(buf)
                 return None
             if is_put:
                 self._put(rank, addr, loc.p, loc.n)
