@@ -707,7 +707,9 @@ cdef class Client:
         self.bootstrap = boot
         self.rank = boot.rank
         self.size = boot.size
-        self._nodes = list(boot.nodes)
+        # node index of every job rank, numbered by first appearance
+        names = {}
+        self._nodes = [names.setdefault(n, len(names)) for n in boot.nodes]
         self._pids = list(boot.pids)
         self._force = force
         self._eps = []

@@ -248,21 +248,24 @@ cdef inline uint64_t _raddr(gx_target* t, uintptr_t remote) noexcept nogil:
 cdef int net_put(void* epv, gx_target* t, uintptr_t remote, void* local, size_t n,
                  int mode, void** out) except -1 nogil:
     cdef ofi_ep* ep = <ofi_ep*>epv
-    cdef gx_op* op = _new_op(ep, t, mode, NET_CAT_PUT)
+    cdef gx_op* op
     cdef iovec iov
     cdef void* desc
     cdef fi_rma_iov riov
     cdef fi_msg_rma msg
     cdef uint64_t flags = FI_COMPLETION | FI_DELIVERY_COMPLETE
     cdef ssize_t rc
+    if mode == NET_NBI_LCNOW and n > ep.dom.inject_size:
+        mode = NET_BLOCKING           # the source is reusable only once the put completes
+    # decided before the op exists: once posted, its completion may be read (and
+    # an implicit op freed) by the progress thread at any moment
+    op = _new_op(ep, t, mode, NET_CAT_PUT)
     rc = _desc(ep, op, local, n, FI_WRITE, &desc)
     if rc < 0:
         _drop_new(op)
         return check("fi_mr_reg", rc)
-    if mode == NET_NBI_LCNOW and n <= ep.dom.inject_size:
+    if mode == NET_NBI_LCNOW:
         flags |= FI_INJECT            # buffer copied at issue: reusable on return
-    elif mode == NET_NBI_LCNOW:
-        mode = NET_BLOCKING           # reusable only once complete
     iov.iov_base = local
     iov.iov_len = n
     riov.addr = _raddr(t, remote)
@@ -288,9 +291,6 @@ cdef int net_put(void* epv, gx_target* t, uintptr_t remote, void* local, size_t 
         _drop_new(op)
         return check("fi_writemsg", rc)
     if mode == NET_BLOCKING:
-        if op.nbi:       # an lc=NOW implicit put that had to wait: count it as done
-            op.nbi = 0
-            gx_add_long(&ep.nbi[NET_CAT_PUT], -1)
         return _wait_op(op, t, "put")
     if mode == NET_NB:
         out[0] = op

@@ -36,9 +36,11 @@ Options:
     not cross namespaces).  The prefix should *exec* the program, as
     ``ip netns exec``, ``env``, ``nice``, ``taskset`` and ``numactl`` do: the
     rank then keeps the process the launcher started, with its parent-death
-    signal.  A prefix that forks instead still runs in the rank's process group
-    and is killed with it, but the program is then not the launcher's child and
-    its exit status is whatever the prefix returns.
+    signal (which the kernel clears only on exec of a set-user-ID or
+    file-capability program, such as ``sudo``).  A prefix that forks instead
+    still runs in the rank's process group and is killed with it, but the
+    program is then not the launcher's child and its exit status is whatever
+    the prefix returns.
 
 Supervision: SIGINT, SIGTERM and SIGHUP are forwarded to every rank (a second
 one kills them outright).  When a rank exits non-zero or by a signal, the

@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+import gexmk
+
 try:
     from . import mp_util, netns_util
 except ImportError:
@@ -295,11 +297,24 @@ def two_nodes():
     assert not netns_util.namespaces_named(nodes.base), "namespaces were not deleted"
 
 
+def need_tcp_provider():
+    """Skip unless the ofi transport is built and libfabric has the tcp provider."""
+    try:
+        from gexmk import ofi_transport
+    except ImportError as exc:
+        pytest.skip(f"the ofi transport is not built: {exc}")
+    try:
+        ofi_transport.Domain("tcp;ofi_rxm").close()
+    except gexmk.UnsupportedError as exc:
+        pytest.skip(f"libfabric has no tcp;ofi_rxm provider here: {exc}")
+
+
 @pytest.mark.timeout(120)
 def test_rma_between_namespaces(tmp_path, two_nodes):
     """Rank 0 in namespace 0, rank 1 in namespace 1 (the launcher in namespace 0,
     its rendezvous on TCP there): puts, gets and atomics over tcp;ofi_rxm,
     through the veth pair."""
+    need_tcp_provider()
     nodes = two_nodes
     script = mp_util.write_worker(tmp_path, WORKER)
     before = [nodes.link_stats(i) for i in (0, 1)]
