@@ -14,9 +14,10 @@ what              gexmk                                          baseline
                   ``rma.put`` from a nogil loop (for reference)  ``FI_DELIVERY_COMPLETE``
 8 B get latency   ``tm.get`` from Python; ``rma.get`` (nogil)    ``fi_read``
 bandwidth         W x ``tm.put_nbi(..., lc=LC_GROUP)`` then      W x ``fi_write``, reap W
-                  ``gexmk.nbi_wait()``                           completions
+                  ``gexmk.nbi_wait()``                           completions (and, ``-d``, W x
+                                                                 DC ``fi_writemsg``)
 issue cost        W x 8 B ``rma.put_nbi`` in a nogil loop (the   W x bare 8 B ``fi_write``
-                  loop timed, ``rma.nbi_wait`` untimed)          (``issue_ns``)
+                  loop timed, ``rma.nbi_wait`` untimed)          (``issue_ns``; ``-d``: DC)
 ================  =============================================  ==============================
 
 Target progress: ``GEXMK_PROGRESS_THREAD=auto`` (a thread sleeping in
@@ -31,9 +32,10 @@ from its ``MPIR_CVAR_DEBUG_SUMMARY`` output) running ``bench/mpi4py_rma.py``:
 Method: the C baseline is built with meson into a temporary directory (never
 installed), the Cython loops (``bench/ofi/nogil_ofi.pyx``) with
 ``gexmk.bench.build_extension``.  Every configuration is a fresh pair of
-processes; runs alternate (gexmk auto, C wait, gexmk spin, C poll[, mpi4py]),
-in reverse order every other round.  Within a run, gexmk's Python figures use
-``gexmk.bench.measure`` (calibrated batches, interleaved, median per call);
+processes; runs alternate (gexmk auto, C wait, C wait -d, gexmk spin, C poll,
+C poll -d[, mpi4py]), in reverse order every other round.  Within a run,
+gexmk's Python figures use ``gexmk.bench.measure`` (cases interleaved; by
+default one operation or window per timed batch, as ``ofi_bench`` samples);
 the nogil loops and the C program take one sample per operation (latency) or
 per window (bandwidth, issue cost).  Reported: the median over rounds of each
 run's median, and the minimum over rounds of each run's minimum (the best
@@ -103,6 +105,9 @@ def _worker(args):
     from gexmk.bench import aligned_bytes, load_extension, measure
 
     ext = load_extension(args.ext) if args.ext else None
+    if args.initiator_thread == "off" and os.environ.get("GEXMK_RANK") == "0":
+        # experiment: only the target runs a progress thread (as in ofi_bench)
+        os.environ["GEXMK_PROGRESS_THREAD"] = "0"
     bw_sizes, W = args.bw_sizes, args.window
     span = max(16 * MIB, max(bw_sizes))            # as ofi_bench: >= 16 MiB, slots wrap
     with gexmk.init() as client:
@@ -148,7 +153,8 @@ def _worker(args):
             for _ in range(3):                       # warm-up: connections, caches
                 c_put(50)
                 c_get(50)
-            m = measure({"put": c_put, "get": c_get}, args.iters, 200e3, args.cap)
+            bns = args.batch_us * 1e3
+            m = measure({"put": c_put, "get": c_get}, args.iters, bns, args.cap)
             res["lat_py_us"] = {k: {"median": v["median_ns"] / 1e3, "min": v["min_ns"] / 1e3,
                                     "batch": v["batch"], "rounds": v["rounds"]}
                                 for k, v in m.items()}
@@ -181,7 +187,7 @@ def _worker(args):
 
                 window(1)
                 cases[size] = window
-            m = measure(cases, args.iters, 200e3, args.cap)
+            m = measure(cases, args.iters, bns, args.cap)
             res["bw_GBps"] = {str(s): {"median": W * s / m[s]["median_ns"],
                                        "best": W * s / m[s]["min_ns"], "rounds": m[s]["rounds"]}
                               for s in bw_sizes}
@@ -240,7 +246,8 @@ def run_gexmk(args, prov, pt_mode, ext, tmp):
     cmd = [sys.executable, "-P", "-m", "gexmk.run", "-n", "2", "--timeout", str(args.timeout),
            "--", "-P", str(Path(__file__).resolve()), "--worker", out,
            "--window", str(args.window), "--bw-sizes", ",".join(map(str, args.bw_sizes)),
-           "--iters", str(args.iters), "--cap", str(args.cap)]
+           "--iters", str(args.iters), "--cap", str(args.cap), "--batch-us", str(args.batch_us),
+           "--initiator-thread", args.initiator_thread]
     if ext:
         cmd += ["--ext", ext]
     _run(cmd, env, args.timeout + 10, f"gexmk job ({prov}, GEXMK_PROGRESS_THREAD={pt_mode})")
@@ -248,11 +255,14 @@ def run_gexmk(args, prov, pt_mode, ext, tmp):
         return json.load(f)
 
 
-def run_c(args, exe, prov, c_mode):
+def run_c(args, exe, prov, c_mode, dc=False):
+    """ofi_bench's JSON; with dc, bandwidth and issue writes use FI_DELIVERY_COMPLETE
+    (the completion gexmk's puts ask for) and the latency part is cut short."""
     cmd = [exe, "-p", prov, "-P", c_mode, "-s", "8", "-b", ",".join(map(str, args.bw_sizes)),
-           "-w", str(args.window), "-i", "1000", "-t", str(args.cap), "-W", str(args.timeout),
-           "--json"]
-    r = _run(cmd, None, args.timeout + 10, f"ofi_bench -p '{prov}' -P {c_mode}")
+           "-w", str(args.window), "-i", "100" if dc else "1000",
+           "-t", str(min(args.cap, 0.3) if dc else args.cap),
+           "-W", str(args.timeout), "--json"] + (["-d"] if dc else [])
+    r = _run(cmd, None, args.timeout + 10, f"ofi_bench -p '{prov}' -P {c_mode}{' -d' if dc else ''}")
     return json.loads(r.stdout)
 
 
@@ -267,7 +277,7 @@ def run_mpi(args):
     env.update(MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp", MPIR_CVAR_NOLOCAL="1",
                MPIR_CVAR_DEBUG_SUMMARY="1")
     cmd = [mpiexec, "-n", "2", sys.executable, "-P", str(script), "--sizes", "8",
-           "--iters", str(args.iters), "--batch-us", "200"]
+           "--iters", str(min(args.iters, 300)), "--batch-us", str(args.batch_us)]
     r = _run(cmd, env, args.timeout + 10, "mpiexec -n 2 bench/mpi4py_rma.py")
     lines = r.stdout.strip().splitlines()
     res = json.loads(lines[-1])
@@ -289,8 +299,11 @@ def _collect(args):
         from gexmk.bench import BuildError, build_extension
         R["meta"]["gexmk"] = gexmk.__version__
         log = lambda s: print(f"ofi_compare: {s}", file=sys.stderr, flush=True)
-        log("building bench/ofi with meson ...")
-        exe = build_c(tmp)
+        if args.ofi_bench:
+            exe = args.ofi_bench
+        else:
+            log("building bench/ofi with meson ...")
+            exe = build_c(tmp)
         ext = None
         if not args.no_cython:
             log("building bench/ofi/nogil_ofi.pyx against gexmk ...")
@@ -301,11 +314,14 @@ def _collect(args):
                 R["notes"].append(f"nogil loops skipped: {exc}")
         for prov in args.provider:
             P = R["providers"][prov] = {"gexmk": {m[0]: [] for m in MODES},
-                                        "c": {m[0]: [] for m in MODES}, "mpi": [], "skipped": {}}
+                                        "c": {m[0]: [] for m in MODES},
+                                        "cdc": {m[0]: [] for m in MODES}, "mpi": [], "skipped": {}}
             jobs = []
             for label, pt, cm in MODES:
                 jobs.append(("gexmk", label, lambda pt=pt: run_gexmk(args, prov, pt, ext, tmp)))
                 jobs.append(("c", label, lambda cm=cm: run_c(args, exe, prov, cm)))
+                if not args.no_dc:
+                    jobs.append(("cdc", label, lambda cm=cm: run_c(args, exe, prov, cm, dc=True)))
             if prov.split(";")[0] == "tcp" and not args.no_mpi:
                 jobs.append(("mpi", None, lambda: run_mpi(args)))
             for rnd in range(args.rounds):
@@ -378,9 +394,15 @@ def summarize(R):
                 ga = _agg(g, lambda r, s=size: r.get("bw_GBps", {}).get(str(s)), best="best")
                 ca = _agg(c, _c_bw(size), best="best")
                 rows.append(_row("bw", label, _fmt_size(size), ga, ca, BW_MIN, ">="))
+                da = _agg(P["cdc"][label], _c_bw(size), best="best")
+                if da:
+                    rows.append(_row("bw", label, f"{_fmt_size(size)}   vs C with DC", ga, da, None, ">="))
             ga = _agg(g, lambda r: r.get("issue_ns"))
             ca = _agg(c, _c_issue)
             rows.append(_row("issue", label, "8 B put_nbi issue", ga, ca, ISSUE_MAX, "<="))
+            da = _agg(P["cdc"][label], _c_issue)
+            if da:
+                rows.append(_row("issue", label, "8 B put_nbi   vs C DC writemsg", ga, da, None, "<="))
         if P["mpi"]:
             for op, mkey in (("put", "put_flush"), ("get", "get_flush")):
                 ma = _agg(P["mpi"], lambda r, k=mkey: {"median": r["small"][k]["median_us"],
@@ -389,8 +411,23 @@ def summarize(R):
                     ga = _agg(P["gexmk"][label], lambda r, op=op: r.get("lat_py_us", {}).get(op))
                     rows.append(_row("mpi", label, f"8 B {op}: tm.{op} vs {op.title()}+Flush", ga, ma,
                                      MPI_MAX, "<="))
+                if op == "put":
+                    # what a Put+Flush faster than a get round trip suggests: local completion
+                    for label, _, _ in MODES:
+                        ca = _agg(P["c"][label], _c_lat("write_lat_us"))
+                        rows.append(_row("mpi", label, "  C fi_write, transmit compl. vs Put+Flush",
+                                         ca, ma, None, "<="))
         out[prov] = rows
     return out
+
+
+NOISY = 3.0          # a median this many times its best: flagged as noisy
+
+
+def _noisy(a, best):
+    if not a or not a.get(best):
+        return False
+    return (a["median"] / a[best] if best == "min" else a[best] / a["median"]) > NOISY
 
 
 def _row(section, mode, what, g, b, target, sense):
@@ -401,6 +438,9 @@ def _row(section, mode, what, g, b, target, sense):
         status = "met" if ratio <= target else "MISS"
     else:
         status = "met" if ratio >= target else "MISS"
+    best = "best" if section == "bw" else "min"
+    if ratio is not None and (_noisy(g, best) or _noisy(b, best)):
+        status += " (noisy)"
     return {"section": section, "mode": mode, "what": what, "gexmk": g, "base": b, "ratio": ratio,
             "target": target, "sense": sense, "status": status}
 
@@ -421,10 +461,13 @@ def report(R, S, file=None):
     p(f"load average (1/5/15 min): {m['load_start']} at start, {m.get('load_end')} at end"
       + ("  <- busy machine: expect noisy figures" if m["load_start"] and
          m["load_start"][0] > 0.5 * (m["ncpu"] or 1) else ""))
-    p(f"{a['rounds']} rounds, runs interleaved (gexmk sleep, C sleep, gexmk busy, C busy[, mpi4py]; "
+    p(f"{a['rounds']} rounds, runs interleaved (gexmk sleep, C sleep, C -d sleep, gexmk busy, C busy, "
+      "C -d busy[, mpi4py]; "
       f"reversed every other round); window W={a['window']}; per-measurement cap {a['cap_s']} s")
     p("figures: median over rounds of each run's median, and the min over rounds of each run's min "
       "(bandwidth: best); ratio = gexmk/baseline of the medians")
+    p(f"(noisy) = a median more than {NOISY:g}x its best on either side: bimodal or disturbed, "
+      "read the min/best columns too")
     p("modes: sleep = GEXMK_PROGRESS_THREAD=auto (thread in fi_cq_sread) vs ofi_bench -P wait; "
       "busy = GEXMK_PROGRESS_THREAD=spin vs ofi_bench -P poll")
     for prov, rows in S.items():
@@ -470,6 +513,8 @@ def report(R, S, file=None):
             if r["target"] is not None:
                 counts[r["status"]] = counts.get(r["status"], 0) + 1
     p("targets: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    p("(C -P wait is n/a on shm: its CQs offer no FI_WAIT_FD; gexmk's sleep mode there gets the "
+      "provider's default wait object)" if "shm" in S else "")
     for n in R["notes"]:
         p(f"note: {n}")
 
@@ -486,14 +531,26 @@ def _parser():
                     help="puts in flight for bandwidth and issue cost, both sides (default 16)")
     ap.add_argument("--bw-sizes", type=_sizes, default=None,
                     help="bandwidth sizes (default 64K,256K,1M,4M)")
-    ap.add_argument("--iters", type=int, default=300,
-                    help="timed batches per gexmk.bench.measure call (default 300)")
+    ap.add_argument("--iters", type=int, default=1000,
+                    help="timed batches per gexmk.bench.measure call (default 1000)")
+    ap.add_argument("--batch-us", type=float, default=0.0,
+                    help="calibrated batch length for gexmk.bench.measure, µs (default 0: one "
+                         "operation or window per timed batch, as ofi_bench takes its samples)")
     ap.add_argument("--cap", type=float, default=0.5,
                     help="seconds per measurement before it stops early (default 0.5)")
     ap.add_argument("--timeout", type=int, default=90, help="seconds per run (default 90)")
+    ap.add_argument("--initiator-thread", choices=("on", "off"), default="on",
+                    help="experiment: 'off' runs gexmk's progress thread on the target rank "
+                         "only, as ofi_bench does (default on: both ranks, as a job gets it)")
+    ap.add_argument("--no-dc", action="store_true",
+                    help="skip the extra ofi_bench -d runs (bandwidth and issue cost of "
+                         "FI_DELIVERY_COMPLETE writes, gexmk's completion)")
     ap.add_argument("--no-mpi", action="store_true", help="skip the mpi4py baseline")
     ap.add_argument("--no-cython", action="store_true", help="skip the nogil loops")
     ap.add_argument("--json", metavar="PATH", help="also write every figure to PATH")
+    ap.add_argument("--ofi-bench", metavar="EXE",
+                    help="use this ofi_bench binary instead of building bench/ofi with meson "
+                         "(a machine without libfabric's pkg-config file)")
     ap.add_argument("--worker", metavar="OUT", help=argparse.SUPPRESS)
     ap.add_argument("--ext", help=argparse.SUPPRESS)
     return ap
