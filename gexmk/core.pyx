@@ -407,8 +407,7 @@ def nbi_test(int category=EC_ALL, int flags=0):
         for c in range(3):
             if mask & (1 << c) and pending[c]:
                 return False
-    if mask == 7:
-        _nbi_sync(category)     # all complete: collect errors, release buffers
+    _nbi_sync(category)         # complete locally: flush, collect errors, release buffers
     return True
 
 

@@ -27,6 +27,12 @@ from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC, nanosleep
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
+cdef extern from "<sys/prctl.h>" nogil:
+    int prctl(int option, unsigned long arg2, unsigned long arg3, unsigned long arg4,
+              unsigned long arg5)
+    enum:
+        PR_SET_TIMERSLACK
+
 from gexmk.lib.libfabric cimport *
 from gexmk.lib.gx cimport *
 from gexmk.net cimport *
@@ -39,6 +45,7 @@ cdef enum:
     OP_DONE = 1
     OP_ORPHAN = 2
     MAX_MR = 3
+    MAX_TOUCHED = 16        # targets of unflushed implicit puts remembered per endpoint
 
 
 cdef struct ofi_dom:
@@ -52,6 +59,9 @@ cdef struct ofi_dom:
     uint64_t next_key       # requested keys when the provider does not choose them
     double timeout          # seconds a blocking wait may take before TimeoutError
     long waiters            # threads spinning on a completion: the progress thread stands aside
+    double last_app         # when an application thread last drove progress itself
+    int ordered             # FI_ORDER_RAW: a read issued after writes sees them (flush by read)
+    size_t max_order_raw    # ... for writes up to this size
     signed char valid[3][GX_DT_COUNT][GX_OP_COUNT]   # fi_*atomicvalid cache: -1 unknown
 
 
@@ -65,6 +75,8 @@ cdef struct ofi_ep:
     uintptr_t seg_hi
     long nbi[3]             # outstanding implicit ops by NET_CAT_*
     int nbi_err             # first failure (fi errno) among implicit ops since the last sync
+    int can_wait            # the CQ has a wait object (fi_cq_sread sleeps); else poll + nap
+    gx_target* touched[16]  # targets of implicit puts issued without delivery completion
 
 
 cdef struct gx_op:
@@ -156,6 +168,7 @@ cdef int _spin(gx_op* op, gx_target* t) noexcept nogil:
     cdef unsigned long spins = 0
     cdef int why = 0
     gx_add_long(&dom.waiters, 1)
+    dom.last_app = _now()
     while gx_load_int(&op.state) != OP_DONE:
         if _progress_quiet(op.ep) < 0:
             why = 3
@@ -170,6 +183,7 @@ cdef int _spin(gx_op* op, gx_target* t) noexcept nogil:
             elif _now() > deadline:
                 why = 2
                 break
+    dom.last_app = _now()
     gx_add_long(&dom.waiters, -1)
     return why
 
@@ -245,6 +259,63 @@ cdef inline uint64_t _raddr(gx_target* t, uintptr_t remote) noexcept nogil:
     return remote - t.remote_base + t.net_base
 
 
+cdef bint _touch(ofi_ep* ep, gx_target* t) noexcept nogil:
+    """Remember t as owing a flush; False when the list is full.  Slots are
+    claimed and released with atomics, so threads may race here and with a
+    sync: at worst a target is flushed twice."""
+    cdef int i
+    for i in range(MAX_TOUCHED):
+        if gx_load_ptr(<void**>&ep.touched[i]) == <void*>t:
+            return True
+    for i in range(MAX_TOUCHED):
+        if gx_claim_ptr(<void**>&ep.touched[i], <void*>t):
+            return True
+    return False
+
+
+cdef int _flush(ofi_ep* ep, gx_target* only) except -1 nogil:
+    """Remote completion of implicit puts issued with transmit completion:
+    an 8-byte read from each target they went to, ordered after them by the
+    provider's read-after-write ordering, completes when they have landed.
+    `only`: flush just that target now (its slot could not be kept)."""
+    cdef gx_op* ops[16]
+    cdef gx_target* t
+    cdef int i, n = 0, err = 0
+    cdef ssize_t rc
+    cdef void* desc
+    for i in range(MAX_TOUCHED + 1):
+        if only != NULL:
+            if i > 0:
+                break
+            t = only
+        elif i == MAX_TOUCHED:
+            break
+        else:
+            t = <gx_target*>gx_xchg_ptr(<void**>&ep.touched[i], NULL)
+        if t == NULL or t.size == 0:
+            continue
+        ops[n] = _new_op(ep, t, NET_BLOCKING, NET_CAT_GET)
+        rc = _desc(ep, ops[n], &ops[n].result, 1, FI_READ, &desc)
+        while rc == 0:
+            rc = fi_read(ep.ep, &ops[n].result, 1, desc, t.net_addr, t.net_base, t.net_key, ops[n])
+            if rc != -FI_EAGAIN:
+                break
+            rc = 0 if _progress_quiet(ep) >= 0 and not t.dead else ISSUE_DEAD
+        if rc < 0:
+            _drop_new(ops[n])
+            err = <int>rc
+            continue
+        n += 1
+    for i in range(n):
+        _wait_op(ops[i], ops[i].t, "flush (nbi_wait/quiet)")
+    if err == ISSUE_DEAD:
+        with gil:
+            raise PeerDeadError("flush (nbi_wait/quiet): a target of implicit puts has died")
+    if err:
+        return check("fi_read (flush)", err)
+    return 0
+
+
 cdef int net_put(void* epv, gx_target* t, uintptr_t remote, void* local, size_t n,
                  int mode, void** out) except -1 nogil:
     cdef ofi_ep* ep = <ofi_ep*>epv
@@ -255,8 +326,26 @@ cdef int net_put(void* epv, gx_target* t, uintptr_t remote, void* local, size_t 
     cdef fi_msg_rma msg
     cdef uint64_t flags = FI_COMPLETION | FI_DELIVERY_COMPLETE
     cdef ssize_t rc
+    cdef bint ordered = False
     if mode == NET_NBI_LCNOW and n > ep.dom.inject_size:
         mode = NET_BLOCKING           # the source is reusable only once the put completes
+    if (mode == NET_NBI or mode == NET_NBI_LCNOW) and ep.dom.ordered \
+            and n <= ep.dom.max_order_raw and _touch(ep, t):
+        # Transmit completion now, remote completion by the flush at sync time.
+        ordered = True
+        flags = 0
+        if mode == NET_NBI_LCNOW:
+            # inject: copied at issue, no completion entry, no op to allocate
+            while True:
+                rc = fi_inject_write(ep.ep, local, n, t.net_addr, _raddr(t, remote), t.net_key)
+                if rc != -FI_EAGAIN:
+                    break
+                _progress(ep)
+                if t.dead:
+                    return _raise_dead(t, "put")
+            check("fi_inject_write", rc)
+            return _ensure_flush(ep, t)
+        flags = FI_COMPLETION
     # decided before the op exists: once posted, its completion may be read (and
     # an implicit op freed) by the progress thread at any moment
     op = _new_op(ep, t, mode, NET_CAT_PUT)
@@ -264,6 +353,8 @@ cdef int net_put(void* epv, gx_target* t, uintptr_t remote, void* local, size_t 
     if rc < 0:
         _drop_new(op)
         return check("fi_mr_reg", rc)
+    if not ordered:
+        flags = FI_COMPLETION | FI_DELIVERY_COMPLETE
     if mode == NET_NBI_LCNOW:
         flags |= FI_INJECT            # buffer copied at issue: reusable on return
     iov.iov_base = local
@@ -294,6 +385,16 @@ cdef int net_put(void* epv, gx_target* t, uintptr_t remote, void* local, size_t 
         return _wait_op(op, t, "put")
     if mode == NET_NB:
         out[0] = op
+    if ordered:
+        _ensure_flush(ep, t)
+    return 0
+
+
+cdef int _ensure_flush(ofi_ep* ep, gx_target* t) except -1 nogil:
+    """After posting an ordered implicit put: its target must be in the list
+    (a concurrent sync may have taken it out); if the list is full, flush now."""
+    if not _touch(ep, t):
+        return _flush(ep, t)
     return 0
 
 
@@ -580,6 +681,8 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
         return _raise_timeout(NULL, ep.dom.timeout, "nbi_wait")
     if why == 3:
         return check("fi_cq_read", -FI_EIO)
+    if categories & (1 << NET_CAT_PUT):
+        _flush(ep, NULL)
     err = ep.nbi_err
     if err:
         ep.nbi_err = 0
@@ -662,7 +765,6 @@ cdef class Domain:
             hints.ep_attr.type = FI_EP_RDM
             hints.domain_attr.mr_mode = _WANT_MR_MODE
             hints.domain_attr.threading = FI_THREAD_SAFE
-            hints.tx_attr.op_flags = FI_DELIVERY_COMPLETE
             hints.addr_format = FI_FORMAT_UNSPEC
             if provider:
                 hints.fabric_attr.prov_name = _strdup(provider.encode())
@@ -702,6 +804,9 @@ cdef class Domain:
         self.d.mr_mode = self.d.info.domain_attr.mr_mode
         self.d.inject_size = self.d.info.tx_attr.inject_size
         self.d.manual = self.d.info.domain_attr.data_progress == FI_PROGRESS_MANUAL
+        self.d.ordered = (self.d.info.tx_attr.msg_order & FI_ORDER_RAW) != 0 \
+            and os.environ.get("GEXMK_OFI_ORDERED_FLUSH", "1") != "0"
+        self.d.max_order_raw = self.d.info.ep_attr.max_order_raw_size
         cdef fi_av_attr av_attr
         memset(&av_attr, 0, sizeof(av_attr))
         av_attr.type = FI_AV_TABLE
@@ -785,6 +890,8 @@ cdef class Domain:
         cdef bint spin = self._spin
         cdef fi_cq_entry entries[16]
         cdef timespec ts
+        # this thread's naps are short and frequent: 1 us timer slack, not 50
+        prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
         while not self._stop:
             live = [e for e in self._eps if not (<Endpoint>e).closed]
             n = len(live)
@@ -796,16 +903,25 @@ cdef class Domain:
                     for _ in range(50 if not spin else 20000):
                         if n == 0 or self._stop_flag:
                             break
-                        if gx_load_long(&self.d.waiters) > 0:
-                            # an application thread is polling: stay off its CPU
+                        if gx_load_long(&self.d.waiters) > 0 or \
+                                _now() - self.d.last_app < 0.002:
+                            # an application thread drives progress itself (or just
+                            # did): stay off its CQ and its CPU
                             ts.tv_sec = 0
-                            ts.tv_nsec = 50000
+                            ts.tv_nsec = 100000
                             nanosleep(&ts, NULL)
                             continue
-                        if spin:
+                        if spin or not eps[0].can_wait:
+                            got = 0
                             for i in range(n):
-                                _progress_quiet(eps[i])
-                            sched_yield()
+                                got += _progress_quiet(eps[i])
+                            if spin:
+                                sched_yield()
+                            else:
+                                # no wait object: poll with a short nap
+                                ts.tv_sec = 0
+                                ts.tv_nsec = 20000
+                                nanosleep(&ts, NULL)
                             continue
                         # Block in the CQ's wait object: wakes as soon as traffic
                         # arrives (and makes the provider progress it), costs
@@ -833,7 +949,9 @@ cdef class Domain:
         deadline = _now() + 10
         while self._thread.is_alive() and _now() < deadline:
             for e in self._eps:
-                if not (<Endpoint>e).closed and (<Endpoint>e).e.cq != NULL:
+                # only a CQ with a wait object can be signalled (shm's has none)
+                if not (<Endpoint>e).closed and (<Endpoint>e).e.cq != NULL \
+                        and (<Endpoint>e).e.can_wait:
                     fi_cq_signal((<Endpoint>e).e.cq)
             self._thread.join(0.05)
         if self._thread.is_alive():
@@ -900,11 +1018,16 @@ cdef class Endpoint:
         ep.e.dom = &dom.d
         memset(&cq_attr, 0, sizeof(cq_attr))
         cq_attr.format = FI_CQ_FORMAT_CONTEXT
-        cq_attr.wait_obj = FI_WAIT_UNSPEC     # the progress thread sleeps in fi_cq_sread
+        cq_attr.wait_obj = FI_WAIT_FD         # the progress thread sleeps in fi_cq_sread
         cq_attr.size = 0
         try:
             check("fi_endpoint", fi_endpoint(dom.d.domain, dom.d.info, &ep.e.ep, NULL))
-            check("fi_cq_open", fi_cq_open(dom.d.domain, &cq_attr, &ep.e.cq, NULL))
+            ep.e.can_wait = 1
+            if fi_cq_open(dom.d.domain, &cq_attr, &ep.e.cq, NULL) != 0:
+                # no wait fd (shm): the progress thread polls and naps instead
+                cq_attr.wait_obj = FI_WAIT_NONE
+                ep.e.can_wait = 0
+                check("fi_cq_open", fi_cq_open(dom.d.domain, &cq_attr, &ep.e.cq, NULL))
             check("fi_ep_bind(cq)", fi_ep_bind(ep.e.ep, &ep.e.cq.fid, FI_TRANSMIT | FI_RECV))
             check("fi_ep_bind(av)", fi_ep_bind(ep.e.ep, &dom.d.av.fid, 0))
             check("fi_enable", fi_enable(ep.e.ep))
@@ -973,8 +1096,13 @@ cdef class Endpoint:
         return _progress(&self.e)
 
     def nbi_pending(self):
-        """Outstanding implicit ops by category: (get, put, rmw)."""
-        return tuple(self.e.nbi[i] for i in range(3))
+        """Implicit ops not known to be complete, by category: (get, put, rmw).
+        Puts count those in flight plus one per target still owing a flush."""
+        cdef int i, owed = 0
+        for i in range(MAX_TOUCHED):
+            if self.e.touched[i] != NULL:
+                owed += 1
+        return (self.e.nbi[0], self.e.nbi[1] + owed, self.e.nbi[2])
 
     def close(self):
         """Close (idempotent): waits briefly for outstanding ops first."""

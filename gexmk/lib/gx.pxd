@@ -85,3 +85,6 @@ cdef extern from "gexmk/gexmk.h" nogil:
     int gx_load_int(const int* p)
     long gx_add_long(long* p, long v)
     long gx_load_long(const long* p)
+    void* gx_load_ptr(void** p)
+    void* gx_xchg_ptr(void** p, void* v)
+    int gx_claim_ptr(void** p, void* v)

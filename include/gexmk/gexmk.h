@@ -276,6 +276,14 @@ static inline int gx_xchg_int(volatile int *p, int v) { return __atomic_exchange
 static inline int gx_load_int(const volatile int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline long gx_add_long(volatile long *p, long v) { return __atomic_add_fetch(p, v, __ATOMIC_ACQ_REL); }
 static inline long gx_load_long(const volatile long *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void *gx_load_ptr(void *const volatile *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void *gx_xchg_ptr(void *volatile *p, void *v) { return __atomic_exchange_n(p, v, __ATOMIC_ACQ_REL); }
+/* Store v where *p is NULL; 1 on success. */
+static inline int gx_claim_ptr(void *volatile *p, void *v)
+{
+    void *expected = NULL;
+    return __atomic_compare_exchange_n(p, &expected, v, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
 
 #ifdef __cplusplus
 }
