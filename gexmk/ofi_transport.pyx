@@ -768,13 +768,23 @@ cdef class Domain:
             hints.addr_format = FI_FORMAT_UNSPEC
             if provider:
                 hints.fabric_attr.prov_name = _strdup(provider.encode())
-            with nogil:
-                rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info)
-            if rc == -FI_ENODATA and want_atomics:
-                # a provider without FI_ATOMIC still serves RMA (atomics: CAS fallback or error)
-                hints.caps &= ~FI_ATOMIC
+            # Ask for read-after-write ordering (it enables the flush-by-read of
+            # implicit puts), then without it; then without FI_ATOMIC (atomics
+            # then use the CAS fallback or report that they cannot).  Providers
+            # report only the ordering that was asked for.
+            rc = -FI_ENODATA
+            for atomics, ordered in ((want_atomics, True), (want_atomics, False),
+                                     (False, True), (False, False)):
+                if atomics:
+                    hints.caps |= FI_ATOMIC
+                else:
+                    hints.caps &= ~FI_ATOMIC
+                hints.tx_attr.msg_order = (FI_ORDER_RAW | FI_ORDER_RMA_RAW) if ordered else 0
+                hints.ep_attr.max_order_raw_size = <size_t>-1 if ordered else 0
                 with nogil:
                     rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info)
+                if rc != -FI_ENODATA:
+                    break
             if rc == -FI_ENODATA:
                 raise UnsupportedError(f"no libfabric provider offers RDM endpoints with RMA"
                                        f"{' for ' + repr(provider) if provider else ''}")
@@ -804,7 +814,7 @@ cdef class Domain:
         self.d.mr_mode = self.d.info.domain_attr.mr_mode
         self.d.inject_size = self.d.info.tx_attr.inject_size
         self.d.manual = self.d.info.domain_attr.data_progress == FI_PROGRESS_MANUAL
-        self.d.ordered = (self.d.info.tx_attr.msg_order & FI_ORDER_RAW) != 0 \
+        self.d.ordered = (self.d.info.tx_attr.msg_order & (FI_ORDER_RAW | FI_ORDER_RMA_RAW)) != 0 \
             and os.environ.get("GEXMK_OFI_ORDERED_FLUSH", "1") != "0"
         self.d.max_order_raw = self.d.info.ep_attr.max_order_raw_size
         cdef fi_av_attr av_attr
@@ -822,6 +832,12 @@ cdef class Domain:
     def manual_progress(self):
         """True when targets must poll (FI_PROGRESS_MANUAL): a progress thread does."""
         return bool(self.d.manual)
+
+    @property
+    def ordered_flush(self):
+        """True when implicit puts complete remotely by a read-after-write flush
+        (FI_ORDER_RAW), and up to which size; else they ask for delivery completion."""
+        return bool(self.d.ordered), self.d.max_order_raw
 
     @property
     def mr_mode(self):
