@@ -1091,6 +1091,11 @@ cdef class Endpoint:
         if not self.client.finalized:
             self.client._eps[self.index] = None
 
+    @property
+    def destroyed(self):
+        """True once destroy() has run."""
+        return self.destroyed
+
     def pair(self, int remote_index):
         """A TM-pair (GASNet-EX ``gex_TM_Pair``): a team-like handle whose
         rank argument is a job rank and whose target is that process's
@@ -1354,13 +1359,19 @@ cdef class Team:
         cdef int rc
         if n < _NOGIL_BYTES:
             rc = gx_put(&self.c, rank, dest, p, n)
-            if rc != GX_OK:
-                put_slow(&self.c, rank, dest, p, n, rc)
-            return 0
+            if rc == GX_OK:
+                return 0
+            if rc != GX_NOT_MAPPED:
+                return put_slow(&self.c, rank, dest, p, n, rc)     # reports the error
+        else:
+            rc = GX_OK
+        # Large copies and every network/process_vm operation run without the
+        # GIL: other threads (the bootstrap's death notices among them) go on.
         self.client._inflight += 1
         try:
             with nogil:
-                rc = gx_put(&self.c, rank, dest, p, n)
+                if rc == GX_OK:
+                    rc = gx_put(&self.c, rank, dest, p, n)
                 if rc != GX_OK:
                     put_slow(&self.c, rank, dest, p, n, rc)
         finally:
@@ -1371,13 +1382,17 @@ cdef class Team:
         cdef int rc
         if n < _NOGIL_BYTES:
             rc = gx_get(&self.c, rank, p, src, n)
-            if rc != GX_OK:
-                get_slow(&self.c, rank, p, src, n, rc)
-            return 0
+            if rc == GX_OK:
+                return 0
+            if rc != GX_NOT_MAPPED:
+                return get_slow(&self.c, rank, p, src, n, rc)     # reports the error
+        else:
+            rc = GX_OK
         self.client._inflight += 1
         try:
             with nogil:
-                rc = gx_get(&self.c, rank, p, src, n)
+                if rc == GX_OK:
+                    rc = gx_get(&self.c, rank, p, src, n)
                 if rc != GX_OK:
                     get_slow(&self.c, rank, p, src, n, rc)
         finally:
@@ -1585,6 +1600,8 @@ cdef class AtomicDomain:
                 raise ArgumentError(f"op {op:#x} is not in this domain's op set {self.ops:#x}")
             raise ArgumentError(f"op must be one OP_* flag, got {op!r}")
         code = _bit_index(op)
+        if addr & (gx_dt_size(dt) - 1):
+            raise BoundsError(f"atomic: address 0x{addr:x} is not aligned to {gx_dt_size(dt)} bytes")
         va.u64 = 0
         vb.u64 = 0
         res.u64 = 0
@@ -1597,12 +1614,16 @@ cdef class AtomicDomain:
             rc = gx_locate(&self.team.c, rank, addr, gx_dt_size(dt), &p, &t)
             if rc == GX_NOT_MAPPED and t.transport == GX_TR_OFI and _net != NULL \
                     and self.team.c.net_ep != NULL:
-                _net.atomic(self.team.c.net_ep, t, addr, dt, code, va, vb, &res, mode, &nop)
+                with nogil:
+                    _net.atomic(self.team.c.net_ep, t, addr, dt, code, va, vb, &res, mode, &nop)
                 if nop != NULL:
                     return _net_event(nop, None, dt if op & _C_FETCHING else -1)
                 return None
             rc = GX_NOT_MAPPED
-        if rc != GX_OK:
+        if rc == GX_NOT_MAPPED:
+            with nogil:
+                atomic_slow(&self.team.c, rank, addr, dt, code, va, vb, &res, rc)
+        elif rc != GX_OK:
             atomic_slow(&self.team.c, rank, addr, dt, code, va, vb, &res, rc)
         if not op & _C_FETCHING:
             return None

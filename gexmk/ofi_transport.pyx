@@ -27,6 +27,15 @@ from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC, nanosleep
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
+cdef extern from "<poll.h>" nogil:
+    struct pollfd:
+        int fd
+        short events
+        short revents
+    int poll(pollfd* fds, unsigned long nfds, int timeout)
+    enum:
+        POLLIN
+
 cdef extern from "<sys/prctl.h>" nogil:
     int prctl(int option, unsigned long arg2, unsigned long arg3, unsigned long arg4,
               unsigned long arg5)
@@ -46,6 +55,7 @@ cdef enum:
     OP_ORPHAN = 2
     MAX_MR = 3
     MAX_TOUCHED = 16        # targets of unflushed implicit puts remembered per endpoint
+    MAX_EPS = 1024          # endpoints per process on the network
 
 
 cdef struct ofi_dom:
@@ -62,6 +72,9 @@ cdef struct ofi_dom:
     double last_app         # when an application thread last drove progress itself
     int ordered             # FI_ORDER_RAW: a read issued after writes sees them (flush by read)
     size_t max_order_raw    # ... for writes up to this size
+    ofi_ep* eps[MAX_EPS]    # live endpoints: what waits and the progress thread poll
+    long neps
+    long readers            # threads walking eps[] without the GIL (see _unregister)
     signed char valid[3][GX_DT_COUNT][GX_OP_COUNT]   # fi_*atomicvalid cache: -1 unknown
 
 
@@ -75,7 +88,8 @@ cdef struct ofi_ep:
     uintptr_t seg_hi
     long nbi[3]             # outstanding implicit ops by NET_CAT_*
     int nbi_err             # first failure (fi errno) among implicit ops since the last sync
-    int can_wait            # the CQ has a wait object (fi_cq_sread sleeps); else poll + nap
+    int can_wait            # the CQ has a wait fd the progress thread can sleep on; else poll + nap
+    int wait_fd
     gx_target* touched[16]  # targets of implicit puts issued without delivery completion
 
 
@@ -151,6 +165,26 @@ cdef void _complete(gx_op* op, int err) noexcept nogil:
         free(op)
 
 
+cdef int _progress_all(ofi_dom* dom) noexcept nogil:
+    """Poll every live endpoint of the process once.  A thread waiting on one
+    endpoint keeps serving the others (a target's manual progress), so two
+    processes blocked on each other through different endpoints cannot
+    deadlock.  -1 when a CQ fails."""
+    cdef long i, n
+    cdef int got = 0, r
+    gx_add_long(&dom.readers, 1)
+    gx_fence()
+    n = gx_load_long(&dom.neps)
+    for i in range(n):
+        r = _progress_quiet(dom.eps[i])
+        if r < 0:
+            got = -1
+            break
+        got += r
+    gx_add_long(&dom.readers, -1)
+    return got
+
+
 cdef int _progress(ofi_ep* ep) except -1 nogil:
     """Read completions from the endpoint's CQ (and drive manual progress)."""
     cdef int n = _progress_quiet(ep)
@@ -170,7 +204,7 @@ cdef int _spin(gx_op* op, gx_target* t) noexcept nogil:
     gx_add_long(&dom.waiters, 1)
     dom.last_app = _now()
     while gx_load_int(&op.state) != OP_DONE:
-        if _progress_quiet(op.ep) < 0:
+        if _progress_all(dom) < 0:
             why = 3
             break
         spins += 1
@@ -259,6 +293,32 @@ cdef inline uint64_t _raddr(gx_target* t, uintptr_t remote) noexcept nogil:
     return remote - t.remote_base + t.net_base
 
 
+cdef int _retry(ofi_ep* ep, gx_target* t, double* deadline) noexcept nogil:
+    """After -FI_EAGAIN: progress, then 0 to retry, ISSUE_DEAD when the target
+    died, ISSUE_TIMEOUT when the queue stayed full past GEXMK_TIMEOUT."""
+    if _progress_all(ep.dom) < 0:
+        return ISSUE_DEAD
+    if t != NULL and t.dead:
+        return ISSUE_DEAD
+    if deadline[0] == 0:
+        deadline[0] = _now() + ep.dom.timeout
+    elif _now() > deadline[0]:
+        return ISSUE_TIMEOUT
+    return 0
+
+
+cdef int _issue_failed(gx_target* t, ssize_t rc, const char* call) except -1 nogil:
+    if rc == ISSUE_DEAD:
+        if t != NULL:
+            return _raise_dead(t, call)
+        return check(call, -FI_EIO)
+    if rc == ISSUE_TIMEOUT:
+        with gil:
+            raise GxTimeoutError(f"{call.decode()}: the provider's queue stayed full for "
+                                 f"GEXMK_TIMEOUT; is the target alive and progressing?")
+    return check(call, rc)
+
+
 cdef bint _touch(ofi_ep* ep, gx_target* t) noexcept nogil:
     """Remember t as owing a flush; False when the list is full.  Slots are
     claimed and released with atomics, so threads may race here and with a
@@ -283,6 +343,7 @@ cdef int _flush(ofi_ep* ep, gx_target* only) except -1 nogil:
     cdef int i, n = 0, err = 0
     cdef ssize_t rc
     cdef void* desc
+    cdef double deadline = 0
     for i in range(MAX_TOUCHED + 1):
         if only != NULL:
             if i > 0:
@@ -300,7 +361,7 @@ cdef int _flush(ofi_ep* ep, gx_target* only) except -1 nogil:
             rc = fi_read(ep.ep, &ops[n].result, 1, desc, t.net_addr, t.net_base, t.net_key, ops[n])
             if rc != -FI_EAGAIN:
                 break
-            rc = 0 if _progress_quiet(ep) >= 0 and not t.dead else ISSUE_DEAD
+            rc = _retry(ep, t, &deadline)
         if rc < 0:
             _drop_new(ops[n])
             err = <int>rc
@@ -308,11 +369,8 @@ cdef int _flush(ofi_ep* ep, gx_target* only) except -1 nogil:
         n += 1
     for i in range(n):
         _wait_op(ops[i], ops[i].t, "flush (nbi_wait/quiet)")
-    if err == ISSUE_DEAD:
-        with gil:
-            raise PeerDeadError("flush (nbi_wait/quiet): a target of implicit puts has died")
     if err:
-        return check("fi_read (flush)", err)
+        return _issue_failed(NULL, err, "fi_read (flush of implicit puts)")
     return 0
 
 
@@ -327,6 +385,7 @@ cdef int net_put(void* epv, gx_target* t, uintptr_t remote, void* local, size_t 
     cdef uint64_t flags = FI_COMPLETION | FI_DELIVERY_COMPLETE
     cdef ssize_t rc
     cdef bint ordered = False
+    cdef double deadline = 0
     if mode == NET_NBI_LCNOW and n > ep.dom.inject_size:
         mode = NET_BLOCKING           # the source is reusable only once the put completes
     if (mode == NET_NBI or mode == NET_NBI_LCNOW) and ep.dom.ordered \
@@ -340,10 +399,11 @@ cdef int net_put(void* epv, gx_target* t, uintptr_t remote, void* local, size_t 
                 rc = fi_inject_write(ep.ep, local, n, t.net_addr, _raddr(t, remote), t.net_key)
                 if rc != -FI_EAGAIN:
                     break
-                _progress(ep)
-                if t.dead:
-                    return _raise_dead(t, "put")
-            check("fi_inject_write", rc)
+                rc = _retry(ep, t, &deadline)
+                if rc:
+                    break
+            if rc < 0:
+                return _issue_failed(t, rc, "fi_inject_write")
             return _ensure_flush(ep, t)
         flags = FI_COMPLETION
     # decided before the op exists: once posted, its completion may be read (and
@@ -374,13 +434,12 @@ cdef int net_put(void* epv, gx_target* t, uintptr_t remote, void* local, size_t 
         rc = fi_writemsg(ep.ep, &msg, flags)
         if rc != -FI_EAGAIN:
             break
-        _progress(ep)
-        if t.dead:
-            _drop_new(op)
-            return _raise_dead(t, "put")
+        rc = _retry(ep, t, &deadline)
+        if rc:
+            break
     if rc < 0:
         _drop_new(op)
-        return check("fi_writemsg", rc)
+        return _issue_failed(t, rc, "fi_writemsg")
     if mode == NET_BLOCKING:
         return _wait_op(op, t, "put")
     if mode == NET_NB:
@@ -404,6 +463,7 @@ cdef int net_get(void* epv, gx_target* t, uintptr_t remote, void* local, size_t 
     cdef gx_op* op = _new_op(ep, t, mode, NET_CAT_GET)
     cdef void* desc
     cdef ssize_t rc
+    cdef double deadline = 0
     rc = _desc(ep, op, local, n, FI_READ, &desc)
     if rc < 0:
         _drop_new(op)
@@ -412,13 +472,12 @@ cdef int net_get(void* epv, gx_target* t, uintptr_t remote, void* local, size_t 
         rc = fi_read(ep.ep, local, n, desc, t.net_addr, _raddr(t, remote), t.net_key, op)
         if rc != -FI_EAGAIN:
             break
-        _progress(ep)
-        if t.dead:
-            _drop_new(op)
-            return _raise_dead(t, "get")
+        rc = _retry(ep, t, &deadline)
+        if rc:
+            break
     if rc < 0:
         _drop_new(op)
-        return check("fi_read", rc)
+        return _issue_failed(t, rc, "fi_read")
     if mode == NET_BLOCKING:
         return _wait_op(op, t, "get")
     if mode == NET_NB:
@@ -515,7 +574,8 @@ cdef int _valid(ofi_ep* ep, int family, int dt, fi_op fop, int code) noexcept no
 
 
 cdef enum:
-    ISSUE_DEAD = -1000000     # _issue_atomic: the target died while the queue was full
+    ISSUE_DEAD = -1000000     # the target died (or the CQ failed) while the queue was full
+    ISSUE_TIMEOUT = -1000001  # the queue stayed full past GEXMK_TIMEOUT
 
 cdef ssize_t _issue_atomic(ofi_ep* ep, gx_target* t, uintptr_t remote, int dt, fi_op fop, int family,
                            gx_op* op) noexcept nogil:
@@ -525,6 +585,7 @@ cdef ssize_t _issue_atomic(ofi_ep* ep, gx_target* t, uintptr_t remote, int dt, f
     cdef void* d3
     cdef ssize_t rc
     cdef size_t sz = gx_dt_size(dt)
+    cdef double deadline = 0
     d2 = d3 = NULL
     rc = _desc(ep, op, &op.operand, sz, FI_WRITE, &d1)
     if rc == 0 and family >= 1:
@@ -545,8 +606,9 @@ cdef ssize_t _issue_atomic(ofi_ep* ep, gx_target* t, uintptr_t remote, int dt, f
                                    t.net_addr, _raddr(t, remote), t.net_key, _fi_dt(dt), fop, op)
         if rc != -FI_EAGAIN:
             return rc
-        if _progress_quiet(ep) < 0 or t.dead:
-            return ISSUE_DEAD
+        rc = _retry(ep, t, &deadline)
+        if rc:
+            return rc
 
 
 cdef int _post_atomic(ofi_ep* ep, gx_target* t, uintptr_t remote, int dt, fi_op fop, int family,
@@ -556,9 +618,7 @@ cdef int _post_atomic(ofi_ep* ep, gx_target* t, uintptr_t remote, int dt, fi_op 
     if rc >= 0:
         return 0
     _drop_new(op)
-    if rc == ISSUE_DEAD:
-        return _raise_dead(t, "atomic")
-    return check("fi_atomic", rc)
+    return _issue_failed(t, rc, "fi_atomic")
 
 
 cdef int _progress_quiet(ofi_ep* ep) noexcept nogil:
@@ -668,7 +728,7 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
         if not (categories & (1 << c)):
             continue
         while gx_load_long(&ep.nbi[c]) > 0 and why == 0:
-            if _progress_quiet(ep) < 0:
+            if _progress_all(ep.dom) < 0:
                 why = 3
             spins += 1
             if (spins & 1023) == 0:
@@ -719,6 +779,10 @@ def _env_timeout():
                             f"{os.environ['GEXMK_TIMEOUT']!r}") from None
 
 
+_PREFERENCE = ["cxi", "efa", "verbs;ofi_rxm", "psm3", "opx", "tcp;ofi_rxm", "net;ofi_rxm",
+               "sockets", "shm"]
+
+
 cdef class Domain:
     """Process-wide libfabric state: fabric, domain and address vector.
 
@@ -749,6 +813,7 @@ cdef class Domain:
         cdef fi_info* hints = fi_allocinfo()
         cdef fi_info* info = NULL
         cdef fi_info* p
+        cdef fi_info* chosen
         cdef int rc
         if hints == NULL:
             raise MemoryError()
@@ -768,19 +833,15 @@ cdef class Domain:
             hints.addr_format = FI_FORMAT_UNSPEC
             if provider:
                 hints.fabric_attr.prov_name = _strdup(provider.encode())
-            # Ask for read-after-write ordering (it enables the flush-by-read of
-            # implicit puts), then without it; then without FI_ATOMIC (atomics
-            # then use the CAS fallback or report that they cannot).  Providers
-            # report only the ordering that was asked for.
+            # Choose among providers without asking for ordering (asking filters
+            # out providers that lack it); without FI_ATOMIC if none offers it
+            # (atomics then use the CAS fallback or report that they cannot).
             rc = -FI_ENODATA
-            for atomics, ordered in ((want_atomics, True), (want_atomics, False),
-                                     (False, True), (False, False)):
+            for atomics in ([True, False] if want_atomics else [False]):
                 if atomics:
                     hints.caps |= FI_ATOMIC
                 else:
                     hints.caps &= ~FI_ATOMIC
-                hints.tx_attr.msg_order = (FI_ORDER_RAW | FI_ORDER_RMA_RAW) if ordered else 0
-                hints.ep_attr.max_order_raw_size = <size_t>-1 if ordered else 0
                 with nogil:
                     rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info)
                 if rc != -FI_ENODATA:
@@ -789,20 +850,34 @@ cdef class Domain:
                 raise UnsupportedError(f"no libfabric provider offers RDM endpoints with RMA"
                                        f"{' for ' + repr(provider) if provider else ''}")
             check("fi_getinfo", rc)
+            # Without a named provider (and no FI_PROVIDER), prefer the fabrics
+            # gexmk is written for over libfabric's list order (which can put
+            # udp;ofi_rxd first).
+            chosen = NULL
+            best = 1 << 30
             p = info
             while p != NULL:
                 name = p.domain_attr.name.decode() if p.domain_attr.name != NULL else ""
-                if interface is not None and name != interface:
+                if (interface is not None and name != interface) or \
+                        (skip_loopback and interface is None and name == "lo"):
                     p = p.next
                     continue
-                if skip_loopback and interface is None and name == "lo":
-                    p = p.next
+                prov = p.fabric_attr.prov_name.decode()
+                if skip_loopback and not provider and prov == "shm":
+                    p = p.next          # a job spanning nodes: shm reaches none of them
                     continue
-                break
+                rank = _PREFERENCE.index(prov) if prov in _PREFERENCE else len(_PREFERENCE)
+                if provider or os.environ.get("FI_PROVIDER"):
+                    rank = 0           # the user chose: libfabric's order stands
+                if rank < best:
+                    best = rank
+                    chosen = p
+                p = p.next
+            p = chosen
             if p == NULL:
                 raise UnsupportedError(f"no libfabric domain matches interface={interface!r} "
                                        f"(provider {provider!r})")
-            self.d.info = fi_dupinfo(p)
+            self.d.info = _with_ordering(p)
         finally:
             if info != NULL:
                 fi_freeinfo(info)
@@ -880,8 +955,13 @@ cdef class Domain:
         """A new libfabric endpoint with its own CQ, for one gexmk endpoint."""
         if self.closed:
             raise StateError("the ofi domain is closed")
+        if self.d.neps >= MAX_EPS:
+            raise UnsupportedError(f"more than {MAX_EPS} network endpoints in one process")
         ep = Endpoint._make(self)
         self._eps.append(ep)
+        self.d.eps[self.d.neps] = &(<Endpoint>ep).e
+        gx_fence()
+        gx_add_long(&self.d.neps, 1)
         return ep
 
     # -- progress thread --
@@ -900,60 +980,10 @@ cdef class Domain:
         self._thread.start()
 
     def _progress_loop(self):
-        cdef ofi_ep** eps = NULL
-        cdef int n, i
-        cdef ssize_t got
-        cdef bint spin = self._spin
-        cdef fi_cq_entry entries[16]
-        cdef timespec ts
-        # this thread's naps are short and frequent: 1 us timer slack, not 50
-        prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
-        while not self._stop:
-            live = [e for e in self._eps if not (<Endpoint>e).closed]
-            n = len(live)
-            eps = <ofi_ep**>calloc(n if n else 1, sizeof(ofi_ep*))
-            for i in range(n):
-                eps[i] = &(<Endpoint>live[i]).e
-            try:
-                with nogil:
-                    for _ in range(50 if not spin else 20000):
-                        if n == 0 or self._stop_flag:
-                            break
-                        if gx_load_long(&self.d.waiters) > 0 or \
-                                _now() - self.d.last_app < 0.002:
-                            # an application thread drives progress itself (or just
-                            # did): stay off its CQ and its CPU
-                            ts.tv_sec = 0
-                            ts.tv_nsec = 100000
-                            nanosleep(&ts, NULL)
-                            continue
-                        if spin or not eps[0].can_wait:
-                            got = 0
-                            for i in range(n):
-                                got += _progress_quiet(eps[i])
-                            if spin:
-                                sched_yield()
-                            else:
-                                # no wait object: poll with a short nap
-                                ts.tv_sec = 0
-                                ts.tv_nsec = 20000
-                                nanosleep(&ts, NULL)
-                            continue
-                        # Block in the CQ's wait object: wakes as soon as traffic
-                        # arrives (and makes the provider progress it), costs
-                        # nothing while idle.  stop_progress() wakes it with fi_cq_signal.
-                        got = fi_cq_sread(eps[0].cq, entries, 16, NULL, 20)
-                        if got > 0:
-                            for i in range(got):
-                                _complete(<gx_op*>entries[i].op_context, 0)
-                        elif got == -FI_EAVAIL:
-                            _progress_quiet(eps[0])
-                        for i in range(1, n):
-                            _progress_quiet(eps[i])
-                        if self._stop_flag:
-                            break
-            finally:
-                free(eps)
+        # Runs without the GIL from start to end: it must keep serving peers
+        # while application threads hold the GIL.
+        with nogil:
+            _progress_thread(&self.d, self._spin, &self._stop_flag)
 
     def stop_progress(self):
         """Stop and join the progress thread (idempotent)."""
@@ -1008,6 +1038,94 @@ cdef class Domain:
         return f"<gexmk.ofi Domain {self.provider} on {self.domain_name}>"
 
 
+cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept nogil:
+    cdef timespec ts
+    cdef fi_cq_entry entries[16]
+    cdef ssize_t got
+    cdef long i, n
+    cdef ofi_ep* first
+    cdef fid* cqfid
+    cdef pollfd pfd
+    cdef double hot_until = 0
+    # this thread's naps are short and frequent: 1 us timer slack, not 50
+    prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
+    while not stop[0]:
+        if gx_load_long(&d.waiters) > 0 or _now() - d.last_app < 0.002:
+            # an application thread drives progress itself (or just did): stay
+            # off its CQs and its CPU
+            ts.tv_sec = 0
+            ts.tv_nsec = 100000
+            nanosleep(&ts, NULL)
+            continue
+        n = gx_load_long(&d.neps)
+        if n == 0:
+            ts.tv_sec = 0
+            ts.tv_nsec = 1000000
+            nanosleep(&ts, NULL)
+            continue
+        if spin or _now() < hot_until:
+            # spin mode, or just woken by traffic: poll without sleeping for a
+            # while (a request/response exchange will bring more at once; a
+            # sleeping thread costs a wake-up per message)
+            _progress_all(d)
+            sched_yield()
+            continue
+        # One endpoint with a wait fd: sleep in the CQ's wait object, woken at
+        # once by traffic (which it then progresses), free while idle.
+        # Otherwise (several endpoints, or shm without a wait fd): poll all
+        # with short naps.
+        gx_add_long(&d.readers, 1)
+        gx_fence()
+        first = d.eps[0] if gx_load_long(&d.neps) == 1 else NULL
+        if first != NULL and first.can_wait:
+            # fi_trywait says whether sleeping is safe (nothing left to
+            # progress); then poll() the CQ's fd, as libfabric prescribes.
+            cqfid = &first.cq.fid
+            if fi_trywait(d.fabric, &cqfid, 1) == 0:
+                pfd.fd = first.wait_fd
+                pfd.events = POLLIN
+                pfd.revents = 0
+                if poll(&pfd, 1, 20) > 0:
+                    hot_until = _now() + 0.001
+            else:
+                hot_until = _now() + 0.001     # work was pending: stay awake
+            _progress_quiet(first)
+            gx_add_long(&d.readers, -1)
+            continue
+        gx_add_long(&d.readers, -1)
+        _progress_all(d)
+        ts.tv_sec = 0
+        ts.tv_nsec = 20000
+        nanosleep(&ts, NULL)
+
+
+cdef fi_info* _with_ordering(fi_info* p) except NULL:
+    """The chosen provider and domain again, asking for read-after-write
+    ordering of data (providers report only the ordering that was asked for):
+    that info when granted, else a copy of p."""
+    cdef fi_info* hints = fi_dupinfo(p)
+    cdef fi_info* got = NULL
+    cdef fi_info* out
+    cdef int rc
+    if hints == NULL:
+        raise MemoryError()
+    hints.tx_attr.msg_order = FI_ORDER_RAW | FI_ORDER_RMA_RAW
+    hints.ep_attr.max_order_raw_size = <size_t>-1
+    with nogil:
+        rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &got)
+    fi_freeinfo(hints)
+    if rc == 0 and got != NULL and (got.tx_attr.msg_order & (FI_ORDER_RAW | FI_ORDER_RMA_RAW)) \
+            and got.ep_attr.max_order_raw_size > 0:
+        out = fi_dupinfo(got)
+    else:
+        out = fi_dupinfo(p)
+    if got != NULL:
+        fi_freeinfo(got)
+    if out == NULL:
+        raise MemoryError()
+    return out
+
+
 cdef char* _strdup(bytes s):
     # libfabric frees prov_name with fi_freeinfo: allocate with the C allocator
     cdef size_t n = len(s)
@@ -1036,14 +1154,24 @@ cdef class Endpoint:
         cq_attr.format = FI_CQ_FORMAT_CONTEXT
         cq_attr.wait_obj = FI_WAIT_FD         # the progress thread sleeps in fi_cq_sread
         cq_attr.size = 0
+        cdef fi_wait_obj wobj = FI_WAIT_NONE
         try:
             check("fi_endpoint", fi_endpoint(dom.d.domain, dom.d.info, &ep.e.ep, NULL))
-            ep.e.can_wait = 1
-            if fi_cq_open(dom.d.domain, &cq_attr, &ep.e.cq, NULL) != 0:
-                # no wait fd (shm): the progress thread polls and naps instead
+            if fi_cq_open(dom.d.domain, &cq_attr, &ep.e.cq, NULL) == 0 and \
+                    fi_control(&ep.e.cq.fid, FI_GETWAIT, &ep.e.wait_fd) == 0:
+                wobj = FI_WAIT_FD
+            else:
+                if ep.e.cq != NULL:
+                    fi_close(&ep.e.cq.fid)
+                    ep.e.cq = NULL
+                # no wait fd (shm): poll.  (FI_WAIT_UNSPEC would give shm a
+                # "yield" wait that spins a core inside fi_cq_sread.)
                 cq_attr.wait_obj = FI_WAIT_NONE
-                ep.e.can_wait = 0
                 check("fi_cq_open", fi_cq_open(dom.d.domain, &cq_attr, &ep.e.cq, NULL))
+            # Sleep in fi_cq_sread only on a real wait object (fd, mutex/cond);
+            # a "yield" wait (shm) spins a core, so that CQ is polled with naps.
+            ep.e.can_wait = wobj == FI_WAIT_FD or wobj == FI_WAIT_MUTEX_COND \
+                or wobj == FI_WAIT_POLLFD
             check("fi_ep_bind(cq)", fi_ep_bind(ep.e.ep, &ep.e.cq.fid, FI_TRANSMIT | FI_RECV))
             check("fi_ep_bind(av)", fi_ep_bind(ep.e.ep, &dom.d.av.fid, 0))
             check("fi_enable", fi_enable(ep.e.ep))
@@ -1105,6 +1233,32 @@ cdef class Endpoint:
             self.e.seg_desc = NULL
             self.e.seg_lo = self.e.seg_hi = 0
 
+    cdef void _unregister(self) noexcept:
+        """Take this endpoint out of the domain's list, then wait until no
+        thread still walks the list (so none can poll its CQ once closed)."""
+        cdef ofi_dom* d = self.e.dom
+        cdef long i, n = d.neps
+        cdef timespec ts
+        for i in range(n):
+            if d.eps[i] == &self.e:
+                d.eps[i] = d.eps[n - 1]
+                gx_fence()
+                gx_add_long(&d.neps, -1)
+                break
+        gx_fence()
+        with nogil:
+            while gx_load_long(&d.readers) > 0:
+                if self.e.can_wait and self.e.cq != NULL:
+                    fi_cq_signal(self.e.cq)      # cut a progress thread's sleep short
+                ts.tv_sec = 0
+                ts.tv_nsec = 50000
+                nanosleep(&ts, NULL)
+
+    @property
+    def can_wait(self):
+        """True when the progress thread may sleep in this CQ's wait object."""
+        return bool(self.e.can_wait)
+
     def progress(self):
         """Poll the CQ once (completions, manual progress); returns how many completed."""
         if self.closed:
@@ -1128,8 +1282,9 @@ cdef class Endpoint:
         cdef int spins = 0
         if self.e.cq != NULL:
             while (self.e.nbi[0] or self.e.nbi[1] or self.e.nbi[2]) and spins < 100000:
-                _progress(&self.e)
+                _progress_quiet(&self.e)
                 spins += 1
+        self._unregister()
         self.unbind()
         if self.e.ep != NULL:
             fi_close(&self.e.ep.fid)
