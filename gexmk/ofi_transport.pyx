@@ -884,6 +884,8 @@ cdef class Domain:
             if hints != NULL:
                 fi_freeinfo(hints)
         self.provider = self.d.info.fabric_attr.prov_name.decode()
+        if self.provider == "shm":
+            _unlink_stale_shm_regions()
         self.domain_name = self.d.info.domain_attr.name.decode()
         self.atomics = bool(self.d.info.caps & FI_ATOMIC)
         self.d.mr_mode = self.d.info.domain_attr.mr_mode
@@ -1124,6 +1126,24 @@ cdef fi_info* _with_ordering(fi_info* p) except NULL:
     if out == NULL:
         raise MemoryError()
     return out
+
+
+def _unlink_stale_shm_regions():
+    """libfabric 1.17's shm provider names its region /dev/shm/<pid>:<n>:<m>
+    and cannot unlink it when its process is SIGKILLed; a later process that
+    gets the same pid then fails fi_enable with EBUSY.  Before this process
+    has opened any shm endpoint, every region with its pid is such a leftover."""
+    prefix = f"{os.getpid()}:"
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
 
 
 cdef char* _strdup(bytes s):

