@@ -30,7 +30,6 @@ from cpython.long cimport PyLong_AsUnsignedLongLongMask
 from libc.errno cimport errno, EPERM, ESRCH, EFAULT
 from libc.stdint cimport uintptr_t, int32_t, uint32_t, int64_t, uint64_t
 from libc.stdlib cimport calloc, free
-from libc.string cimport memcpy
 from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED
 from posix.unistd cimport close, sysconf, _SC_PAGESIZE
 
@@ -887,7 +886,7 @@ cdef class Client:
         for t in list(self._teams):
             (<Team>t)._close()
         self._drain()
-        for key, m in self._maps.items():
+        for m in self._maps.values():
             munmap(<void*><uintptr_t>m[0], <size_t>m[1])
         self._maps.clear()
         self._dir.clear()

@@ -18,10 +18,9 @@ import os
 import threading
 
 from cpython.pycapsule cimport PyCapsule_New
-from libc.errno cimport ENOMEM
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t, int64_t
-from libc.stdlib cimport calloc, free, getenv, strtod
-from libc.string cimport memcpy, memset, strcmp
+from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy, memset
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC, nanosleep
 
 cdef extern from "<sched.h>" nogil:
@@ -53,7 +52,6 @@ cdef enum:
     OP_PENDING = 0
     OP_DONE = 1
     OP_ORPHAN = 2
-    MAX_MR = 3
     MAX_TOUCHED = 16        # targets of unflushed implicit puts remembered per endpoint
     MAX_EPS = 1024          # endpoints per process on the network
 
@@ -437,15 +435,23 @@ cdef int net_put(void* epv, gx_target* t, uintptr_t remote, void* local, size_t 
         rc = _retry(ep, t, &deadline)
         if rc:
             break
-    if rc < 0:
-        _drop_new(op)
-        return _issue_failed(t, rc, "fi_writemsg")
-    if mode == NET_BLOCKING:
-        return _wait_op(op, t, "put")
-    if mode == NET_NB:
-        out[0] = op
+    _posted(op, t, rc, mode, out, "fi_writemsg", "put")
     if ordered:
         _ensure_flush(ep, t)
+    return 0
+
+
+cdef int _posted(gx_op* op, gx_target* t, ssize_t rc, int mode, void** out,
+                 const char* call, const char* what) except -1 nogil:
+    """After posting op (rc from the post): drop it and raise on failure; wait
+    for it when blocking; hand it out when NB (implicit ops need nothing)."""
+    if rc < 0:
+        _drop_new(op)
+        return _issue_failed(t, rc, call)
+    if mode == NET_BLOCKING:
+        return _wait_op(op, t, what)
+    if mode == NET_NB:
+        out[0] = op
     return 0
 
 
@@ -475,14 +481,7 @@ cdef int net_get(void* epv, gx_target* t, uintptr_t remote, void* local, size_t 
         rc = _retry(ep, t, &deadline)
         if rc:
             break
-    if rc < 0:
-        _drop_new(op)
-        return _issue_failed(t, rc, "fi_read")
-    if mode == NET_BLOCKING:
-        return _wait_op(op, t, "get")
-    if mode == NET_NB:
-        out[0] = op
-    return 0
+    return _posted(op, t, rc, mode, out, "fi_read", "get")
 
 
 cdef fi_datatype _fi_dt(int dt) noexcept nogil:
@@ -799,7 +798,6 @@ cdef class Domain:
     cdef dict _raw_keys
     cdef list _eps
     cdef object _thread
-    cdef bint _stop
     cdef bint _spin
     cdef volatile int _stop_flag          # read by the progress thread without the GIL
     cdef bint closed
@@ -975,7 +973,6 @@ cdef class Domain:
         makes it poll continuously (lowest latency, one core busy)."""
         if self._thread is not None:
             return
-        self._stop = False
         self._spin = spin
         self._thread = threading.Thread(target=self._progress_loop, name="gexmk-ofi-progress",
                                         daemon=True)
@@ -992,7 +989,6 @@ cdef class Domain:
         cdef double deadline
         if self._thread is None:
             return
-        self._stop = True
         self._stop_flag = 1
         deadline = _now() + 10
         while self._thread.is_alive() and _now() < deadline:
