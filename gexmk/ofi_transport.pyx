@@ -56,6 +56,11 @@ cdef enum:
     MAX_EPS = 1024          # endpoints per process on the network
 
 
+# The progress thread keeps off the CQs for this long (s) after an application
+# thread last drove progress itself (blocking waits, nbi_wait).
+cdef double STAND_ASIDE = 0.002
+
+
 cdef struct ofi_dom:
     fi_info* info
     fid_fabric* fabric
@@ -66,6 +71,7 @@ cdef struct ofi_dom:
     int manual              # FI_PROGRESS_MANUAL data progress: targets must poll
     uint64_t next_key       # requested keys when the provider does not choose them
     double timeout          # seconds a blocking wait may take before TimeoutError
+    int cq_wait             # CQs opened from now on get a wait fd (a sleeping progress thread)
     long waiters            # threads spinning on a completion: the progress thread stands aside
     double last_app         # when an application thread last drove progress itself
     int ordered             # FI_ORDER_RAW: a read issued after writes sees them (flush by read)
@@ -723,6 +729,7 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
     cdef int err, c
     cdef int why = 0
     gx_add_long(&ep.dom.waiters, 1)
+    ep.dom.last_app = _now()
     for c in range(3):
         if not (categories & (1 << c)):
             continue
@@ -735,6 +742,7 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
                     deadline = _now() + ep.dom.timeout
                 elif _now() > deadline:
                     why = 2
+    ep.dom.last_app = _now()
     gx_add_long(&ep.dom.waiters, -1)
     if why == 2:
         return _raise_timeout(NULL, ep.dom.timeout, "nbi_wait")
@@ -974,6 +982,9 @@ cdef class Domain:
         if self._thread is not None:
             return
         self._spin = spin
+        # endpoints opened from now on get a CQ the thread can sleep on (those
+        # opened before keep theirs and are polled with naps)
+        self.d.cq_wait = not spin
         self._thread = threading.Thread(target=self._progress_loop, name="gexmk-ofi-progress",
                                         daemon=True)
         self._thread.start()
@@ -1045,14 +1056,19 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
     cdef fid* cqfid
     cdef pollfd pfd
     cdef double hot_until = 0
+    cdef double idle
     # this thread's naps are short and frequent: 1 us timer slack, not 50
     prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
     while not stop[0]:
-        if gx_load_long(&d.waiters) > 0 or _now() - d.last_app < 0.002:
-            # an application thread drives progress itself (or just did): stay
-            # off its CQs and its CPU
+        idle = _now() - d.last_app
+        if gx_load_long(&d.waiters) > 0 or idle < STAND_ASIDE:
+            # An application thread drives progress itself (or just did): stay
+            # off its CQs and its CPU until it has left them alone for
+            # STAND_ASIDE.  Nap until then, not in short steps: on 2 cores a
+            # wake-up every 100 us costs a streaming sender ~3% of its bandwidth.
+            idle = STAND_ASIDE - idle if idle < STAND_ASIDE else STAND_ASIDE / 4
             ts.tv_sec = 0
-            ts.tv_nsec = 100000
+            ts.tv_nsec = <long>(idle * 1e9) + 50000
             nanosleep(&ts, NULL)
             continue
         n = gx_load_long(&d.neps)
@@ -1064,8 +1080,14 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
         if spin or _now() < hot_until:
             # spin mode, or just woken by traffic: poll without sleeping for a
             # while (a request/response exchange will bring more at once; a
-            # sleeping thread costs a wake-up per message)
-            _progress_all(d)
+            # sleeping thread costs a wake-up per message).  Passes come in
+            # bursts: a clock read and a yield per pass cost a receiving target
+            # ~10% of its bandwidth; an application thread that starts to wait
+            # still takes over within one pass.
+            for i in range(16):
+                _progress_all(d)
+                if gx_load_long(&d.waiters) > 0:
+                    break
             sched_yield()
             continue
         # One endpoint with a wait fd: sleep in the CQ's wait object, woken at
@@ -1168,20 +1190,27 @@ cdef class Endpoint:
         ep.e.dom = &dom.d
         memset(&cq_attr, 0, sizeof(cq_attr))
         cq_attr.format = FI_CQ_FORMAT_CONTEXT
-        cq_attr.wait_obj = FI_WAIT_FD         # the progress thread sleeps in fi_cq_sread
+        cq_attr.wait_obj = FI_WAIT_FD         # the progress thread sleeps on its fd
         cq_attr.size = 0
         cdef fi_wait_obj wobj = FI_WAIT_NONE
         try:
             check("fi_endpoint", fi_endpoint(dom.d.domain, dom.d.info, &ep.e.ep, NULL))
-            if fi_cq_open(dom.d.domain, &cq_attr, &ep.e.cq, NULL) == 0 and \
+            # A wait fd only for a progress thread that sleeps on it.  It is not
+            # free: the provider signals it on every completion (two syscalls
+            # per op on tcp;ofi_rxm, ~1.5 us of an 8 B put's 6-7 us), and rxm
+            # then hands its internal connections a wait object too.  Spinning
+            # or absent progress threads get a plain polled CQ.
+            if dom.d.cq_wait and \
+                    fi_cq_open(dom.d.domain, &cq_attr, &ep.e.cq, NULL) == 0 and \
                     fi_control(&ep.e.cq.fid, FI_GETWAIT, &ep.e.wait_fd) == 0:
                 wobj = FI_WAIT_FD
             else:
                 if ep.e.cq != NULL:
                     fi_close(&ep.e.cq.fid)
                     ep.e.cq = NULL
-                # no wait fd (shm): poll.  (FI_WAIT_UNSPEC would give shm a
-                # "yield" wait that spins a core inside fi_cq_sread.)
+                # no wait fd wanted, or none to be had (shm): a polled CQ.
+                # (FI_WAIT_UNSPEC would give shm a "yield" wait that spins a
+                # core inside fi_cq_sread.)
                 cq_attr.wait_obj = FI_WAIT_NONE
                 check("fi_cq_open", fi_cq_open(dom.d.domain, &cq_attr, &ep.e.cq, NULL))
             # Sleep in fi_cq_sread only on a real wait object (fd, mutex/cond);
