@@ -949,7 +949,7 @@ cdef class Client:
             self._unmap(tg)
             t.transport = GX_TR_OFI
             if self.net is not None and net_name:
-                t.net_addr = self.net.insert(net_name)
+                t.net_addr, t.net_aaddr = self.net.insert(net_name)
                 t.net_key = self.net.map_key(net_key, net_base)   # raw keys are mapped here
                 t.net_base = net_base
         elif fd >= 0 and self._force != "pvm" and self._try_map(tg, (jobrank, token), fd, size):

@@ -125,7 +125,8 @@ def _chosen_transport():
     try:
         return {"provider": dom.provider, "domain": dom.domain_name, "atomics": dom.atomics,
                 "manual_progress": dom.manual_progress, "inject_size": dom.inject_size,
-                "mr_mode": dom.mr_mode}
+                "mr_mode": dom.mr_mode, "split_endpoints": dom.split_endpoints,
+                "ordered_flush": dom.ordered_flush[0]}
     finally:
         dom.close()
 
@@ -307,6 +308,12 @@ def _format(rep):
                      f"(atomics {_yes(tr['atomics'])}, "
                      f"{'manual' if tr['manual_progress'] else 'auto'} progress, "
                      f"inject {tr['inject_size']} B)")
+        if "split_endpoints" in tr:
+            lines.append("    implicit puts complete by "
+                         + ("a read-after-write flush" if tr["ordered_flush"]
+                            else "FI_DELIVERY_COMPLETE each")
+                         + ("; atomics on a second endpoint per gexmk endpoint (RMA one "
+                            "without FI_ATOMIC keeps RAW ordering)" if tr["split_endpoints"] else ""))
     elif tr.get("error"):
         lines.append(f"  gexmk's ofi transport: {tr['error']}")
     if lf.get("hmem_cuda"):

@@ -46,7 +46,7 @@ from gexmk.lib.gx cimport *
 from gexmk.net cimport *
 
 from gexmk.errors import (OFIError, UnsupportedError, PeerDeadError, TimeoutError as GxTimeoutError,
-                          ArgumentError, StateError)
+                          ArgumentError, StateError, CommunicationError)
 
 cdef enum:
     OP_PENDING = 0
@@ -60,9 +60,14 @@ cdef enum:
 # thread last drove progress itself (blocking waits, nbi_wait).
 cdef double STAND_ASIDE = 0.002
 
+# Leads the published name of a split endpoint (RMA name + atomics name).
+_SPLIT_TAG = b"gexmk-split:"
+
 
 cdef struct ofi_dom:
     fi_info* info
+    fi_info* rma_info       # split mode: the RMA endpoints' info (no FI_ATOMIC, RAW-ordered); else NULL
+    int split               # 1: each endpoint is an RMA EP + an atomics EP (gx_target.net_aaddr)
     fid_fabric* fabric
     fid_domain* domain
     fid_av* av
@@ -84,7 +89,8 @@ cdef struct ofi_dom:
 
 cdef struct ofi_ep:
     ofi_dom* dom
-    fid_ep* ep
+    fid_ep* ep              # puts, gets, flushes
+    fid_ep* aep             # atomics: ep itself, or in split mode a second endpoint
     fid_cq* cq
     fid_mr* seg_mr
     void* seg_desc
@@ -569,11 +575,11 @@ cdef int _valid(ofi_ep* ep, int family, int dt, fi_op fop, int code) noexcept no
     cdef int rc
     if slot[0] < 0:
         if family == 0:
-            rc = fi_atomicvalid(ep.ep, _fi_dt(dt), fop, &count)
+            rc = fi_atomicvalid(ep.aep, _fi_dt(dt), fop, &count)
         elif family == 1:
-            rc = fi_fetch_atomicvalid(ep.ep, _fi_dt(dt), fop, &count)
+            rc = fi_fetch_atomicvalid(ep.aep, _fi_dt(dt), fop, &count)
         else:
-            rc = fi_compare_atomicvalid(ep.ep, _fi_dt(dt), fop, &count)
+            rc = fi_compare_atomicvalid(ep.aep, _fi_dt(dt), fop, &count)
         slot[0] = 1 if (rc == 0 and count >= 1) else 0
     return slot[0]
 
@@ -591,6 +597,7 @@ cdef ssize_t _issue_atomic(ofi_ep* ep, gx_target* t, uintptr_t remote, int dt, f
     cdef ssize_t rc
     cdef size_t sz = gx_dt_size(dt)
     cdef double deadline = 0
+    cdef fi_addr_t peer = t.net_aaddr         # its atomics endpoint (= net_addr unless split)
     d2 = d3 = NULL
     rc = _desc(ep, op, &op.operand, sz, FI_WRITE, &d1)
     if rc == 0 and family >= 1:
@@ -601,14 +608,14 @@ cdef ssize_t _issue_atomic(ofi_ep* ep, gx_target* t, uintptr_t remote, int dt, f
         return rc
     while True:
         if family == 0:
-            rc = fi_atomic(ep.ep, &op.operand, 1, d1, t.net_addr, _raddr(t, remote), t.net_key,
+            rc = fi_atomic(ep.aep, &op.operand, 1, d1, peer, _raddr(t, remote), t.net_key,
                            _fi_dt(dt), fop, op)
         elif family == 1:
-            rc = fi_fetch_atomic(ep.ep, &op.operand, 1, d1, &op.result, d3, t.net_addr,
+            rc = fi_fetch_atomic(ep.aep, &op.operand, 1, d1, &op.result, d3, peer,
                                  _raddr(t, remote), t.net_key, _fi_dt(dt), fop, op)
         else:
-            rc = fi_compare_atomic(ep.ep, &op.operand, 1, d1, &op.compare, d2, &op.result, d3,
-                                   t.net_addr, _raddr(t, remote), t.net_key, _fi_dt(dt), fop, op)
+            rc = fi_compare_atomic(ep.aep, &op.operand, 1, d1, &op.compare, d2, &op.result, d3,
+                                   peer, _raddr(t, remote), t.net_key, _fi_dt(dt), fop, op)
         if rc != -FI_EAGAIN:
             return rc
         rc = _retry(ep, t, &deadline)
@@ -884,6 +891,14 @@ cdef class Domain:
                 raise UnsupportedError(f"no libfabric domain matches interface={interface!r} "
                                        f"(provider {provider!r})")
             self.d.info = _with_ordering(p)
+            if not _raw_ordered(self.d.info) and (self.d.info.caps & FI_ATOMIC) \
+                    and not (self.d.info.domain_attr.mr_mode & FI_MR_ENDPOINT) \
+                    and os.environ.get("GEXMK_OFI_SPLIT", "1") != "0":
+                # Ordering lost to FI_ATOMIC (tcp;ofi_rxm: atomics are emulated by
+                # messages that pass RMA): RMA on an endpoint without FI_ATOMIC
+                # if that one is RAW-ordered, atomics on a second endpoint.
+                self.d.rma_info = _ordered_without_atomics(p)
+                self.d.split = self.d.rma_info != NULL
         finally:
             if info != NULL:
                 fi_freeinfo(info)
@@ -897,9 +912,9 @@ cdef class Domain:
         self.d.mr_mode = self.d.info.domain_attr.mr_mode
         self.d.inject_size = self.d.info.tx_attr.inject_size
         self.d.manual = self.d.info.domain_attr.data_progress == FI_PROGRESS_MANUAL
-        self.d.ordered = (self.d.info.tx_attr.msg_order & (FI_ORDER_RAW | FI_ORDER_RMA_RAW)) != 0 \
-            and os.environ.get("GEXMK_OFI_ORDERED_FLUSH", "1") != "0"
-        self.d.max_order_raw = self.d.info.ep_attr.max_order_raw_size
+        cdef fi_info* rma = self.d.rma_info if self.d.split else self.d.info
+        self.d.ordered = _raw_ordered(rma) and os.environ.get("GEXMK_OFI_ORDERED_FLUSH", "1") != "0"
+        self.d.max_order_raw = rma.ep_attr.max_order_raw_size
         cdef fi_av_attr av_attr
         memset(&av_attr, 0, sizeof(av_attr))
         av_attr.type = FI_AV_TABLE
@@ -910,6 +925,12 @@ cdef class Domain:
         except BaseException:
             self.close()
             raise
+
+    @property
+    def split_endpoints(self):
+        """True when each endpoint is a pair: RMA without FI_ATOMIC (so that
+        the provider orders reads after writes) and a second one for atomics."""
+        return bool(self.d.split)
 
     @property
     def manual_progress(self):
@@ -931,17 +952,31 @@ cdef class Domain:
         return self.d.inject_size
 
     def insert(self, bytes name):
-        """fi_addr of a peer endpoint's name (inserted once, cached)."""
-        cdef fi_addr_t a
-        cdef const char* p = name
+        """(fi_addr for RMA, fi_addr for atomics) of a peer endpoint's name
+        (inserted once, cached).  A split endpoint's name holds both of its
+        addresses; a single endpoint gets the same fi_addr twice."""
+        cdef fi_addr_t a[2]
+        cdef const char* p
+        cdef size_t count = 1
         cached = self._addrs.get(name)
         if cached is not None:
             return cached
-        rc = fi_av_insert(self.d.av, p, 1, &a, 0, NULL)
-        if rc != 1:
+        split = name.startswith(_SPLIT_TAG)
+        if split != bool(self.d.split):
+            raise CommunicationError(f"a peer's ofi endpoint is {'split' if split else 'single'}, this "
+                           f"process's is {'split' if self.d.split else 'single'}: the job's "
+                           f"processes disagree on the libfabric set-up (same libfabric, provider "
+                           f"and GEXMK_OFI_SPLIT everywhere?)")
+        raw = name[len(_SPLIT_TAG):] if split else name
+        if split:
+            count = 2               # two names of equal length, packed as fi_av_insert takes them
+        p = raw
+        rc = fi_av_insert(self.d.av, p, count, a, 0, NULL)
+        if rc != <int>count:
             check("fi_av_insert", rc if rc < 0 else -FI_EINVAL)
-        self._addrs[name] = a
-        return a
+        out = (a[0], a[1] if split else a[0])
+        self._addrs[name] = out
+        return out
 
     def map_key(self, key, uint64_t base):
         """The 64-bit key to use for a peer's registration: its key itself, or
@@ -1038,6 +1073,10 @@ cdef class Domain:
         if self.d.info != NULL:
             fi_freeinfo(self.d.info)
             self.d.info = NULL
+        if self.d.rma_info != NULL:
+            fi_freeinfo(self.d.rma_info)
+            self.d.rma_info = NULL
+        self.d.split = 0
 
     def __dealloc__(self):
         if not self.closed:
@@ -1146,6 +1185,39 @@ cdef fi_info* _with_ordering(fi_info* p) except NULL:
     return out
 
 
+cdef bint _raw_ordered(fi_info* p) noexcept nogil:
+    """Does p order the data of a read after that of earlier writes?"""
+    return (p.tx_attr.msg_order & (FI_ORDER_RAW | FI_ORDER_RMA_RAW)) != 0 \
+        and p.ep_attr.max_order_raw_size > 0
+
+
+cdef fi_info* _ordered_without_atomics(fi_info* p) except? NULL:
+    """The chosen provider and domain without FI_ATOMIC, asking for
+    read-after-write ordering: that info when granted, else NULL."""
+    cdef fi_info* hints = fi_dupinfo(p)
+    cdef fi_info* got = NULL
+    cdef fi_info* out = NULL
+    cdef int rc
+    if hints == NULL:
+        raise MemoryError()
+    hints.caps &= ~FI_ATOMIC
+    hints.tx_attr.caps &= ~FI_ATOMIC
+    hints.rx_attr.caps &= ~FI_ATOMIC
+    hints.tx_attr.msg_order = FI_ORDER_RAW | FI_ORDER_RMA_RAW
+    hints.ep_attr.max_order_raw_size = <size_t>-1
+    with nogil:
+        rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &got)
+    fi_freeinfo(hints)
+    if rc == 0 and got != NULL and _raw_ordered(got):
+        out = fi_dupinfo(got)
+        if out == NULL:
+            fi_freeinfo(got)
+            raise MemoryError()
+    if got != NULL:
+        fi_freeinfo(got)
+    return out
+
+
 def _unlink_stale_shm_regions():
     """libfabric 1.17's shm provider names its region /dev/shm/<pid>:<n>:<m>
     and cannot unlink it when its process is SIGKILLed; a later process that
@@ -1193,8 +1265,14 @@ cdef class Endpoint:
         cq_attr.wait_obj = FI_WAIT_FD         # the progress thread sleeps on its fd
         cq_attr.size = 0
         cdef fi_wait_obj wobj = FI_WAIT_NONE
+        cdef char abuf[256]
+        cdef size_t alen = sizeof(abuf)
         try:
-            check("fi_endpoint", fi_endpoint(dom.d.domain, dom.d.info, &ep.e.ep, NULL))
+            if dom.d.split:
+                check("fi_endpoint", fi_endpoint(dom.d.domain, dom.d.rma_info, &ep.e.ep, NULL))
+                check("fi_endpoint (atomics)", fi_endpoint(dom.d.domain, dom.d.info, &ep.e.aep, NULL))
+            else:
+                check("fi_endpoint", fi_endpoint(dom.d.domain, dom.d.info, &ep.e.ep, NULL))
             # A wait fd only for a progress thread that sleeps on it.  It is not
             # free: the provider signals it on every completion (two syscalls
             # per op on tcp;ofi_rxm, ~1.5 us of an 8 B put's 6-7 us), and rxm
@@ -1221,10 +1299,25 @@ cdef class Endpoint:
             check("fi_ep_bind(av)", fi_ep_bind(ep.e.ep, &dom.d.av.fid, 0))
             check("fi_enable", fi_enable(ep.e.ep))
             check("fi_getname", fi_getname(&ep.e.ep.fid, buf, &blen))
+            if dom.d.split:
+                # one CQ for both: every poll and wait covers the pair
+                check("fi_ep_bind(cq)", fi_ep_bind(ep.e.aep, &ep.e.cq.fid, FI_TRANSMIT | FI_RECV))
+                check("fi_ep_bind(av)", fi_ep_bind(ep.e.aep, &dom.d.av.fid, 0))
+                check("fi_enable", fi_enable(ep.e.aep))
+                check("fi_getname", fi_getname(&ep.e.aep.fid, abuf, &alen))
+            else:
+                ep.e.aep = ep.e.ep
         except BaseException:
             ep.close()
             raise
-        ep.name = buf[:blen]
+        if dom.d.split:
+            if alen != blen:
+                ep.close()
+                raise CommunicationError(f"fi_getname: the RMA and atomics endpoints have names of "
+                               f"different lengths ({blen}, {alen})")
+            ep.name = _SPLIT_TAG + buf[:blen] + abuf[:alen]
+        else:
+            ep.name = buf[:blen]
         return ep
 
     @property
@@ -1331,6 +1424,9 @@ cdef class Endpoint:
                 spins += 1
         self._unregister()
         self.unbind()
+        if self.e.aep != NULL and self.e.aep != self.e.ep:
+            fi_close(&self.e.aep.fid)
+        self.e.aep = NULL
         if self.e.ep != NULL:
             fi_close(&self.e.ep.fid)
             self.e.ep = NULL

@@ -82,6 +82,10 @@ def check_ofi(c):
     assert c.net.provider == OFI_PROVIDER, (c.net.provider, OFI_PROVIDER)
     for e in c.eps:
         assert e.net is not None and not e.net.closed, (e, e.net)
+    want = os.environ.get("GEXMK_TEST_EXPECT_SPLIT")
+    if want is not None:        # which completion path implicit puts take
+        assert c.net.split_endpoints == (want == "1"), c.net.split_endpoints
+        assert c.net.ordered_flush[0] == (want == "1"), c.net.ordered_flush
     return c
 
 _plain_init = gexmk.init
@@ -444,6 +448,72 @@ def test_contended_atomics_are_exact_over_ofi(tmp_path, n, provider):
     need(provider)
     r = run(tmp_path, CONTENTION_WORKER, n, provider, launcher_timeout=100, args=(200,)).check()
     assert "RESULT ok" in r.stdout, r.report()
+
+
+# ---- 1b. split endpoints (RMA without FI_ATOMIC + an atomics endpoint) ---------
+
+def test_split_endpoints_where_atomics_cost_ordering():
+    """tcp;ofi_rxm drops read-after-write ordering when FI_ATOMIC is asked
+    for: the Domain then pairs an ordered RMA endpoint (implicit puts complete
+    by a read-after-write flush) with an atomics endpoint, and says so.  With
+    GEXMK_OFI_SPLIT=0 it keeps one endpoint, and implicit puts ask for
+    delivery completion.  Peers of the other kind are refused by name."""
+    from gexmk import ofi_transport
+    from gexmk.errors import CommunicationError
+    need("tcp;ofi_rxm")
+    old = os.environ.get("GEXMK_OFI_SPLIT")
+    doms = []
+    try:
+        os.environ.pop("GEXMK_OFI_SPLIT", None)
+        split = ofi_transport.Domain("tcp;ofi_rxm")
+        doms.append(split)
+        os.environ["GEXMK_OFI_SPLIT"] = "0"
+        single = ofi_transport.Domain("tcp;ofi_rxm")
+        doms.append(single)
+        if not split.atomics:
+            pytest.skip("tcp;ofi_rxm offers no FI_ATOMIC here: nothing to split")
+        assert not single.split_endpoints
+        if not split.split_endpoints:
+            # then the provider kept RAW ordering with atomics (nothing lost)
+            assert split.ordered_flush[0] and split.ordered_flush[1] > 0, split.ordered_flush
+            pytest.skip("this libfabric keeps read-after-write ordering with FI_ATOMIC")
+        ordered, upto = split.ordered_flush
+        assert ordered and upto > 0, split.ordered_flush
+        assert single.ordered_flush[1] == 0 or not single.ordered_flush[0], single.ordered_flush
+        a, b = split.endpoint(), single.endpoint()
+        assert a.name.startswith(b"gexmk-split:") and not b.name.startswith(b"gexmk-split:")
+        with pytest.raises(CommunicationError, match="disagree"):
+            single.insert(a.name)
+        with pytest.raises(CommunicationError, match="disagree"):
+            split.insert(b.name)
+        # both halves of a split name go into the AV: two distinct addresses
+        rma, amo = split.insert(a.name)
+        assert rma != amo
+        assert split.insert(a.name) == (rma, amo)       # cached
+        one, same = single.insert(b.name)
+        assert one == same
+    finally:
+        for d in doms:
+            d.close()
+        if old is None:
+            os.environ.pop("GEXMK_OFI_SPLIT", None)
+        else:
+            os.environ["GEXMK_OFI_SPLIT"] = old
+
+
+@pytest.mark.timeout(150)
+def test_single_endpoint_delivery_complete_path(tmp_path):
+    """GEXMK_OFI_SPLIT=0 on tcp;ofi_rxm: one endpoint with FI_ATOMIC, so no
+    ordering, so implicit puts use FI_DELIVERY_COMPLETE instead of the flush;
+    every put/get flavour (test_tmpair's worker) and every atomic still check."""
+    need("tcp;ofi_rxm")
+    env = {"GEXMK_OFI_SPLIT": "0", "GEXMK_TEST_EXPECT_SPLIT": "0"}
+    (tmp_path / "rma").mkdir()
+    (tmp_path / "amo").mkdir()
+    run(tmp_path / "rma", test_tmpair.WORKER, 2, "tcp;ofi_rxm", launcher_timeout=120,
+        env=env).check()
+    run(tmp_path / "amo", ATOMIC_REFERENCE_WORKER, 2, "tcp;ofi_rxm", launcher_timeout=120,
+        env=env, args=(TESTS_DIR,)).check()
 
 
 # ---- 2. T-CTX-002: explicit endpoints created and destroyed --------------------

@@ -34,6 +34,7 @@ cdef extern from "gexmk/gexmk.h" nogil:
         int ep_index
         int dead
         uint64_t net_addr
+        uint64_t net_aaddr
         uint64_t net_key
         uint64_t net_base
 

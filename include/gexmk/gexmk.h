@@ -57,6 +57,7 @@ typedef struct gx_target {
     volatile int dead;       /* set when the owner is known to have died */
     /* network transports (ofi): how the initiator names the target */
     uint64_t net_addr;       /* fi_addr_t of the target endpoint */
+    uint64_t net_aaddr;      /* fi_addr_t its atomics go to (net_addr unless split) */
     uint64_t net_key;        /* registration key of the target segment */
     uint64_t net_base;       /* address the network uses for the segment's first byte
                                 (remote_base with FI_MR_VIRT_ADDR, else 0) */
