@@ -22,26 +22,31 @@ issue cost        W x 8 B ``rma.put_nbi`` in a nogil loop (the   W x bare 8 B ``
 
 Target progress: ``GEXMK_PROGRESS_THREAD=auto`` (a thread sleeping in
 ``fi_cq_sread``) beside ``ofi_bench -P wait`` (the target sleeps on the CQ's
-wait fd), and ``spin`` (a busy-polling thread) beside ``ofi_bench -P poll``
-(a busy target).  On ``tcp;ofi_rxm`` also mpi4py on the PyPI MPICH wheel forced
+wait fd), and ``spin`` (a busy-polling thread) beside ``ofi_bench -P poll`` (a
+busy target).  On ``tcp;ofi_rxm`` also mpi4py on the PyPI MPICH wheel forced
 onto its libfabric's tcp provider (``MPIR_CVAR_CH4_NETMOD=ofi``,
 ``FI_PROVIDER=tcp``, ``MPIR_CVAR_NOLOCAL=1``; the provider MPICH chose is read
 from its ``MPIR_CVAR_DEBUG_SUMMARY`` output) running ``bench/mpi4py_rma.py``:
-``Put``/``Get`` + ``Flush`` beside gexmk's blocking put/get.
+``Put``/``Get`` + ``Flush`` beside gexmk's blocking put/get; and, to show
+which completion level that Put+Flush costs as much as, the same ``ofi_bench``
+binary run on MPICH's own libfabric (the one mpi4py's libmpi maps, through
+``LD_LIBRARY_PATH``) with ``-p tcp -P poll -s 8``: its transmit-complete
+``fi_write``, DELIVERY_COMPLETE ``fi_writemsg`` and ``fi_read`` beside
+``Put``/``Get`` + ``Flush`` (info rows, and a printed reading of them).
 
 Method: the C baseline is built with meson into a temporary directory (never
 installed), the Cython loops (``bench/ofi/nogil_ofi.pyx``) with
 ``gexmk.bench.build_extension``.  Every configuration is a fresh pair of
 processes; runs alternate (gexmk auto, C wait, C wait -d, gexmk spin, C poll,
-C poll -d[, mpi4py]), in reverse order every other round.  Within a run,
-gexmk's Python figures use ``gexmk.bench.measure`` (cases interleaved; by
-default one operation or window per timed batch, as ``ofi_bench`` samples);
-the nogil loops and the C program take one sample per operation (latency) or
-per window (bandwidth, issue cost).  Reported: the median over rounds of each
-run's median, and the minimum over rounds of each run's minimum (the best
-round for bandwidth).  Ratios are gexmk / baseline of the medians.  Timings
-are reported, never asserted; the 1-minute load average is printed because
-this is meant to run on small shared machines.
+C poll -d[, mpi4py, C on MPICH's libfabric]), in reverse order every other
+round.  Within a run, gexmk's Python figures use ``gexmk.bench.measure``
+(cases interleaved; by default one operation or window per timed batch, as
+``ofi_bench`` samples); the nogil loops and the C program take one sample per
+operation (latency) or per window (bandwidth, issue cost).  Reported: the
+median over rounds of each run's median, and the minimum over rounds of each
+run's minimum (the best round for bandwidth).  Ratios are gexmk / baseline of
+the medians.  Timings are reported, never asserted; the 1-minute load average
+is printed because this is meant to run on small shared machines.
 """
 from __future__ import annotations
 
@@ -54,6 +59,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -291,6 +297,97 @@ def run_mpi(args):
     return res
 
 
+# Run in a fresh interpreter: loading libmpi (and with it MPICH's libfabric) or a second
+# libfabric.so.1 into this process is best avoided.  Prints {"lib", "version", "how"}.
+_PROBE_LIBFABRIC = r"""
+import ctypes, json, os, sys
+lib, how = sys.argv[1], "--mpich-libfabric"
+if not lib:
+    # the libmpi that mpi4py loads (the wheel's RUNPATH is $ORIGIN:$ORIGIN/mpich) has
+    # libfabric.so.1 as a NEEDED entry: it is mapped as soon as mpi4py.MPI is imported,
+    # with MPI itself left uninitialised
+    try:
+        import mpi4py
+        mpi4py.rc.initialize = False
+        from mpi4py import MPI
+        maps = sorted({l.split()[-1] for l in open("/proc/self/maps") if "/libfabric.so" in l})
+        if maps:
+            lib, how = maps[0], "mapped by mpi4py's libmpi"
+    except Exception:
+        pass
+if not lib:
+    # the PyPI mpich wheel's layout
+    wheel = os.path.join(sys.prefix, "lib", "mpich", "libfabric.so.1")
+    if os.path.exists(wheel):
+        lib, how = wheel, "mpich wheel layout"
+if not lib:
+    sys.exit("not mapped by mpi4py's libmpi, and no <prefix>/lib/mpich/libfabric.so.1")
+f = ctypes.CDLL(lib)
+f.fi_tostr.restype = ctypes.c_char_p
+f.fi_tostr.argtypes = [ctypes.c_void_p, ctypes.c_int]
+dummy = ctypes.c_uint64(0)
+# FI_TYPE_VERSION (18, same in 1.x and 2.x) gives the package version with its patch
+# level; fi_version() only major.minor
+v = f.fi_tostr(ctypes.byref(dummy), 18)
+if not v:
+    n = f.fi_version()
+    v = f"{n >> 16}.{n & 0xffff}".encode()
+print(json.dumps({"lib": os.path.realpath(lib), "version": v.decode(), "how": how}))
+"""
+
+
+def find_mpich_libfabric(args, exe):
+    """The libfabric.so.1 that MPICH (as mpi4py loads it) runs on, its version, and the
+    LD_LIBRARY_PATH under which the ofi_bench binary resolves to it; Skip if there is none."""
+    if shutil.which("mpiexec") is None:
+        raise Skip("mpiexec is not on PATH: no MPICH Put+Flush to set it beside")
+    given = args.mpich_libfabric or ""
+    if given and os.path.isdir(given):
+        given = os.path.join(given, "libfabric.so.1")
+    if given and not os.path.exists(given):
+        raise Skip(f"--mpich-libfabric: {given} does not exist")
+    r = _run([sys.executable, "-P", "-c", _PROBE_LIBFABRIC, given], None, 60,
+             "locating MPICH's libfabric")
+    found = json.loads(r.stdout.strip().splitlines()[-1])
+    found["dir"] = os.path.dirname(found["lib"])
+    env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(
+        [found["dir"]] + [p for p in [os.environ.get("LD_LIBRARY_PATH")] if p]))
+    # The provider plugins beside it (efa, psmx2, verbs in the wheel) are not needed for
+    # tcp, which is built in; a FI_PROVIDER_PATH meant for another libfabric would only
+    # make it load foreign plugins.
+    env.pop("FI_PROVIDER_PATH", None)
+    found["env"] = {"LD_LIBRARY_PATH": env["LD_LIBRARY_PATH"]}
+    # An RPATH in the binary would win over LD_LIBRARY_PATH: check where it resolves
+    # (best effort: only where ldd exists)
+    ldd = shutil.which("ldd")
+    try:
+        r = subprocess.run([ldd, exe], env=env, capture_output=True, text=True,
+                           timeout=60) if ldd else None
+    except (OSError, subprocess.TimeoutExpired):
+        r = None
+    if r is not None:
+        m = re.search(r"libfabric\.so\.1 => (\S+)", r.stdout)
+        if m and os.path.realpath(m.group(1)) != found["lib"]:
+            raise Skip(f"{exe} resolves libfabric.so.1 to {m.group(1)}, not to MPICH's "
+                       f"{found['lib']}, despite LD_LIBRARY_PATH (an RPATH?)")
+    return found, env
+
+
+def run_c_mpich(args, exe, lf, env):
+    """The same ofi_bench binary on MPICH's libfabric and its tcp provider (the one the
+    mpi4py run is forced onto), busy target; -s 8 alone leaves no bandwidth sizes (they
+    default to the -s sizes >= 64 KiB), so only the 8 B latencies and the short
+    issue-cost loop run."""
+    cmd = [exe, "-p", "tcp", "-P", "poll", "-s", "8", "-w", str(args.window), "-i", "1000",
+           "-t", str(args.cap), "-W", str(args.timeout), "--json"]
+    r = _run(cmd, env, args.timeout + 10,
+             f"ofi_bench -p tcp -P poll on MPICH's libfabric {lf['version']} ({lf['dir']})")
+    res = json.loads(r.stdout)
+    if res.get("provider") != "tcp":
+        raise Skip(f"ofi_bench on MPICH's libfabric got provider {res.get('provider')!r}, not tcp")
+    return res
+
+
 def _collect(args):
     tmp = tempfile.mkdtemp(prefix="gexmk-ofi-compare-")
     R = {"meta": {"load_start": _load(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -316,10 +413,21 @@ def _collect(args):
                                       outdir=os.path.join(tmp, "ext"))
             except BuildError as exc:
                 R["notes"].append(f"nogil loops skipped: {exc}")
+        # MPICH's own libfabric, for the C baseline beside mpi4py (located once)
+        mlf, mlf_env, mlf_skip = None, None, None
+        if not args.no_mpi and any(p.split(";")[0] == "tcp" for p in args.provider):
+            try:
+                mlf, mlf_env = find_mpich_libfabric(args, exe)
+                R["meta"]["mpich_libfabric"] = mlf
+                log(f"MPICH's libfabric {mlf['version']}: {mlf['lib']} ({mlf['how']})")
+            except Skip as exc:
+                mlf_skip = str(exc)
+                log(f"C on MPICH's libfabric skipped: {exc}")
         for prov in args.provider:
             P = R["providers"][prov] = {"gexmk": {m[0]: [] for m in MODES},
                                         "c": {m[0]: [] for m in MODES},
-                                        "cdc": {m[0]: [] for m in MODES}, "mpi": [], "skipped": {}}
+                                        "cdc": {m[0]: [] for m in MODES}, "mpi": [],
+                                        "c_mpich": [], "skipped": {}}
             jobs = []
             for label, pt, cm in MODES:
                 jobs.append(("gexmk", label, lambda pt=pt: run_gexmk(args, prov, pt, ext, tmp)))
@@ -328,6 +436,11 @@ def _collect(args):
                     jobs.append(("cdc", label, lambda cm=cm: run_c(args, exe, prov, cm, dc=True)))
             if prov.split(";")[0] == "tcp" and not args.no_mpi:
                 jobs.append(("mpi", None, lambda: run_mpi(args)))
+                # in the MPI slot: the C baseline on the libfabric and provider MPICH uses
+                if mlf:
+                    jobs.append(("c_mpich", "busy", lambda: run_c_mpich(args, exe, mlf, mlf_env)))
+                else:
+                    P["skipped"]["c_mpich:busy"] = f"C on MPICH's libfabric: {mlf_skip}"
             for rnd in range(args.rounds):
                 log(f"{prov}: round {rnd + 1}/{args.rounds} (load {_load()[0]:.2f}) ...")
                 for side, label, fn in (jobs if rnd % 2 == 0 else jobs[::-1]):
@@ -343,7 +456,7 @@ def _collect(args):
                         continue
                     res["round"] = rnd
                     res["run_wall_s"] = round(time.monotonic() - t_run, 2)
-                    (P["mpi"] if side == "mpi" else P[side][label]).append(res)
+                    (P[side] if side in ("mpi", "c_mpich") else P[side][label]).append(res)
         R["meta"]["load_end"] = _load()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -408,9 +521,11 @@ def summarize(R):
             if da:
                 rows.append(_row("issue", label, "8 B put_nbi   vs C DC writemsg", ga, da, None, "<="))
         if P["mpi"]:
-            for op, mkey in (("put", "put_flush"), ("get", "get_flush")):
-                ma = _agg(P["mpi"], lambda r, k=mkey: {"median": r["small"][k]["median_us"],
-                                                       "min": r["small"][k]["min_us"]})
+            mpi = {op: _agg(P["mpi"], lambda r, k=f"{op}_flush": {
+                       "median": r["small"][k]["median_us"], "min": r["small"][k]["min_us"]})
+                   for op in ("put", "get")}
+            for op in ("put", "get"):
+                ma = mpi[op]
                 for label, _, _ in MODES:
                     ga = _agg(P["gexmk"][label], lambda r, op=op: r.get("lat_py_us", {}).get(op))
                     rows.append(_row("mpi", label, f"8 B {op}: tm.{op} vs {op.title()}+Flush", ga, ma,
@@ -421,6 +536,21 @@ def summarize(R):
                         ca = _agg(P["c"][label], _c_lat("write_lat_us"))
                         rows.append(_row("mpi", label, "  C fi_write, transmit compl. vs Put+Flush",
                                          ca, ma, None, "<="))
+            if P.get("c_mpich"):
+                # The same ofi_bench binary on MPICH's own libfabric and provider: which of
+                # its completion levels MPICH's Put+Flush costs as much as.
+                lf = R["meta"].get("mpich_libfabric") or {}
+                group = (f"C on MPICH's libfabric {lf.get('version') or '(of the mpich wheel)'} tcp "
+                         "(same ofi_bench binary, -p tcp -P poll):")
+                for rid, what, ckey, op in (
+                        ("write", "fi_write (transmit compl.) vs Put+Flush", "write_lat_us", "put"),
+                        ("write_dc", "fi_writemsg+DELIVERY_COMPLETE vs Put+Flush", "write_dc_lat_us",
+                         "put"),
+                        ("read", "fi_read vs Get+Flush", "read_lat_us", "get")):
+                    ca = _agg(P["c_mpich"], _c_lat(ckey))
+                    row = _row("mpi", "busy", f"    {what}", ca, mpi[op], None, "<=")
+                    row.update(group=group, id=f"c_mpich:{rid}")
+                    rows.append(row)
         out[prov] = rows
     return out
 
@@ -449,6 +579,40 @@ def _row(section, mode, what, g, b, target, sense):
             "target": target, "sense": sense, "status": status}
 
 
+def mpi_reading(rows):
+    """What the C-on-MPICH's-libfabric rows say about MPICH's Put+Flush (None without them).
+    The test is against the operations that must wait for the target (a DELIVERY_COMPLETE
+    write, a read), not against the transmit-complete write: that one is bimodal on tcp
+    (~0.5 or ~2.3 µs from run to run).  It must hold for the medians and for the minima
+    (what each side does undisturbed), so that a disturbed run gives no reading rather
+    than a wrong one.  An inference from this run's figures, worded as one."""
+    f = {r["id"]: r for r in rows if r.get("id")}
+    w, dc, rd = (f.get(f"c_mpich:{k}") for k in ("write", "write_dc", "read"))
+    if not (w and dc and rd and w["gexmk"] and dc["gexmk"] and rd["gexmk"] and w["base"]):
+        return None
+    put, tw, tdc, trd = (x["median"] for x in (w["base"], w["gexmk"], dc["gexmk"], rd["gexmk"]))
+    fast = [x["base"][k] < 0.75 * min(dc["gexmk"][k], rd["gexmk"][k])
+            for x, k in ((w, "median"), (w, "min"))]
+    get = f", MPICH's Get+Flush {rd['base']['median']:.2f}" if rd["base"] else ""
+    figures = (f"measured in this run (medians): MPICH's 8 B Put+Flush {put:.2f} µs; C on the "
+               f"same libfabric and provider: fi_write (transmit complete) {tw:.2f}, "
+               f"FI_DELIVERY_COMPLETE write {tdc:.2f}, fi_read {trd:.2f}{get}.")
+    if all(fast):
+        head = (f"{figures} Put+Flush takes {put / tdc:.2f}x the DC write and "
+                f"{put / trd:.2f}x the read (minima: {w['base']['min']:.2f} vs "
+                f"{dc['gexmk']['min']:.2f} and {rd['gexmk']['min']:.2f}), which both wait for "
+                "the target: consistent with a Flush that does not wait for a round trip, i.e. "
+                "not for delivery-complete semantics.")
+    elif not any(fast):
+        head = (f"{figures} Put+Flush is not clearly faster than the DC write or the read: "
+                "this run does not show a Flush weaker than delivery complete.")
+    else:
+        head = (f"{figures} Medians and minima disagree on whether Put+Flush is faster than "
+                "the DC write and the read (a disturbed run): no reading.")
+    return head + (" gexmk's blocking put waits for FI_DELIVERY_COMPLETE (the data visible at "
+                   "the target), as the C baseline's DC write does.")
+
+
 def _cell(a, best="min", fmt="{:8.2f}"):
     if not a:
         return f"{'n/a':>8} {'':>8}"
@@ -466,7 +630,7 @@ def report(R, S, file=None):
       + ("  <- busy machine: expect noisy figures" if m["load_start"] and
          m["load_start"][0] > 0.5 * (m["ncpu"] or 1) else ""))
     p(f"{a['rounds']} rounds, runs interleaved (gexmk sleep, C sleep, C -d sleep, gexmk busy, C busy, "
-      "C -d busy[, mpi4py]; "
+      "C -d busy[, mpi4py, C on MPICH's libfabric]; "
       f"reversed every other round); window W={a['window']}; per-measurement cap {a['cap_s']} s")
     p("figures: median over rounds of each run's median, and the min over rounds of each run's min "
       "(bandwidth: best); ratio = gexmk/baseline of the medians")
@@ -488,28 +652,42 @@ def report(R, S, file=None):
         p(head + " ==")
         for key, why in P["skipped"].items():
             p(f"  skipped {key}: {why}")
-        p(f"{'':<34} {'mode':<6} {'gexmk med':>9} {'min':>8} | {'base med':>8} {'min':>8} "
+        wd = max([32] + [len(r["what"]) for r in rows])     # long info labels: keep columns
+        p(f"{'':<{wd + 2}} {'mode':<6} {'gexmk med':>9} {'min':>8} | {'base med':>8} {'min':>8} "
           f"{'gexmk/base':>10}  target")
-        last = None
+        last = group = None
         for r in rows:
             if r["section"] != last:
-                last = r["section"]
+                last, group = r["section"], None
                 p({"lat": "-- 8 B blocking latency, µs (base: C fi_writemsg+FI_DELIVERY_COMPLETE / fi_read)",
                    "bw": f"-- put bandwidth, GB/s, window of {a['window']} (gexmk put_nbi LC_GROUP + "
                          "nbi_wait; base: C fi_write; second column: best)",
                    "issue": f"-- issue cost, ns per call, loops of {a['window']} (gexmk rma.put_nbi nogil; "
                             "base: C bare fi_write issue_ns)",
                    "mpi": "-- vs mpi4py (MPICH ofi/tcp) Put/Get + Flush(target), µs"}[r["section"]])
+            if r.get("group") and r["group"] != group:
+                group = r["group"]
+                p(f"  {group}")
             best = "best" if r["section"] == "bw" else "min"
             ratio = f"{r['ratio']:9.2f}x" if r["ratio"] is not None else f"{'n/a':>10}"
             tgt = (f"{r['sense']} {r['target']:g}x {r['status']}" if r["target"] is not None
                    else r["status"])
-            p(f"  {r['what']:<32} {r['mode']:<6} {_cell(r['gexmk'], best)} | {_cell(r['base'], best)} "
-              f"{ratio}  {tgt}")
+            p(f"  {r['what']:<{wd}} {r['mode']:<6} {_cell(r['gexmk'], best)} | "
+              f"{_cell(r['base'], best)} {ratio}  {tgt}")
         if P["mpi"]:
             mp = P["mpi"][0]
             p(f"  mpi4py {mp.get('mpi4py')} on {mp.get('library')}; MPICH debug summary: libfabric "
               f"provider {mp.get('ofi_provider')}, native RMA {'yes' if mp.get('rma_native') else 'no'}")
+        lf = m.get("mpich_libfabric")
+        if P.get("c_mpich") and lf:
+            cm = P["c_mpich"][0]
+            p(f"  C on MPICH's libfabric: {lf['lib']} ({lf['how']}), LD_LIBRARY_PATH={lf['dir']}; "
+              f"ofi_bench got provider {cm.get('provider')}, domain {cm.get('domain')}, "
+              f"{cm.get('data_progress')} data progress")
+        reading = mpi_reading(rows)
+        if reading:
+            p(textwrap.fill("reading: " + reading, width=100, initial_indent="  ",
+                            subsequent_indent="    "))
     p()
     counts = {}
     for rows in S.values():
@@ -549,7 +727,12 @@ def _parser():
     ap.add_argument("--no-dc", action="store_true",
                     help="skip the extra ofi_bench -d runs (bandwidth and issue cost of "
                          "FI_DELIVERY_COMPLETE writes, gexmk's completion)")
-    ap.add_argument("--no-mpi", action="store_true", help="skip the mpi4py baseline")
+    ap.add_argument("--no-mpi", action="store_true",
+                    help="skip the mpi4py baseline (and ofi_bench on MPICH's libfabric)")
+    ap.add_argument("--mpich-libfabric", metavar="PATH",
+                    help="MPICH's libfabric.so.1 (or its directory) for the ofi_bench run beside "
+                         "mpi4py (default: the one mpi4py's libmpi maps, else "
+                         "<prefix>/lib/mpich/libfabric.so.1 of the mpich wheel)")
     ap.add_argument("--no-cython", action="store_true", help="skip the nogil loops")
     ap.add_argument("--json", metavar="PATH", help="also write every figure to PATH")
     ap.add_argument("--ofi-bench", metavar="EXE",
@@ -581,8 +764,10 @@ def main(argv=None):
     report(R, S)
     print(f"(wall time {R['meta']['wall_s']:.1f} s)")
     if args.json:
+        readings = {prov: mpi_reading(rows) for prov, rows in S.items()}
         with open(args.json, "w") as f:
-            json.dump({**R, "summary": S}, f, indent=1)
+            json.dump({**R, "summary": S,
+                       "mpi_reading": {k: v for k, v in readings.items() if v}}, f, indent=1)
         print(f"results written to {args.json}")
     return 0
 
