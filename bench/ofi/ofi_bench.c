@@ -66,6 +66,8 @@ static void die(void)
     _exit(1);
 }
 
+static void release_fabric(void);
+
 static void fail(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 static void fail(const char *fmt, ...)
 {
@@ -75,6 +77,7 @@ static void fail(const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputc('\n', stderr);
+    release_fabric();
     die();
 }
 
@@ -310,6 +313,19 @@ static uint64_t mr_mode;
 static char *buf;
 static size_t buf_len;
 static fi_addr_t peer_addr;
+
+/* Best effort on the way out of a failure: close what is open, so that
+ * providers with named resources (shm's /dev/shm/<pid>:... region) remove
+ * them.  A failing close is ignored; each object is closed once. */
+static void release_fabric(void)
+{
+    struct fid *objs[] = { ep ? &ep->fid : NULL, mr ? &mr->fid : NULL, av ? &av->fid : NULL,
+                           cq ? &cq->fid : NULL, domain ? &domain->fid : NULL,
+                           fabric ? &fabric->fid : NULL };
+    ep = NULL; mr = NULL; av = NULL; cq = NULL; domain = NULL; fabric = NULL;
+    for (size_t i = 0; i < sizeof objs / sizeof objs[0]; i++)
+        if (objs[i]) (void)fi_close(objs[i]);
+}
 static uint64_t remote_base;   /* peer buffer address as used in RMA calls */
 static uint64_t remote_key;
 static int remote_key_mapped;  /* fi_mr_map_raw was used */
