@@ -454,20 +454,20 @@ def test_contended_atomics_are_exact_over_ofi(tmp_path, n, provider):
 
 def test_split_endpoints_where_atomics_cost_ordering():
     """tcp;ofi_rxm drops read-after-write ordering when FI_ATOMIC is asked
-    for.  With GEXMK_OFI_SPLIT=1 the Domain then pairs an ordered RMA endpoint
-    (implicit puts complete by a read-after-write flush) with an atomics
-    endpoint, and says so; by default it keeps one endpoint, and implicit puts
-    ask for delivery completion.  Peers of the other kind are refused by name."""
+    for.  The Domain then pairs an ordered RMA endpoint (implicit puts
+    complete by a read-after-write flush) with an atomics endpoint, and says
+    so; with GEXMK_OFI_SPLIT=0 it keeps one endpoint, and implicit puts ask
+    for delivery completion.  Peers of the other kind are refused by name."""
     from gexmk import ofi_transport
     from gexmk.errors import CommunicationError
     need("tcp;ofi_rxm")
     old = os.environ.get("GEXMK_OFI_SPLIT")
     doms = []
     try:
-        os.environ["GEXMK_OFI_SPLIT"] = "1"
+        os.environ.pop("GEXMK_OFI_SPLIT", None)
         split = ofi_transport.Domain("tcp;ofi_rxm")
         doms.append(split)
-        os.environ.pop("GEXMK_OFI_SPLIT", None)
+        os.environ["GEXMK_OFI_SPLIT"] = "0"
         single = ofi_transport.Domain("tcp;ofi_rxm")
         doms.append(single)
         if not split.atomics:
@@ -504,11 +504,12 @@ def test_split_endpoints_where_atomics_cost_ordering():
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("split", ["0", "1"], ids=["single", "split"])
 def test_implicit_put_completion_paths(tmp_path, split):
-    """tcp;ofi_rxm both ways: one endpoint with FI_ATOMIC (no ordering, so
-    implicit puts use FI_DELIVERY_COMPLETE; the default) and GEXMK_OFI_SPLIT=1
-    (implicit puts with transmit completion + a read-after-write flush, atomics
-    on the second endpoint); the worker checks which path it got, then every
-    put/get flavour (test_tmpair's worker) and every atomic are checked."""
+    """tcp;ofi_rxm both ways: GEXMK_OFI_SPLIT=0, one endpoint with FI_ATOMIC
+    (no ordering, so implicit puts use FI_DELIVERY_COMPLETE), and 1 (the
+    default: implicit puts with transmit completion + a read-after-write flush,
+    atomics on the second endpoint and its own CQ); the worker checks which
+    path it got, then every put/get flavour (test_tmpair's worker) and every
+    atomic are checked."""
     need("tcp;ofi_rxm")
     env = {"GEXMK_OFI_SPLIT": split, "GEXMK_TEST_EXPECT_SPLIT": split}
     (tmp_path / "rma").mkdir()
