@@ -23,6 +23,9 @@ from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC, nanosleep
 
+cdef extern from "<time.h>" nogil:
+    enum: CLOCK_MONOTONIC_COARSE
+
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
@@ -158,6 +161,21 @@ cdef double _now() noexcept nogil:
     return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
+cdef inline void _app_active(ofi_dom* dom) noexcept nogil:
+    """An application thread is driving an endpoint (issuing or waiting): the
+    progress thread keeps off for STAND_ASIDE.  The coarse clock (a few ns,
+    ms resolution) is enough for that, and cheap enough for every issue."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts)
+    dom.last_app = ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef inline double _now_coarse() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
 # ---- completion ------------------------------------------------------------
 
 cdef void _release_mrs(gx_op* op) noexcept nogil:
@@ -220,7 +238,7 @@ cdef int _spin(gx_op* op, gx_target* t) noexcept nogil:
     cdef unsigned long spins = 0
     cdef int why = 0
     gx_add_long(&dom.waiters, 1)
-    dom.last_app = _now()
+    _app_active(dom)
     while gx_load_int(&op.state) != OP_DONE:
         if _progress_all(dom) < 0:
             why = 3
@@ -235,7 +253,7 @@ cdef int _spin(gx_op* op, gx_target* t) noexcept nogil:
             elif _now() > deadline:
                 why = 2
                 break
-    dom.last_app = _now()
+    _app_active(dom)
     gx_add_long(&dom.waiters, -1)
     return why
 
@@ -409,6 +427,7 @@ cdef int net_put(void* epv, gx_target* t, uintptr_t remote, void* local, size_t 
     cdef ssize_t rc
     cdef bint ordered = False
     cdef double deadline = 0
+    _app_active(ep.dom)
     if mode == NET_NBI_LCNOW and n > ep.dom.inject_size:
         mode = NET_BLOCKING           # the source is reusable only once the put completes
     if (mode == NET_NBI or mode == NET_NBI_LCNOW) and ep.dom.ordered \
@@ -495,6 +514,7 @@ cdef int net_get(void* epv, gx_target* t, uintptr_t remote, void* local, size_t 
     cdef void* desc
     cdef ssize_t rc
     cdef double deadline = 0
+    _app_active(ep.dom)
     rc = _desc(ep, op, local, n, FI_READ, &desc)
     if rc < 0:
         _drop_new(op)
@@ -689,6 +709,7 @@ cdef int net_atomic(void* epv, gx_target* t, uintptr_t remote, int dt, int code,
     cdef int family
     cdef gx_val na = a
     cdef gx_op* op
+    _app_active(ep.dom)
     if _map_op(code, dt, &fop, &family, &na, &b) < 0:
         with gil:
             raise ArgumentError(f"atomic: unknown op code {code}")
@@ -765,7 +786,7 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
     cdef int err, c
     cdef int why = 0
     gx_add_long(&ep.dom.waiters, 1)
-    ep.dom.last_app = _now()
+    _app_active(ep.dom)
     for c in range(3):
         if not (categories & (1 << c)):
             continue
@@ -778,7 +799,7 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
                     deadline = _now() + ep.dom.timeout
                 elif _now() > deadline:
                     why = 2
-    ep.dom.last_app = _now()
+    _app_active(ep.dom)
     gx_add_long(&ep.dom.waiters, -1)
     if why == 2:
         return _raise_timeout(NULL, ep.dom.timeout, "nbi_wait")
@@ -1134,7 +1155,7 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
     # this thread's naps are short and frequent: 1 us timer slack, not 50
     prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
     while not stop[0]:
-        idle = _now() - d.last_app
+        idle = _now_coarse() - d.last_app
         if gx_load_long(&d.waiters) > 0 or idle < STAND_ASIDE:
             # An application thread drives progress itself (or just did): stay
             # off its CQs and its CPU until it has left them alone for
@@ -1144,6 +1165,10 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
             ts.tv_sec = 0
             ts.tv_nsec = <long>(idle * 1e9) + 50000
             nanosleep(&ts, NULL)
+            if gx_load_long(&d.waiters) == 0:
+                # an application that only issues (never waits) must not keep
+                # this process's targets unserved: one pass per nap
+                _progress_all(d)
             continue
         n = gx_load_long(&d.neps)
         if n == 0:
