@@ -123,6 +123,7 @@ static struct {
     int iters;
     int window;
     int dc;                  /* FI_DELIVERY_COMPLETE for bw / issue writes */
+    int flush;               /* -f: also time bandwidth windows ended by a read-back flush */
     int json;
     double cap_s;            /* max seconds per measurement */
     double op_timeout_s;     /* max seconds waiting for one completion batch */
@@ -165,7 +166,7 @@ static int parse_sizes(const char *s, size_t *out)
 static void usage(const char *argv0, int code)
 {
     fprintf(code ? stderr : stdout,
-        "usage: %s [-p provider] [-s sizes] [-b bw_sizes] [-i iters] [-w window] [-d] [--json]\n"
+        "usage: %s [-p provider] [-s sizes] [-b bw_sizes] [-i iters] [-w window] [-d] [-f] [--json]\n"
         "          [-D domain] [-t cap_s] [-T op_timeout_s] [-W watchdog_s] [-P auto|poll|block]\n"
         "          [-y auto|on|off] [--pin]\n"
         "  -p  provider name for fi_getinfo (default \"tcp;ofi_rxm\")\n"
@@ -175,6 +176,8 @@ static void usage(const char *argv0, int code)
         "  -w  window of outstanding writes for bandwidth and issue cost (default 64)\n"
         "  -d  use FI_DELIVERY_COMPLETE on the bandwidth and issue-cost writes\n"
         "      (latency is always measured both without and with it)\n"
+        "  -f  also time bandwidth windows that end with an 8 B read-back flush (read-after-write\n"
+        "      ordering requested; dropped where not granted): the data is then at the target\n"
         "  -D  domain name hint (e.g. lo, eth0)\n"
         "  -t  time cap per measurement in seconds (default 1.0)\n"
         "  -T  timeout waiting for completions in seconds (default 10)\n"
@@ -200,7 +203,7 @@ static void parse_args(int argc, char **argv)
     };
     opt.nsizes = parse_sizes("8,64,4096,65536,1048576,4194304", opt.sizes);
     int c;
-    while ((c = getopt_long(argc, argv, "p:s:b:i:w:dD:t:T:W:P:y:h", lo, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "p:s:b:i:w:dfD:t:T:W:P:y:h", lo, NULL)) != -1) {
         switch (c) {
         case 'p': opt.prov = optarg; break;
         case 's': opt.nsizes = parse_sizes(optarg, opt.sizes); break;
@@ -208,6 +211,7 @@ static void parse_args(int argc, char **argv)
         case 'i': opt.iters = atoi(optarg); break;
         case 'w': opt.window = atoi(optarg); break;
         case 'd': opt.dc = 1; break;
+        case 'f': opt.flush = 1; break;
         case 'D': opt.domain = optarg; break;
         case 't': opt.cap_s = atof(optarg); break;
         case 'T': opt.op_timeout_s = atof(optarg); break;
@@ -313,6 +317,7 @@ static uint64_t mr_mode;
 static char *buf;
 static size_t buf_len;
 static fi_addr_t peer_addr;
+static const char *flush_unavailable;   /* why -f was dropped, else NULL */
 
 /* Best effort on the way out of a failure: close what is open, so that
  * providers with named resources (shm's /dev/shm/<pid>:... region) remove
@@ -495,8 +500,30 @@ static void setup_fabric(void)
     hints->fabric_attr->prov_name = strdup(opt.prov);
     if (opt.domain) hints->domain_attr->name = strdup(opt.domain);
 
-    FI_CHK(fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), NULL, NULL, 0, hints,
-                      &info));
+    if (opt.flush) {
+        /* the flush read lands after the window's writes only with read-after-write
+         * ordering of data: ask for it, and go without -f where it is not granted */
+        hints->tx_attr->msg_order = FI_ORDER_RAW | FI_ORDER_RMA_RAW;
+        hints->ep_attr->max_order_raw_size = (size_t)-1;
+        int rc = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), NULL, NULL, 0, hints,
+                            &info);
+        if (rc == 0 && (!(info->tx_attr->msg_order & (FI_ORDER_RAW | FI_ORDER_RMA_RAW)) ||
+                        info->ep_attr->max_order_raw_size < max_size())) {
+            fi_freeinfo(info);
+            info = NULL;
+            rc = -FI_ENODATA;
+        }
+        if (rc) {
+            if (rc != -FI_ENODATA) FI_CHK(rc);
+            flush_unavailable = "the provider grants no read-after-write ordering of data";
+            opt.flush = 0;
+            hints->tx_attr->msg_order = 0;
+            hints->ep_attr->max_order_raw_size = 0;
+        }
+    }
+    if (!info)
+        FI_CHK(fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), NULL, NULL, 0, hints,
+                          &info));
     fi_freeinfo(hints);
     if (!info) fail("fi_getinfo returned no provider for \"%s\"", opt.prov);
     mr_mode = info->domain_attr->mr_mode;
@@ -706,35 +733,57 @@ static struct stat3 measure_latency(enum op_kind k, size_t size, double *samples
 
 struct bwres { double agg, rmin, rmed, rmax; int rounds; };
 
-static struct bwres measure_bw(size_t size, double *samples, int max_rounds)
+/* One window: W writes of `size`, reaped; with `flush`, then an 8-byte read
+ * from the target, which (read-after-write ordering) completes only once the
+ * window's data is there: the window ends as gexmk's nbi_wait does, rather
+ * than when the writes were handed to the provider (transmit completion; on
+ * tcp the data may still sit in socket buffers, overlapping the next window). */
+static uint64_t bw_window(size_t size, size_t nslots, int flush)
 {
     enum op_kind k = opt.dc ? OP_WRITE_DC : OP_WRITE;
     size_t W = (size_t)opt.window;
+    uint64_t base = completions;
+    uint64_t t0 = now_ns();
+    for (size_t i = 0; i < W; i++) {
+        size_t off = (i % nslots) * size;
+        post_op_retry(k, off, off, size, &ctxs[i % nctx]);
+    }
+    wait_completions(base + W, "bandwidth window");
+    if (flush) {
+        post_op_retry(OP_READ, buf_len - 8, 0, 8, &ctxs[0]);
+        wait_completions(base + W + 1, "bandwidth window flush");
+    }
+    return now_ns() - t0;
+}
+
+static struct bwres bw_result(size_t size, double *samples, int r, uint64_t total_ns)
+{
+    struct bwres res;
+    res.rounds = r;
+    res.agg = (double)(opt.window * size) * r / (double)total_ns;
+    struct stat3 s = stats(samples, r);
+    res.rmin = s.min; res.rmed = s.median; res.rmax = s.max;
+    return res;
+}
+
+/* Windows of `size`, plain (flush = 0) or flushed.  The two kinds are not
+ * interleaved: a plain window's data still in flight at its end would be
+ * paid for by the flushed window after it. */
+static struct bwres measure_bw(size_t size, double *samples, int max_rounds, int flush)
+{
     size_t nslots = buf_len / size;
     if (nslots < 1) nslots = 1;
     uint64_t cap = (uint64_t)(opt.cap_s * 1e9);
     uint64_t total_ns = 0;
     int r = 0;
     for (int round = -1; round < max_rounds; round++) {   /* round -1 = warm-up */
-        uint64_t base = completions;
-        uint64_t t0 = now_ns();
-        for (size_t i = 0; i < W; i++) {
-            size_t off = (i % nslots) * size;
-            post_op_retry(k, off, off, size, &ctxs[i % nctx]);
-        }
-        wait_completions(base + W, "bandwidth window");
-        uint64_t dt = now_ns() - t0;
+        uint64_t dt = bw_window(size, nslots, flush);
         if (round < 0) continue;
-        samples[r++] = (double)(W * size) / (double)dt;   /* bytes/ns = GB/s */
+        samples[r++] = (double)(opt.window * size) / (double)dt;   /* bytes/ns = GB/s */
         total_ns += dt;
         if (total_ns > cap && r >= 3) break;
     }
-    struct bwres res;
-    res.rounds = r;
-    res.agg = (double)(W * size) * r / (double)total_ns;
-    struct stat3 s = stats(samples, r);
-    res.rmin = s.min; res.rmed = s.median; res.rmax = s.max;
-    return res;
+    return bw_result(size, samples, r, total_ns);
 }
 
 struct issueres {
@@ -809,7 +858,7 @@ static void verify(void)
 
 struct results {
     struct stat3 wl[MAX_SIZES], wdc[MAX_SIZES], rl[MAX_SIZES];
-    struct bwres bw[MAX_SIZES];
+    struct bwres bw[MAX_SIZES], bwf[MAX_SIZES];
     struct issueres issue;
 };
 
@@ -863,12 +912,18 @@ static void run_active(void)
         fflush(stdout);
     }
     for (int i = 0; i < opt.nbw; i++) {
-        R.bw[i] = measure_bw(opt.bw_sizes[i], samples, maxn);
+        R.bw[i] = measure_bw(opt.bw_sizes[i], samples, maxn, 0);
+        if (opt.flush) R.bwf[i] = measure_bw(opt.bw_sizes[i], samples, maxn, 1);
         if (!opt.json)
             printf("bw            %8zu B  W=%d  %7.3f GB/s  (rounds %d: min %.3f median %.3f "
                    "max %.3f)\n",
                    opt.bw_sizes[i], opt.window, R.bw[i].agg, R.bw[i].rounds, R.bw[i].rmin,
                    R.bw[i].rmed, R.bw[i].rmax);
+        if (!opt.json && opt.flush)
+            printf("bw+flush      %8zu B  W=%d  %7.3f GB/s  (rounds %d: min %.3f median %.3f "
+                   "max %.3f)\n",
+                   opt.bw_sizes[i], opt.window, R.bwf[i].agg, R.bwf[i].rounds, R.bwf[i].rmin,
+                   R.bwf[i].rmed, R.bwf[i].rmax);
         fflush(stdout);
     }
     R.issue = measure_issue(samples, opt.iters);
@@ -898,6 +953,16 @@ static void run_active(void)
                    i ? ", " : "", opt.bw_sizes[i], R.bw[i].rmin, R.bw[i].rmed, R.bw[i].rmax,
                    R.bw[i].rounds);
         printf("},\n");
+        if (opt.flush) {
+            printf("  \"bw_flush_GBps_rounds\": {");
+            for (int i = 0; i < opt.nbw; i++)
+                printf("%s\"%zu\": {\"min\": %.3f, \"median\": %.3f, \"max\": %.3f, "
+                       "\"rounds\": %d}", i ? ", " : "", opt.bw_sizes[i], R.bwf[i].rmin,
+                       R.bwf[i].rmed, R.bwf[i].rmax, R.bwf[i].rounds);
+            printf("},\n");
+        } else if (flush_unavailable) {
+            printf("  \"bw_flush_unavailable\": \"%s\",\n", flush_unavailable);
+        }
         printf("  \"issue_ns\": %.2f,\n  \"issue_ns_mean\": %.2f,\n  \"issue_ns_min\": %.2f,\n"
                "  \"issue_eagain\": %" PRIu64 ",\n  \"issue_ns_clean\": %.2f,\n"
                "  \"issue_clean_batches\": %d,\n",
