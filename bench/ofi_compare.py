@@ -46,8 +46,9 @@ installed), the Cython loops (``bench/ofi/nogil_ofi.pyx``) with
 processes; runs alternate (gexmk auto, C wait, C wait -d, gexmk spin, C poll,
 C poll -d[, mpi4py, C on MPICH's libfabric]), in reverse order every other
 round.  Within a run, gexmk's Python figures use ``gexmk.bench.measure``
-(cases interleaved; by default one operation or window per timed batch, as
-``ofi_bench`` samples); the nogil loops and the C program take one sample per
+(cases interleaved; by default timed batches of ~20 µs, so that the Python
+timing harness weighs about as little as ofi_bench's per-sample clock reads);
+the nogil loops and the C program take one sample per
 operation (latency) or per window (bandwidth, issue cost).  Reported: the
 median over rounds of each run's median, and the minimum over rounds of each
 run's minimum (the best round for bandwidth).  Ratios are gexmk / baseline of
@@ -166,7 +167,14 @@ def _worker(args):
                 c_put(50)
                 c_get(50)
             bns = args.batch_us * 1e3
+            def c_empty(k):                          # the timing harness alone
+                for _ in repeat(None, k):
+                    pass
+
             m = measure({"put": c_put, "get": c_get}, args.iters, bns, args.cap)
+            e = measure({"empty": c_empty}, args.iters, 0, args.cap)["empty"]   # k = 1
+            res["harness_ns"] = {"per_batch": e["median_ns"],
+                                 "per_op_put": e["median_ns"] / m["put"]["batch"]}
             res["lat_py_us"] = {k: {"median": v["median_ns"] / 1e3, "min": v["min_ns"] / 1e3,
                                     "batch": v["batch"], "rounds": v["rounds"]}
                                 for k, v in m.items()}
@@ -401,7 +409,8 @@ def _collect(args):
     R = {"meta": {"load_start": _load(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "ncpu": os.cpu_count(), "python": sys.version.split()[0],
                   "args": {"providers": args.provider, "rounds": args.rounds, "window": args.window,
-                           "bw_sizes": args.bw_sizes, "iters": args.iters, "cap_s": args.cap}},
+                           "bw_sizes": args.bw_sizes, "iters": args.iters, "cap_s": args.cap,
+                           "batch_us": args.batch_us}},
          "providers": {}, "notes": []}
     try:
         import gexmk
@@ -655,6 +664,14 @@ def report(R, S, file=None):
       f"reversed every other round); window W={a['window']}; per-measurement cap {a['cap_s']} s")
     p("figures: median over rounds of each run's median, and the min over rounds of each run's min "
       "(bandwidth: best); ratio = gexmk/baseline of the medians")
+    hs = [r["harness_ns"] for prov in R["providers"].values() for runs in prov["gexmk"].values()
+          for r in runs if r.get("harness_ns")]
+    if hs:
+        per_batch = statistics.median(h["per_batch"] for h in hs)
+        per_op = statistics.median(h["per_op_put"] for h in hs)
+        p(f"Python figures: median of per-op means over timed batches of ~{a.get('batch_us', 0):g} µs "
+          f"(--batch-us); the timing harness alone costs {per_batch:.0f} ns per timed batch, "
+          f"{per_op:.0f} ns per 8 B put here (included in the figures)")
     p(f"(noisy) = a median more than {NOISY:g}x its best on either side: bimodal or disturbed, "
       "read the min/best columns too")
     p("modes: sleep = GEXMK_PROGRESS_THREAD=auto (thread in fi_cq_sread) vs ofi_bench -P wait; "
@@ -737,9 +754,12 @@ def _parser():
                     help="bandwidth sizes (default 64K,256K,1M,4M)")
     ap.add_argument("--iters", type=int, default=1000,
                     help="timed batches per gexmk.bench.measure call (default 1000)")
-    ap.add_argument("--batch-us", type=float, default=0.0,
-                    help="calibrated batch length for gexmk.bench.measure, µs (default 0: one "
-                         "operation or window per timed batch, as ofi_bench takes its samples)")
+    ap.add_argument("--batch-us", type=float, default=20.0,
+                    help="calibrated batch length for gexmk.bench.measure and the mpi4py run, "
+                         "µs (default 20: a few blocking operations per timed batch, so that "
+                         "the Python timing harness, ~150 ns per timed batch, weighs about as "
+                         "little as ofi_bench's clock_gettime pair per sample; 0: one "
+                         "operation or window per timed batch)")
     ap.add_argument("--cap", type=float, default=0.5,
                     help="seconds per measurement before it stops early (default 0.5)")
     ap.add_argument("--timeout", type=int, default=90, help="seconds per run (default 90)")
