@@ -161,19 +161,18 @@ cdef double _now() noexcept nogil:
     return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
-cdef inline void _app_active(ofi_dom* dom) noexcept nogil:
-    """An application thread is driving an endpoint (issuing or waiting): the
-    progress thread keeps off for STAND_ASIDE.  The coarse clock (a few ns,
-    ms resolution) is enough for that, and cheap enough for every issue."""
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts)
-    dom.last_app = ts.tv_sec + ts.tv_nsec * 1e-9
-
-
 cdef inline double _now_coarse() noexcept nogil:
+    """Seconds, at the kernel tick's resolution, for a few ns."""
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts)
     return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef inline void _app_active(ofi_dom* dom) noexcept nogil:
+    """An application thread is driving an endpoint (issuing or waiting): the
+    progress thread keeps off for STAND_ASIDE.  The coarse clock is precise
+    enough for that, and cheap enough for every issue."""
+    dom.last_app = _now_coarse()
 
 
 # ---- completion ------------------------------------------------------------
@@ -1016,12 +1015,15 @@ cdef class Domain:
             return cached
         split = name.startswith(_SPLIT_TAG)
         if split != bool(self.d.split):
-            raise CommunicationError(f"a peer's ofi endpoint is {'split' if split else 'single'}, this "
-                           f"process's is {'split' if self.d.split else 'single'}: the job's "
-                           f"processes disagree on the libfabric set-up (same libfabric, provider "
-                           f"and GEXMK_OFI_SPLIT everywhere?)")
+            raise CommunicationError(
+                f"a peer's ofi endpoint is {'split' if split else 'single'}, this process's is "
+                f"{'split' if self.d.split else 'single'}: the job's processes disagree on the "
+                f"libfabric set-up (same libfabric, provider and GEXMK_OFI_SPLIT everywhere?)")
         raw = name[len(_SPLIT_TAG):] if split else name
         if split:
+            if len(raw) == 0 or len(raw) % 2:
+                raise CommunicationError(f"a split endpoint name of {len(raw)} bytes: not two "
+                                         f"addresses of equal length")
             count = 2               # two names of equal length, packed as fi_av_insert takes them
         p = raw
         rc = fi_av_insert(self.d.av, p, count, a, 0, NULL)

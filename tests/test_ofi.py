@@ -486,6 +486,8 @@ def test_split_endpoints_where_atomics_cost_ordering():
             single.insert(a.name)
         with pytest.raises(CommunicationError, match="disagree"):
             split.insert(b.name)
+        with pytest.raises(CommunicationError, match="not two addresses"):
+            split.insert(b"gexmk-split:" + b"x" * 17)
         # both halves of a split name go into the AV: two distinct addresses
         rma, amo = split.insert(a.name)
         assert rma != amo
