@@ -872,17 +872,23 @@ cdef class Domain:
         memset(self.d.valid, -1, sizeof(self.d.valid))
 
     def __init__(self, provider=None, interface=None, bint skip_loopback=False, want_atomics=True):
-        cdef fi_info* hints = fi_allocinfo()
+        cdef fi_info* hints = NULL
         cdef fi_info* info = NULL
         cdef fi_info* p
         cdef fi_info* chosen
         cdef int rc
-        if hints == NULL:
-            raise MemoryError()
         self._addrs = {}
         self._raw_keys = {}
         self._eps = []
+        # the environment first: a bad value raises before anything is allocated
         self.d.timeout = _env_timeout()
+        split_env = os.environ.get("GEXMK_OFI_SPLIT", "1").strip()
+        if split_env not in ("0", "1", ""):
+            raise ArgumentError(f"GEXMK_OFI_SPLIT={split_env!r}: expected 0 or 1")
+        split_wanted = split_env != "0"
+        hints = fi_allocinfo()
+        if hints == NULL:
+            raise MemoryError()
         self.d.next_key = 1
         try:
             hints.caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE
@@ -942,7 +948,7 @@ cdef class Domain:
             self.d.info = _with_ordering(p)
             if not _raw_ordered(self.d.info) and (self.d.info.caps & FI_ATOMIC) \
                     and not (self.d.info.domain_attr.mr_mode & FI_MR_ENDPOINT) \
-                    and os.environ.get("GEXMK_OFI_SPLIT", "1") != "0":
+                    and split_wanted:
                 # Ordering lost to FI_ATOMIC (tcp;ofi_rxm: atomics are emulated by
                 # messages that pass RMA): RMA on an endpoint without FI_ATOMIC
                 # if that one is RAW-ordered, atomics on a second endpoint with

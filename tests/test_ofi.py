@@ -459,7 +459,7 @@ def test_split_endpoints_where_atomics_cost_ordering():
     so; with GEXMK_OFI_SPLIT=0 it keeps one endpoint, and implicit puts ask
     for delivery completion.  Peers of the other kind are refused by name."""
     from gexmk import ofi_transport
-    from gexmk.errors import CommunicationError
+    from gexmk.errors import ArgumentError, CommunicationError
     need("tcp;ofi_rxm")
     old = os.environ.get("GEXMK_OFI_SPLIT")
     doms = []
@@ -488,6 +488,9 @@ def test_split_endpoints_where_atomics_cost_ordering():
             split.insert(b.name)
         with pytest.raises(CommunicationError, match="not two addresses"):
             split.insert(b"gexmk-split:" + b"x" * 17)
+        os.environ["GEXMK_OFI_SPLIT"] = "no"
+        with pytest.raises(ArgumentError, match="GEXMK_OFI_SPLIT"):
+            ofi_transport.Domain("tcp;ofi_rxm")
         # both halves of a split name go into the AV: two distinct addresses
         rma, amo = split.insert(a.name)
         assert rma != amo
