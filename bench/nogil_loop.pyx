@@ -54,7 +54,7 @@ def put_nbi8(Team tm, int rank, uintptr_t dest, Py_ssize_t n, size_t slots=1024)
             x = <uint64_t>i
             rma.put_nbi(t, rank, dest + 8 * (<size_t>i & mask), &x, 8)
             clobber()
-        rma.quiet()
+        rma.quiet(t)
 
 
 def get8(Team tm, int rank, uintptr_t src, Py_ssize_t n, size_t slots=1024):

@@ -129,7 +129,7 @@ def _worker(args):
         res = None
         if tm.rank == 0:
             peer = 1
-            net = client.net
+            net = client.transports.get("ofi")
             res = {"transport": tm.transport(peer), "provider": net.provider if net else None,
                    "domain": net.domain_name if net else None,
                    "inject_size": net.inject_size if net else None,

@@ -53,17 +53,44 @@ class BootstrapError(CommunicationError):
     """The job could not be set up: launcher, MPI or rendezvous failure."""
 
 
-class OFIError(CommunicationError):
-    """A libfabric call failed; the message carries ``fi_strerror`` text."""
+class LibraryError(GexmkError):
+    """A call into a foreign library failed.  One shape for every library:
+    ``call`` (the function), ``code`` (its error code), ``text`` (the
+    library's own description), ``name`` (the code's symbolic name, or None);
+    it pickles with them (errors cross process boundaries in tests and pools)."""
 
-    def __init__(self, call, code, text):
-        super().__init__(f"{call} failed: {text} (-{code})")
+    library = "a library"
+
+    def __init__(self, call, code, text, name=None):
         self.call = call
         self.code = code
+        self.text = text
+        self.name = name
+        super().__init__(self._message())
+
+    def _message(self):
+        label = f"{self.name}: " if self.name else ""
+        return f"{self.call} failed: {label}{self.text} ({self.code})"
+
+    def __reduce__(self):
+        return (type(self), (self.call, self.code, self.text, self.name))
 
 
-class CUDAError(GexmkError, RuntimeError):
-    """A CUDA driver call failed."""
+class OFIError(LibraryError, CommunicationError):
+    """A libfabric call failed; ``code`` is the positive errno, ``text`` its
+    ``fi_strerror`` text."""
+
+    library = "libfabric"
+
+    def _message(self):
+        return f"{self.call} failed: {self.text} (-{self.code})"
+
+
+class CUDAError(LibraryError, RuntimeError):
+    """A CUDA driver call failed; ``code`` is the CUresult, ``name`` its
+    ``cuGetErrorName``, ``text`` its ``cuGetErrorString``."""
+
+    library = "CUDA driver"
 
 
 __all__ = [name for name in dir() if name.endswith("Error")]

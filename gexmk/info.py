@@ -114,9 +114,9 @@ def _chosen_transport():
     (GEXMK_OFI_PROVIDER, GEXMK_OFI_IFACE, FI_PROVIDER): the same Domain the
     client opens, closed again at once."""
     try:
-        transport = importlib.import_module("gexmk.ofi_transport")
+        transport = importlib.import_module("gexmk.transports.ofi")
     except Exception as exc:
-        return {"error": f"gexmk.ofi_transport did not import: {_error(exc)}"}
+        return {"error": f"gexmk.transports.ofi did not import: {_error(exc)}"}
     try:
         dom = transport.Domain(os.environ.get("GEXMK_OFI_PROVIDER") or None,
                                os.environ.get("GEXMK_OFI_IFACE") or None)

@@ -69,6 +69,19 @@ cdef MemoryKind _make_kind(int cls, int device):
 HOST = _make_kind(GX_MK_HOST, -1)
 
 
+def describe_kind(int cls, int device):
+    """The kind a peer published (class and device), as a description: no
+    driver of this machine is asked (a GPU-less initiator targets device
+    segments too)."""
+    if cls == GX_MK_HOST:
+        return HOST
+    try:
+        MKClass(cls)
+    except ValueError:
+        raise ArgumentError(f"unknown memory kind class {cls}") from None
+    return _make_kind(cls, device)
+
+
 def mk_create(cls, device=0):
     """Create a memory kind of class ``cls`` (an :class:`MKClass` or its name)
     on ``device``.  ``HOST`` returns :data:`HOST`; device classes raise

@@ -9,8 +9,8 @@
 # The handle stays valid until the team's client is finalized.  Every call
 # returns 0 or raises (except -1): bad rank, out-of-segment address, dead peer.
 from libc.stdint cimport uintptr_t
-from gexmk.lib.gx cimport (gx_team, gx_val, gx_put, gx_get, gx_atomic, gx_fence, gx_quiet,
-                           GX_OK,
+from gexmk.lib.gx cimport (gx_team, gx_val, gx_put, gx_get, gx_atomic,
+                           GX_OK, GX_CAT_ALL, GX_CAT_PUT, GX_CAT_RMW,
                            GX_DT_I32, GX_DT_U32, GX_DT_I64, GX_DT_U64, GX_DT_FLT, GX_DT_DBL,
                            GX_OP_SET, GX_OP_GET, GX_OP_SWAP, GX_OP_CAS, GX_OP_FCAS,
                            GX_OP_ADD, GX_OP_FADD, GX_OP_SUB, GX_OP_FSUB,
@@ -57,7 +57,7 @@ cdef inline int get_nbi(const gx_team* tm, void* dest, int rank, uintptr_t src, 
 
 cdef inline int nbi_wait(const gx_team* tm) except -1 nogil:
     """Complete every implicit put/get/atomic issued through tm's endpoint."""
-    return nbi_sync(tm)
+    return nbi_sync(tm, GX_CAT_ALL)
 
 
 cdef inline int get(const gx_team* tm, void* dest, int rank, uintptr_t src, size_t n) except -1 nogil:
@@ -77,9 +77,13 @@ cdef inline int atomic(const gx_team* tm, int rank, uintptr_t addr, int dt, int 
     return atomic_slow(tm, rank, addr, dt, op, a, b, result, rc)
 
 
-cdef inline void fence() noexcept nogil:
-    gx_fence()
+cdef inline int fence(const gx_team* tm) except -1 nogil:
+    """Order tm's endpoint's earlier puts/atomics before its later ones
+    (NVSHMEM fence; where a transport cannot order, it completes them)."""
+    return nbi_sync(tm, (1 << GX_CAT_PUT) | (1 << GX_CAT_RMW))
 
 
-cdef inline void quiet() noexcept nogil:
-    gx_quiet()
+cdef inline int quiet(const gx_team* tm) except -1 nogil:
+    """Complete every outstanding put/atomic of tm's endpoint (NVSHMEM quiet),
+    the same as Team.quiet()."""
+    return nbi_sync(tm, (1 << GX_CAT_PUT) | (1 << GX_CAT_RMW))

@@ -187,7 +187,7 @@ seg = client.segment_attach(2 * SPAN + 4096)
 mem = np.asarray(seg)
 assert tm.transport(peer) == "ofi", tm.transport(peer)
 assert tm.transport(me) == "self", tm.transport(me)
-net = client.net
+net = client.transports.get("ofi")
 assert net is not None, "no network domain opened for a peer on another node"
 assert net.provider.startswith("tcp"), net.provider
 # the domain libfabric picked is this namespace's veth end, not lo
@@ -300,7 +300,7 @@ def two_nodes():
 def need_tcp_provider():
     """Skip unless the ofi transport is built and libfabric has the tcp provider."""
     try:
-        from gexmk import ofi_transport
+        from gexmk.transports import ofi as ofi_transport
     except ImportError as exc:
         pytest.skip(f"the ofi transport is not built: {exc}")
     try:

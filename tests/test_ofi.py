@@ -42,7 +42,7 @@ except ImportError:
     import test_tmpair
 
 gexmk_ofi = pytest.importorskip("gexmk.ofi", reason="gexmk was built without libfabric (gexmk.ofi)")
-pytest.importorskip("gexmk.ofi_transport", reason="gexmk was built without the ofi transport")
+pytest.importorskip("gexmk.transports.ofi", reason="gexmk was built without the ofi transport")
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -78,14 +78,14 @@ def peer_transport():
     return "ofi"
 
 def check_ofi(c):
-    assert c.net is not None, "GEXMK_TRANSPORT=ofi, but the client has no ofi Domain"
-    assert c.net.provider == OFI_PROVIDER, (c.net.provider, OFI_PROVIDER)
+    assert c.transports.get("ofi") is not None, "GEXMK_TRANSPORT=ofi, but the client has no ofi Domain"
+    assert c.transports.get("ofi").provider == OFI_PROVIDER, (c.transports.get("ofi").provider, OFI_PROVIDER)
     for e in c.eps:
-        assert e.net is not None and not e.net.closed, (e, e.net)
+        assert e.contexts.get("ofi") is not None and not e.contexts.get("ofi").closed, (e, e.contexts.get("ofi"))
     want = os.environ.get("GEXMK_TEST_EXPECT_SPLIT")
     if want is not None:        # which completion path implicit puts take
-        assert c.net.split_endpoints == (want == "1"), c.net.split_endpoints
-        assert c.net.ordered_flush[0] == (want == "1"), c.net.ordered_flush
+        assert c.transports.get("ofi").split_endpoints == (want == "1"), c.transports.get("ofi").split_endpoints
+        assert c.transports.get("ofi").ordered_flush[0] == (want == "1"), c.transports.get("ofi").ordered_flush
     return c
 
 _plain_init = gexmk.init
@@ -458,7 +458,7 @@ def test_split_endpoints_where_atomics_cost_ordering():
     complete by a read-after-write flush) with an atomics endpoint, and says
     so; with GEXMK_OFI_SPLIT=0 it keeps one endpoint, and implicit puts ask
     for delivery completion.  Peers of the other kind are refused by name."""
-    from gexmk import ofi_transport
+    from gexmk.transports import ofi as ofi_transport
     from gexmk.errors import ArgumentError, CommunicationError
     need("tcp;ofi_rxm")
     old = os.environ.get("GEXMK_OFI_SPLIT")
@@ -573,7 +573,7 @@ def test_ctx002_create_use_destroy_16_endpoints(tmp_path, provider):
         next_index += NX
         segs = []
         for e in extra:
-            assert e.net is not None and not e.net.closed
+            assert e.contexts.get("ofi") is not None and not e.contexts.get("ofi").closed
             s = c.segment_create(1024)
             e.bind_segment(s)
             segs.append(s)
@@ -593,7 +593,7 @@ def test_ctx002_create_use_destroy_16_endpoints(tmp_path, provider):
             assert not a[768:].any()
         tm.barrier()
         # destroy them while the peer hammers EP 0 (rank 1 destroys, rank 0 writes)
-        nets = [e.net for e in extra]
+        nets = [e.contexts.get("ofi") for e in extra]
         if me == 1:
             for e in extra:
                 e.destroy()
@@ -717,8 +717,8 @@ def test_ctx004_quiet_is_per_endpoint(tmp_path):
         flag = np.asarray(seg)[FLAG:FLAG + 8].view(np.int64)
         deadline = time.monotonic() + limit
         while flag[0] != value:
-            epA.net.progress()
-            epB.net.progress()
+            epA.contexts.get("ofi").progress()
+            epB.contexts.get("ofi").progress()
             assert time.monotonic() < deadline, f"flag {value} never arrived"
 
     # warm-up: rank 0 connects both of its endpoints to rank 2 while rank 2 progresses
@@ -741,17 +741,17 @@ def test_ctx004_quiet_is_per_endpoint(tmp_path):
         t1 = time.monotonic()
         tmA.quiet()
         t2 = time.monotonic()
-        pend = epB.net.nbi_pending()
+        pend = epB.contexts.get("ofi").nbi_pending()
         log(f"issue {t1 - t0:.3f} s, quiet on A {t2 - t1:.3f} s, B pending {pend}")
         assert t1 - t0 < 1.0, f"put_nbi took {t1 - t0:.2f} s to return"
         assert t2 - t1 < 1.0, f"quiet on EP A took {t2 - t1:.2f} s: it waited for EP B"
-        assert epA.net.nbi_pending() == (0, 0, 0), epA.net.nbi_pending()
+        assert epA.contexts.get("ofi").nbi_pending() == (0, 0, 0), epA.contexts.get("ofi").nbi_pending()
         assert time.monotonic() - t0 < 1.5, "too slow to check that B is still pending"
         assert pend[1] >= 1, f"EP B's put to the sleeping rank is already complete: {pend}"
         gexmk.nbi_wait()                             # completes once rank 2 wakes up
         t3 = time.monotonic()
         log(f"nbi_wait {t3 - t2:.2f} s")
-        assert epB.net.nbi_pending() == (0, 0, 0)
+        assert epB.contexts.get("ofi").nbi_pending() == (0, 0, 0)
         tmB.put_val(2, tmB.addr(2, FLAG), 2)
     tm.barrier()
     if me == 1:
@@ -1058,7 +1058,7 @@ def test_bad_input_over_ofi(tmp_path, provider):
         expect_raises(E.BoundsError, tm.put_nbi, other, end - 1, b"ab")
     rev.wait()
     assert (out == 0xEE).all(), "a refused get wrote into its destination"
-    assert c.ep(0).net.nbi_pending() == (0, 0, 0), c.ep(0).net.nbi_pending()
+    assert c.ep(0).contexts.get("ofi").nbi_pending() == (0, 0, 0), c.ep(0).contexts.get("ofi").nbi_pending()
     gexmk.nbi_wait()
     # unpublished: EP 1 (bound, never published) and EP 2 (published, no segment)
     for idx in (1, 2, 7):

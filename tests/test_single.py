@@ -139,10 +139,10 @@ def test_transport_env_bad_value_is_rejected(monkeypatch):
 
 
 def test_transport_env_ofi_opens_the_network_but_self_stays_self(monkeypatch):
-    pytest.importorskip("gexmk.ofi_transport")
+    pytest.importorskip("gexmk.transports.ofi")
     monkeypatch.setenv("GEXMK_TRANSPORT", "ofi")
     with gexmk.init() as c:
-        assert c.net is not None and c.net.provider
+        assert c.transports.get("ofi") is not None and c.transports.get("ofi").provider
         s = c.segment_attach(4096)
         assert c.tm.transport(0) == "self"
         c.tm.put(0, s.address, b"loop")
@@ -157,9 +157,9 @@ def test_transport_env_unknown_is_value_error(monkeypatch):
 
 @pytest.mark.timeout(120)
 def test_transport_env_ofi_in_fresh_interpreter(tmp_path):
-    pytest.importorskip("gexmk.ofi_transport")
+    pytest.importorskip("gexmk.transports.ofi")
     script = ("import gexmk\n"
-              "with gexmk.init() as c:\n    print('NET', c.net.provider)\n")
+              "with gexmk.init() as c:\n    print('NET', c.transports['ofi'].provider)\n")
     r = mp_util.run_command([sys.executable, "-c", script], timeout=60, cwd=str(tmp_path),
                             env=mp_util.child_env({"GEXMK_TRANSPORT": "ofi"}))
     assert r.returncode == 0, r.report()

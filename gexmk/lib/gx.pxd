@@ -11,45 +11,109 @@ cdef extern from "gexmk/gexmk.h" nogil:
         GX_EOP
 
     enum:
-        GX_TR_NONE
-        GX_TR_SELF
-        GX_TR_NBRHD
-        GX_TR_PVM
-        GX_TR_OFI
-
-    enum:
         GX_MK_HOST
         GX_MK_CUDA_UVA
         GX_MK_HIP
         GX_MK_ZE
 
+    ctypedef union gx_val:
+        int32_t i32
+        uint32_t u32
+        int64_t i64
+        uint64_t u64
+        float flt
+        double dbl
+
     ctypedef struct gx_target:
-        char* local_base
         uintptr_t remote_base
         size_t size
-        int transport
         int kind
+        int device
         int pid
         int jobrank
         int ep_index
         int dead
-        uint64_t net_addr
-        uint64_t net_aaddr
-        uint64_t net_key
-        uint64_t net_base
+
+    enum:
+        GX_BLOCKING
+        GX_NB
+        GX_NBI
+        GX_NBI_LCNOW
+
+    enum:
+        GX_CAT_GET
+        GX_CAT_PUT
+        GX_CAT_RMW
+        GX_CAT_ALL
+
+    ctypedef struct gx_xfer:
+        void* ep
+        void* peer
+        gx_target* t
+        uintptr_t remote
+        void* local
+        size_t n
+        int mode
+        int local_kind
+        int local_device
+        void* stream
+        int dt
+        int op
+        gx_val a
+        gx_val b
+        gx_val* result
+        void** handle
+
+    ctypedef int (*gx_tr_xfer_fn)(gx_xfer* x) except -1 nogil
+    ctypedef int (*gx_tr_op_fn)(void* op, gx_val* result) except -1 nogil
+    ctypedef void (*gx_tr_orphan_fn)(void* op) noexcept nogil
+    ctypedef int (*gx_tr_sync_fn)(void* ep, int categories) except -1 nogil
+
+    ctypedef struct gx_tr_ops:
+        const char* name
+        gx_tr_xfer_fn put
+        gx_tr_xfer_fn get
+        gx_tr_xfer_fn atomic
+        gx_tr_op_fn test
+        gx_tr_op_fn wait
+        gx_tr_orphan_fn orphan
+        gx_tr_sync_fn sync
+        gx_tr_sync_fn nbi_test
+
+    ctypedef struct gx_path:
+        const gx_tr_ops* ops
+        void* ep
+        void* peer
+
+    ctypedef struct gx_route:
+        gx_target* t
+        char* local_base
+        gx_path rma
+        gx_path amo
+
+    enum:
+        GX_MAX_TRANSPORTS
+
+    ctypedef struct gx_ep:
+        int index
+        int destroyed
+        int ntr
+        gx_path tr[8]
 
     ctypedef struct gx_team:
         int rank
         int size
-        gx_target** targets
+        gx_route** routes
         void* owner
-        void* net_ep
+        gx_ep* ep
+        uintptr_t dev_lo
+        uintptr_t dev_hi
 
-    int gx_locate(const gx_team* tm, int rank, uintptr_t addr, size_t n, char** out, gx_target** tgt)
+    int gx_in_dev(const gx_team* tm, const void* p, size_t n)
+    int gx_locate(const gx_team* tm, int rank, uintptr_t addr, size_t n, char** out, gx_route** rt)
     int gx_put(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n)
     int gx_get(const gx_team* tm, int rank, void* dest, uintptr_t src, size_t n)
-    void gx_fence()
-    void gx_quiet()
+    void gx_mem_fence()
 
     enum:
         GX_DT_I32
@@ -68,13 +132,6 @@ cdef extern from "gexmk/gexmk.h" nogil:
         GX_OP_MIN, GX_OP_FMIN, GX_OP_MAX, GX_OP_FMAX
         GX_OP_COUNT
 
-    ctypedef union gx_val:
-        int32_t i32
-        uint32_t u32
-        int64_t i64
-        uint64_t u64
-        float flt
-        double dbl
 
     size_t gx_dt_size(int dt)
     int gx_op_valid(int dt, int op)

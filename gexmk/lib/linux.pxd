@@ -15,8 +15,13 @@ cdef extern from "<sys/uio.h>" nogil:
     ssize_t process_vm_writev(pid_t pid, const iovec* local_iov, unsigned long liovcnt,
                               const iovec* remote_iov, unsigned long riovcnt, unsigned long flags)
 
-cdef extern from "<sys/syscall.h>" nogil:
-    long syscall(long number, ...)
+cdef extern from "<sys/mman.h>" nogil:
     enum:
-        SYS_pidfd_open
-        SYS_pidfd_getfd
+        MAP_FIXED
+        MAP_PRIVATE
+        MAP_ANONYMOUS
+        MAP_NORESERVE
+        PROT_NONE
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()

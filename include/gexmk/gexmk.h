@@ -3,7 +3,8 @@
  * What lives here: the structures through which one process sees the bound
  * segments of its peers' endpoints, and the inline functions that move bytes
  * and perform atomics on segments that are mapped into this process (the
- * `self` and `nbrhd` transports).  Everything here runs without the GIL and
+ * CPU-mapped host paths), and the tables through which the core reaches the
+ * transports for everything else.  Everything here runs without the GIL and
  * without a syscall.  The Cython layer (gexmk/rma.pxd) wraps these functions
  * and turns their return codes into exceptions; a C caller checks them itself.
  *
@@ -32,63 +33,142 @@ enum {
     GX_EOP = -4,         /* unknown atomic op or type, or op not valid for the type */
 };
 
-/* Transports, chosen per (initiating EP, target EP). */
-enum {
-    GX_TR_NONE = 0,      /* nothing published yet */
-    GX_TR_SELF = 1,      /* same process: memcpy */
-    GX_TR_NBRHD = 2,     /* same node, segment mapped from shared memory: memcpy */
-    GX_TR_PVM = 3,       /* same node, client memory not mappable: process_vm_{read,write}v */
-    GX_TR_OFI = 4,       /* libfabric (later) */
-};
+/* An operand or result of any data type. */
+typedef union gx_val {
+    int32_t i32; uint32_t u32; int64_t i64; uint64_t u64; float flt; double dbl;
+} gx_val;
 
 /* Memory kinds (classes). */
 enum { GX_MK_HOST = 0, GX_MK_CUDA_UVA = 1, GX_MK_HIP = 2, GX_MK_ZE = 3 };
 
-/* What this process knows of one remote endpoint's bound segment. */
+/* What this process knows of one remote endpoint's bound segment: what its
+ * owner published, whichever transport reaches it.  Transport-specific state
+ * lives in the transports' own per-target contexts (gx_path.peer). */
 typedef struct gx_target {
-    char *local_base;        /* mapping of the segment in this process; NULL if not mapped */
     uintptr_t remote_base;   /* address of the segment in its owner's address space */
     size_t size;             /* bytes; 0 while nothing is published */
-    int transport;           /* GX_TR_* */
     int kind;                /* GX_MK_* */
+    int device;              /* device ordinal of a device segment, else -1 */
     int pid;                 /* owner's process id */
     int jobrank;             /* owner's rank in the job */
     int ep_index;            /* owner's endpoint index */
     volatile int dead;       /* set when the owner is known to have died */
-    /* network transports (ofi): how the initiator names the target */
-    uint64_t net_addr;       /* fi_addr_t of the target endpoint */
-    uint64_t net_aaddr;      /* fi_addr_t its atomics go to (net_addr unless split) */
-    uint64_t net_key;        /* registration key of the target segment */
-    uint64_t net_base;       /* address the network uses for the segment's first byte
-                                (remote_base with FI_MR_VIRT_ADDR, else 0) */
 } gx_target;
 
-/* The hot-path view of a team: one target pointer per team rank.  The
- * targets are owned by the process-wide directory and outlive the team. */
+/* ---- the transport plug-in interface (data plane) -------------------------
+ * A transport hands the core one gx_tr_ops table; every function runs without
+ * the GIL and returns 0 or -1 with a Python exception set (Cython `except -1`).
+ * A transport that cannot do something fills the slot with a function that
+ * raises UnsupportedError naming itself and the operation. */
+
+/* Modes of an operation. */
+enum {
+    GX_BLOCKING = 0,         /* complete (remotely) on return */
+    GX_NB = 1,               /* *handle receives an op to test/wait, or NULL when complete */
+    GX_NBI = 2,              /* implicit: counted per endpoint, completed by sync */
+    GX_NBI_LCNOW = 3,        /* implicit, and the local buffer is reusable on return */
+};
+
+/* NBI categories (bits of a sync mask are 1 << GX_CAT_*). */
+enum { GX_CAT_GET = 0, GX_CAT_PUT = 1, GX_CAT_RMW = 2, GX_CAT_ALL = 7 };
+
+/* The arguments of one operation. */
+typedef struct gx_xfer {
+    void *ep;                /* the initiating endpoint's context in this transport */
+    void *peer;              /* the transport's context for the target */
+    gx_target *t;            /* the target (bounds already checked) */
+    uintptr_t remote;        /* address in the target's segment */
+    void *local;             /* local buffer */
+    size_t n;                /* bytes */
+    int mode;                /* GX_BLOCKING, GX_NB, GX_NBI, GX_NBI_LCNOW */
+    int local_kind;          /* GX_MK_* of the local buffer */
+    int local_device;        /* its device, or -1 */
+    void *stream;            /* stream-ordered operations: the stream, else NULL */
+    int dt, op;              /* atomics: GX_DT_*, GX_OP_* */
+    int _pad;
+    gx_val a, b;
+    gx_val *result;  /* atomics: the fetched value (NULL allowed) */
+    void **handle;           /* GX_NB: the pending op, or NULL when complete at issue */
+} gx_xfer;
+
+typedef int (*gx_tr_xfer_fn)(gx_xfer *x);
+typedef int (*gx_tr_op_fn)(void *op, gx_val *result);   /* test: 1 done, 0 pending */
+typedef void (*gx_tr_orphan_fn)(void *op);
+typedef int (*gx_tr_sync_fn)(void *ep, int categories);          /* sync; nbi_test: 1 done, 0 pending */
+
+typedef struct gx_tr_ops {
+    const char *name;        /* the path's name: "self", "nbrhd", "pvm", "ofi", ... */
+    gx_tr_xfer_fn put;       /* x->local -> (t, x->remote) */
+    gx_tr_xfer_fn get;       /* (t, x->remote) -> x->local */
+    gx_tr_xfer_fn atomic;
+    gx_tr_op_fn test;        /* an NB op: 1 (and freed) when complete, 0 when pending */
+    gx_tr_op_fn wait;        /* an NB op: block until complete, then free it */
+    gx_tr_orphan_fn orphan;  /* an NB op nobody will wait for: free it when it completes */
+    gx_tr_sync_fn sync;      /* complete the endpoint's implicit ops of these categories */
+    gx_tr_sync_fn nbi_test;  /* 1 when none of these categories is outstanding */
+} gx_tr_ops;
+
+/* One way to reach a target: a transport's table and its two contexts. */
+typedef struct gx_path {
+    const gx_tr_ops *ops;
+    void *ep;
+    void *peer;
+} gx_path;
+
+/* How one local endpoint reaches one target, chosen at bind/publication
+ * time, separately for RMA and atomics; the hot path reads it. */
+typedef struct gx_route {
+    gx_target *t;
+    char *local_base;        /* a CPU mapping of the target where memcpy is right, else NULL */
+    gx_path rma;
+    gx_path amo;
+} gx_route;
+
+/* The C state of a local endpoint: its context in every transport (for sync). */
+#define GX_MAX_TRANSPORTS 8
+typedef struct gx_ep {
+    int index;
+    volatile int destroyed;
+    int ntr;
+    gx_path tr[GX_MAX_TRANSPORTS];   /* .ops and .ep; .peer unused */
+} gx_ep;
+
+/* The hot-path view of a team: one route per team rank, seen from one local
+ * endpoint.  Routes and targets are owned by the client and outlive the team. */
 typedef struct gx_team {
     int rank;                /* this member's rank in the team */
-    int size;                /* number of members */
-    gx_target **targets;     /* [size] */
+    int size;                /* number of members (0 once the team is closed) */
+    gx_route **routes;       /* [size] */
     void *owner;             /* the Python Team object (borrowed), for error reports */
-    void *net_ep;            /* the local endpoint's network state (NULL without one) */
+    gx_ep *ep;               /* the initiating endpoint */
+    uintptr_t dev_lo;        /* [dev_lo, dev_hi): the endpoint's bound segment when it is */
+    uintptr_t dev_hi;        /* device memory: a local buffer there is never memcpy'd */
 } gx_team;
 
+/* 1 when [p, p + n) touches the team endpoint's device segment. */
+static inline int gx_in_dev(const gx_team *tm, const void *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p;
+    return tm->dev_hi != 0 && a < tm->dev_hi && a + n > tm->dev_lo;
+}
+
 /* Locate [addr, addr + n) of team rank `rank` in this process.
- * On GX_OK, *out is the local address; on GX_NOT_MAPPED, *tgt is set and the
- * caller must use the target's transport. */
+ * On GX_OK, *out is the local address; on GX_NOT_MAPPED, *rt is set and the
+ * caller must take the route's transport. */
 static inline int gx_locate(const gx_team *tm, int rank, uintptr_t addr, size_t n,
-                            char **out, gx_target **tgt)
+                            char **out, gx_route **rt)
 {
     if ((unsigned)rank >= (unsigned)tm->size)
         return GX_ERANK;
-    gx_target *t = tm->targets[rank];
-    *tgt = t;
+    gx_route *r = tm->routes[rank];
+    gx_target *t = r->t;
+    *rt = r;
     uintptr_t off = addr - t->remote_base;   /* wraps when addr < base: caught below */
     if (addr < t->remote_base || off > t->size || n > t->size - off)
         return GX_ERANGE;
-    if (t->local_base == NULL || t->dead)
+    if (r->local_base == NULL || t->dead)
         return t->dead ? GX_EDEAD : GX_NOT_MAPPED;
-    *out = t->local_base + off;
+    *out = r->local_base + off;
     return GX_OK;
 }
 
@@ -96,10 +176,12 @@ static inline int gx_locate(const gx_team *tm, int rank, uintptr_t addr, size_t 
  * data is visible to the target (and to anyone it synchronises with). */
 static inline int gx_put(const gx_team *tm, int rank, uintptr_t dest, const void *src, size_t n)
 {
-    char *p; gx_target *t;
-    int rc = gx_locate(tm, rank, dest, n, &p, &t);
+    char *p; gx_route *r;
+    int rc = gx_locate(tm, rank, dest, n, &p, &r);
     if (rc != GX_OK)
         return rc;
+    if (gx_in_dev(tm, src, n))
+        return GX_NOT_MAPPED;
     memcpy(p, src, n);
     __atomic_thread_fence(__ATOMIC_RELEASE);
     return GX_OK;
@@ -108,20 +190,21 @@ static inline int gx_put(const gx_team *tm, int rank, uintptr_t dest, const void
 /* Copy n bytes from (rank, src) into local dest. */
 static inline int gx_get(const gx_team *tm, int rank, void *dest, uintptr_t src, size_t n)
 {
-    char *p; gx_target *t;
-    int rc = gx_locate(tm, rank, src, n, &p, &t);
+    char *p; gx_route *r;
+    int rc = gx_locate(tm, rank, src, n, &p, &r);
     if (rc != GX_OK)
         return rc;
+    if (gx_in_dev(tm, dest, n))
+        return GX_NOT_MAPPED;
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     memcpy(dest, p, n);
     return GX_OK;
 }
 
-/* fence: orders earlier puts/atomics before later ones to the same target.
- * quiet: completes all earlier puts/atomics.  Both are a full fence for
- * mapped memory, where every put is complete when it returns. */
-static inline void gx_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-static inline void gx_quiet(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+/* A full memory fence: what fence and quiet amount to for mapped memory,
+ * where every put is complete when it returns.  (The Cython API's
+ * rma.fence/rma.quiet also complete the endpoint's transports' implicit ops.) */
+static inline void gx_mem_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 /* ---- remote atomics on mapped memory ---------------------------------- */
 
@@ -138,10 +221,6 @@ enum {
     GX_OP_COUNT
 };
 
-/* An operand or result of any data type. */
-typedef union gx_val {
-    int32_t i32; uint32_t u32; int64_t i64; uint64_t u64; float flt; double dbl;
-} gx_val;
 
 static inline size_t gx_dt_size(int dt)
 {
@@ -262,9 +341,9 @@ static inline int gx_atomic_local(void *p, int dt, int op, gx_val a, gx_val b, g
 static inline int gx_atomic(const gx_team *tm, int rank, uintptr_t addr, int dt, int op,
                             gx_val a, gx_val b, gx_val *result)
 {
-    char *p; gx_target *t;
+    char *p; gx_route *r;
     size_t n = gx_dt_size(dt);
-    int rc = gx_locate(tm, rank, addr, n, &p, &t);
+    int rc = gx_locate(tm, rank, addr, n, &p, &r);
     if (rc != GX_OK)
         return rc;
     if (((uintptr_t)p & (n - 1)) != 0)

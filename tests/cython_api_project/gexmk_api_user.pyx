@@ -21,7 +21,7 @@ def put_many_then_get(Team tm, int rank, uintptr_t dest, int n, int64_t first):
         for i in range(n):
             x = first + i
             rma.put(t, rank, dest + 8 * i, &x, 8)
-        rma.quiet()
+        rma.quiet(t)
         rma.get(t, &buf[0], rank, dest, 8 * n)
     return bytes(out)
 

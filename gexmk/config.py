@@ -1,0 +1,98 @@
+"""Every ``GEXMK_*`` setting, parsed and validated in one place.
+
+``load()`` reads the environment once per call (``gexmk.init`` calls it once)
+and returns a frozen :class:`Config`; a bad value raises
+:class:`~gexmk.errors.ArgumentError` naming the variable, the value and what
+is allowed, before anything is allocated.  The launcher's own variables
+(``GEXMK_RANK``, ``GEXMK_SIZE``, ``GEXMK_BOOTSTRAP``, ``GEXMK_BOOTSTRAP_TOKEN``)
+belong to :mod:`gexmk.bootstrap`, which reads them itself.
+
+Pure Python, standard library only: the launcher and the bootstrap import it
+before (or without) the compiled core.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from gexmk.errors import ArgumentError
+
+__all__ = ["Config", "load", "timeout", "DEFAULT_TIMEOUT"]
+
+#: Seconds a collective or a blocking wait gives a peer when GEXMK_TIMEOUT is not set.
+DEFAULT_TIMEOUT = 300.0
+
+_TRANSPORTS = ("auto", "self", "nbrhd", "pvm", "ofi")
+_PROGRESS = {"auto": "auto", "1": "on", "on": "on", "yes": "on", "0": "off", "off": "off",
+             "no": "off", "spin": "spin"}
+_BOOL = {"1": True, "on": True, "yes": True, "0": False, "off": False, "no": False}
+
+
+def _text(env, name):
+    return env.get(name, "").strip()
+
+
+def timeout(env=None) -> float:
+    """GEXMK_TIMEOUT in seconds (a positive, finite number; default 300)."""
+    env = os.environ if env is None else env
+    text = _text(env, "GEXMK_TIMEOUT")
+    if not text:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise ArgumentError(f"GEXMK_TIMEOUT={text!r}: expected a positive number of seconds")
+    return value
+
+
+def _choice(env, name, table, default):
+    text = _text(env, name).lower()
+    if not text:
+        return default
+    if text not in table:
+        raise ArgumentError(f"{name}={text!r}: expected one of {', '.join(sorted(set(table)))}")
+    return table[text]
+
+
+@dataclass(frozen=True)
+class Config:
+    """The validated settings of one ``gexmk.init``."""
+
+    #: GEXMK_TRANSPORT: ``auto``, or the path every cross-process target must take
+    #: where it can (``pvm``: process_vm between processes of a node; ``ofi``: the
+    #: network for every cross-process target; ``nbrhd``/``self``: the defaults).
+    transport: str = "auto"
+    #: GEXMK_TIMEOUT: seconds a collective or blocking wait gives a peer.
+    timeout: float = DEFAULT_TIMEOUT
+    #: GEXMK_PROGRESS_THREAD: ``auto``, ``on``, ``off`` or ``spin``.
+    progress_thread: str = "auto"
+    #: GEXMK_OFI_PROVIDER / GEXMK_OFI_IFACE: libfabric provider and domain (None: choose).
+    ofi_provider: str | None = None
+    ofi_iface: str | None = None
+    #: GEXMK_OFI_SPLIT: RMA and atomics on separate libfabric endpoints where that keeps ordering.
+    ofi_split: bool = True
+    #: GEXMK_OFI_ORDERED_FLUSH: implicit puts complete by a read-after-write flush where ordered.
+    ofi_ordered_flush: bool = True
+
+
+def load(env=None) -> Config:
+    """Parse and check every ``GEXMK_*`` setting of ``env`` (default ``os.environ``)."""
+    env = os.environ if env is None else env
+    transport = _text(env, "GEXMK_TRANSPORT").lower() or "auto"
+    if transport not in _TRANSPORTS:
+        raise ArgumentError(f"GEXMK_TRANSPORT={transport!r}: expected one of {', '.join(_TRANSPORTS)}")
+    split = _text(env, "GEXMK_OFI_SPLIT")
+    if split not in ("", "0", "1"):
+        raise ArgumentError(f"GEXMK_OFI_SPLIT={split!r}: expected 0 or 1")
+    return Config(
+        transport=transport,
+        timeout=timeout(env),
+        progress_thread=_choice(env, "GEXMK_PROGRESS_THREAD", _PROGRESS, "auto"),
+        ofi_provider=_text(env, "GEXMK_OFI_PROVIDER") or None,
+        ofi_iface=_text(env, "GEXMK_OFI_IFACE") or None,
+        ofi_split=split != "0",
+        ofi_ordered_flush=_choice(env, "GEXMK_OFI_ORDERED_FLUSH", _BOOL, True),
+    )

@@ -1,0 +1,465 @@
+# ---- targets and routes ------------------------------------------------------
+
+cdef class _Target:
+    """Owner of one gx_target: what this process knows of one remote EP, and
+    the per-target contexts of the transports that can reach it."""
+
+    def __dealloc__(self):
+        free(self.t)
+
+
+cdef class _Route:
+    """Owner of one gx_route: how one local endpoint reaches one target."""
+
+    def __dealloc__(self):
+        free(self.r)
+
+
+cdef void _route_none(gx_route* r) noexcept:
+    r.local_base = NULL
+    r.rma.ops = &_NO_PATH
+    r.rma.ep = NULL
+    r.rma.peer = NULL
+    r.amo = r.rma
+
+
+# ---- client -----------------------------------------------------------------
+
+def init(comm=None):
+    """Join the job and return its :class:`Client` (GASNet-EX ``gex_Client_Init``).
+
+    Collective over every process of the job.  With nothing set up this is a
+    job of one process; under ``python -m gexmk.run`` or ``mpiexec`` (mpi4py)
+    it joins the others; ``comm`` takes an mpi4py communicator instead.
+    Settings come from the environment (``gexmk.config``: GEXMK_TIMEOUT,
+    GEXMK_TRANSPORT, ...), read and checked once, here.
+    """
+    global _client
+    if _client is not None and not (<Client>_client).finalized:
+        raise StateError("gexmk is already initialized in this process; finalize() the client first")
+    from gexmk import bootstrap, config
+    cfg = config.load()
+    boot = bootstrap.from_environment(comm)
+    cdef Client c = Client.__new__(Client)
+    try:
+        c._setup(boot, cfg)
+    except BaseException:
+        c._close_transports()
+        boot.close()
+        raise
+    _client = c
+    return c
+
+
+def _atexit():
+    if _client is not None:
+        (<Client>_client)._teardown()
+
+
+atexit.register(_atexit)
+
+
+cdef class Client:
+    """A gexmk client (GASNet-EX ``gex_Client_t``): this process's membership
+    of the job, its endpoints (the primordial one has index 0), its segments
+    and the primordial team ``tm``.  ``transports`` maps the name of every
+    transport this process loaded to its control-plane object.  Use as a
+    context manager or call :meth:`finalize`."""
+
+    def __init__(self):
+        raise TypeError("use gexmk.init()")
+
+    def _setup(self, boot, cfg):
+        from gexmk import transports as registry
+        self.bootstrap = boot
+        self.config = cfg
+        self.rank = boot.rank
+        self.size = boot.size
+        # node index of every job rank, numbered by first appearance
+        names = {}
+        self._nodes = [names.setdefault(n, len(names)) for n in boot.nodes]
+        self._pids = list(boot.pids)
+        self._eps = []
+        self._dir = {}
+        self._routes = {}
+        self._segments = weakref.WeakSet()
+        self._teams = weakref.WeakSet()
+        self._pending = weakref.WeakSet()
+        self._retired = []
+        self.transports = {}
+        self._order = []
+        job = registry.Job(self.rank, self.size, list(self._nodes), list(self._pids), cfg)
+        for name, module, needed in registry.REGISTRY:
+            why = needed(job)
+            if not why:
+                continue
+            try:
+                mod = importlib.import_module(module)
+            except ImportError as e:
+                raise UnsupportedError(f"the {name} transport is needed ({why}) but this build "
+                                       f"does not have it: {e}") from None
+            if len(self._order) == GX_MAX_TRANSPORTS:
+                raise UnsupportedError(f"more than {GX_MAX_TRANSPORTS} transports in one process")
+            tr = mod.open(job)
+            self.transports[name] = tr
+            self._order.append(tr)
+        ep0 = self.ep_create()
+        self.tm = Team._make(self, ep0, [(j, 0) for j in range(self.size)], self.rank, "tm0", False)
+        me = weakref.ref(self)
+
+        def died(jobrank):
+            c = me()
+            if c is not None:
+                (<Client>c)._peer_died(jobrank)
+        boot.on_peer_death(died)
+
+    def _close_transports(self):
+        for tr in reversed(self._order or []):
+            tr.close()
+        self._order = []
+
+    cdef int check_alive(self) except -1:
+        if self.finalized:
+            raise StateError("the gexmk client has been finalized")
+        return 0
+
+    cdef _Target target(self, int jobrank, int ep_index):
+        key = (jobrank, ep_index)
+        cdef _Target tg = self._dir.get(key)
+        if tg is None:
+            tg = _Target.__new__(_Target)
+            tg.t = <gx_target*>calloc(1, sizeof(gx_target))
+            if tg.t == NULL:
+                raise MemoryError()
+            tg.t.jobrank = jobrank
+            tg.t.ep_index = ep_index
+            tg.t.pid = self._pids[jobrank]
+            tg.t.device = -1
+            tg.ctx = {}
+            tg.routes = []
+            self._dir[key] = tg
+        return tg
+
+    cdef _Route route(self, Endpoint ep, int jobrank, int ep_index):
+        key = (ep.index, jobrank, ep_index)
+        cdef _Route rt = self._routes.get(key)
+        if rt is None:
+            rt = _Route.__new__(_Route)
+            rt.r = <gx_route*>calloc(1, sizeof(gx_route))
+            if rt.r == NULL:
+                raise MemoryError()
+            rt.target = self.target(jobrank, ep_index)
+            rt.r.t = rt.target.t
+            rt.ep_index = ep.index
+            _route_none(rt.r)
+            rt.rma_name = rt.amo_name = "none"
+            rt.target.routes.append(rt)
+            self._routes[key] = rt
+            self._choose(rt)
+        return rt
+
+    def _peer(self, _Target tg):
+        cdef gx_target* t = tg.t
+        return _transports_mod().Peer(
+            t.jobrank, t.ep_index, t.pid, self._nodes[t.jobrank], t.jobrank == self.rank,
+            self._nodes[t.jobrank] == self._nodes[self.rank], t.remote_base, t.size, t.kind, t.device,
+            <uintptr_t>t)
+
+    cdef int _choose(self, _Route rt) except -1:
+        """Pick the route's paths, separately for RMA and atomics: the
+        transport that scores highest for each (choose once, off the hot path)."""
+        cdef gx_route* r = rt.r
+        cdef gx_target* t = rt.target.t
+        cdef Endpoint ep = None
+        r.local_base = NULL         # no memcpy through the route while it changes
+        gx_mem_fence()
+        if rt.ep_index < len(self._eps):
+            ep = self._eps[rt.ep_index]
+        best_rma = best_amo = None
+        if t.size != 0 and not t.dead and ep is not None and not self.finalized:
+            peer = self._peer(rt.target)
+            for tr in self._order:
+                reach = tr.reach(ep.contexts[tr.name], peer, rt.target.ctx.get(tr.name))
+                if reach is None:
+                    continue
+                if reach.rma > 0 and (best_rma is None or reach.rma > best_rma[0].rma):
+                    best_rma = (reach, ep.contexts[tr.name])
+                if reach.amo > 0 and (best_amo is None or reach.amo > best_amo[0].amo):
+                    best_amo = (reach, ep.contexts[tr.name])
+        _set_path(&r.rma, best_rma)
+        _set_path(&r.amo, best_amo)
+        rt.rma_name = best_rma[0].name if best_rma is not None else "none"
+        rt.amo_name = best_amo[0].name if best_amo is not None else "none"
+        rt.keep = (best_rma, best_amo, rt.target.ctx.copy())
+        gx_mem_fence()
+        # memcpy only where one CPU mapping serves both RMA and atomics
+        if best_rma is not None and best_amo is not None and best_rma[0].local_base \
+                and best_rma[0].ops == best_amo[0].ops:
+            r.local_base = <char*><uintptr_t>best_rma[0].local_base
+        return 0
+
+    def _reroute(self, _Target tg=None, Endpoint ep=None):
+        """Choose again the routes to ``tg`` or from ``ep`` (publication, bind)."""
+        cdef _Route rt
+        for rt in list(tg.routes if tg is not None else self._routes.values()):
+            if ep is None or rt.ep_index == ep.index:
+                self._choose(rt)
+
+    def _peer_died(self, int jobrank):
+        cdef _Target tg
+        for (jr, _), tg in list(self._dir.items()):
+            if jr == jobrank:
+                tg.t.dead = 1
+        for tr in self._order:
+            tr.peer_died(jobrank)
+
+    @property
+    def finalized(self):
+        """True once finalize() has run."""
+        return self.finalized
+
+    @property
+    def eps(self):
+        """The live endpoints of this process, by index."""
+        return [e for e in self._eps if e is not None]
+
+    def ep(self, int index):
+        """The endpoint with this index (GASNet-EX ``gex_TM_QueryEP`` / index lookup)."""
+        self.check_alive()
+        if index < 0 or index >= len(self._eps) or self._eps[index] is None:
+            raise ArgumentError(f"no live endpoint with index {index} in this process")
+        return self._eps[index]
+
+    def nodes(self):
+        """Node index of every job rank (equal index: same host)."""
+        return list(self._nodes)
+
+    # -- memory kinds and segments --
+
+    def mk_create(self, cls, device=0):
+        """A memory kind (GASNet-EX ``gex_MK_Create``); see :func:`gexmk.memory.mk_create`."""
+        self.check_alive()
+        return _mk_create(cls, device)
+
+    def segment_create(self, size=None, *, buffer=None, kind=None):
+        """Create a segment (GASNet-EX ``gex_Segment_Create``), not yet bound.
+
+        ``segment_create(size)``: library-allocated, zero-filled, in shared
+        memory that peers of this node map at publication.
+        ``segment_create(buffer=obj)``: client-allocated from any writable,
+        contiguous PEP 3118 object, which the segment keeps alive; peers on
+        this node reach it with process_vm_{read,write}v.
+        """
+        self.check_alive()
+        if kind is not None and kind != HOST:
+            if isinstance(kind, MemoryKind):
+                raise UnsupportedError(f"segments of kind {kind!r} are not in this build (host memory only)")
+            raise TypeError(f"kind must be a gexmk.MemoryKind, got {type(kind).__name__}")
+        if (size is None) == (buffer is None):
+            raise ArgumentError("give exactly one of size (library-allocated) or buffer= (client-allocated)")
+        if buffer is not None:
+            seg = Segment._client_buffer(self, buffer)
+        else:
+            if not isinstance(size, int) or isinstance(size, bool):
+                raise TypeError(f"size must be an int, got {type(size).__name__}")
+            if size <= 0:
+                raise ArgumentError(f"segment size must be positive, got {size}")
+            seg = Segment._library(self, size)
+        self._segments.add(seg)
+        return seg
+
+    def segment_attach(self, size):
+        """Create a library-allocated segment, bind it to the primordial EP and
+        publish it over the primordial team (GASNet-EX ``gex_Segment_Attach``).
+        Collective over the job."""
+        seg = self.segment_create(size)
+        ep0 = self.ep(0)
+        if ep0.segment is not None:
+            ep0.unbind_segment()
+        ep0.bind_segment(seg)
+        self.tm.publish_bound_segment([ep0])
+        return seg
+
+    def _segment_destroyed(self, Segment seg):
+        """Unbind a segment being destroyed.  True when the client keeps its
+        memory until finalize: client memory that peers reach by address
+        (process_vm) must not be handed back while a peer that has not seen
+        a new publication may still write to it."""
+        bound = False
+        for e in self._eps:
+            if e is not None and (<Endpoint>e).segment is seg:
+                (<Endpoint>e).unbind_segment()
+                bound = True
+        self._drain()     # a GIL-free copy may still be writing into it
+        if bound and not seg.library_allocated and self.size > 1 and not self.finalized:
+            self._retired.append(seg)
+            return True
+        return False
+
+    def _drain(self):
+        """Wait until no GIL-free copy started through the Python API is running."""
+        while self._inflight > 0:
+            threading.Event().wait(0.0005)
+
+    # -- endpoints --
+
+    def ep_create(self, int caps=EP_CAPABILITY_RMA):
+        """Create an endpoint (GASNet-EX ``gex_EP_Create``) with its own index
+        and completion state (its own context in every transport).  Not collective."""
+        self.check_alive()
+        if caps & ~EP_CAPABILITY_ALL or caps == 0:
+            raise ArgumentError(f"unsupported endpoint capabilities {caps:#x}: this build offers "
+                                "EP_CAPABILITY_RMA")
+        cdef Endpoint ep = Endpoint.__new__(Endpoint)
+        ep.client = self
+        ep._keep_put = []
+        ep._keep_get = []
+        ep.index = len(self._eps)
+        ep.c.index = ep.index
+        ep.caps = caps
+        ep.contexts = {}
+        ep._blobs = {}
+        try:
+            for tr in self._order:
+                ctx = tr.open_endpoint(ep.index)
+                ep.contexts[tr.name] = ctx
+                ep.c.tr[ep.c.ntr].ops = <const gx_tr_ops*><uintptr_t>ctx.ops
+                ep.c.tr[ep.c.ntr].ep = <void*><uintptr_t>ctx.handle
+                ep.c.ntr += 1
+        except BaseException:
+            ep._close_contexts()
+            raise
+        self._eps.append(ep)
+        return ep
+
+    # -- teardown --
+
+    def finalize(self):
+        """Leave the job: a barrier over the primordial team (skipped when a peer
+        has died), then release every segment, mapping and endpoint.  Idempotent."""
+        if self.finalized:
+            return
+        try:
+            self.tm.barrier()
+        except PeerDeadError:
+            pass
+        finally:
+            self._teardown()
+
+    def _teardown(self):
+        """Release everything, in order: pending events (failed with
+        StateError at once), teams, endpoint contexts, routes and targets,
+        segments, transports, the bootstrap."""
+        global _client
+        cdef Event ev
+        cdef _Route rt
+        if self.finalized:
+            return
+        self.finalized = True
+        gone = StateError("the gexmk client was finalized before this operation completed")
+        for ev in list(self._pending):
+            if not ev._done:
+                ev._fail(gone)
+        self._pending.clear()
+        for t in list(self._teams):
+            (<Team>t)._close("its client was finalized")
+        self._drain()
+        for e in self._eps:
+            if e is not None:
+                (<Endpoint>e)._close_contexts()
+        for rt in self._routes.values():
+            _route_none(rt.r)
+            rt.keep = None
+        self._routes.clear()
+        self._dir.clear()
+        for s in list(self._segments):
+            s.destroy()
+        for s in self._retired:
+            if (<Segment>s).exports == 0:
+                (<Segment>s)._free()
+        self._retired = []
+        self._close_transports()
+        self.bootstrap.close()
+        if _client is self:
+            _client = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.finalize()
+        else:
+            self._teardown()    # no collective while unwinding an error
+        return False
+
+    def __repr__(self):
+        state = "finalized" if self.finalized else f"rank {self.rank} of {self.size}"
+        return f"<gexmk.Client {state}>"
+
+    # -- publication (used by Team) --
+
+    def _seg_info(self, Endpoint ep):
+        """What publication says of ``ep``: index, segment (address, size, kind,
+        device) and each transport's bytes for peers."""
+        cdef Segment s = ep.segment
+        if s is None:
+            return (ep.index, 0, 0, GX_MK_HOST, -1, {})
+        return (ep.index, <uintptr_t>s.addr, s.size, s.kind.cls, s.kind.device, dict(ep._blobs))
+
+    def _apply(self, int jobrank, tuple info):
+        """Record what (jobrank, EP) published; each transport makes its
+        per-target context (mapping, address, keys), then every local
+        endpoint's route to it is chosen again."""
+        ep_index, base, size, kind, device, blobs = info
+        cdef _Target tg = self.target(jobrank, ep_index)
+        cdef gx_target* t = tg.t
+        cdef _Route rt
+        if jobrank == self.rank:
+            return      # local EPs are known from bind_segment
+        for rt in tg.routes:
+            _route_none(rt.r)       # nothing reaches the target while it changes
+        gx_mem_fence()
+        t.remote_base = base
+        t.size = size
+        t.kind = kind
+        t.device = device
+        peer = self._peer(tg)
+        err = None
+        for tr in self._order:
+            try:
+                ctx = tr.apply(peer, blobs.get(tr.name))
+            except GexmkError as e:          # this transport cannot; another may
+                ctx = None
+                err = err or e
+            if ctx is None:
+                tg.ctx.pop(tr.name, None)
+            else:
+                tg.ctx[tr.name] = ctx
+        for rt in tg.routes:
+            self._choose(rt)
+        if err is not None and all(rt.rma_name == "none" for rt in tg.routes):
+            raise err
+
+
+cdef int _set_path(gx_path* p, object best) except -1:
+    if best is None:
+        p.ops = &_NO_PATH
+        p.ep = NULL
+        p.peer = NULL
+        return 0
+    reach, ctx = best
+    p.ops = <const gx_tr_ops*><uintptr_t>reach.ops
+    p.ep = <void*><uintptr_t>ctx.handle
+    p.peer = <void*><uintptr_t>reach.peer
+    return 0
+
+
+cdef object _transports_module = None
+
+cdef object _transports_mod():
+    global _transports_module
+    if _transports_module is None:
+        from gexmk import transports
+        _transports_module = transports
+    return _transports_module

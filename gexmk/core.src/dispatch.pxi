@@ -1,0 +1,226 @@
+# ---- local buffers ----------------------------------------------------------
+
+cdef struct _Local:
+    void* p
+    size_t n
+    bint held           # view holds a buffer to release
+
+
+cdef inline int _take(object obj, Py_buffer* view, _Local* loc, bint writable, const char* what) except -1:
+    """A local buffer: a PEP 3118 object or an (address, nbytes) tuple."""
+    if type(obj) is tuple:
+        if len(<tuple>obj) != 2:
+            raise TypeError(f"{what.decode()} as a tuple must be (address, nbytes), got {obj!r}")
+        a, n = <tuple>obj
+        if a < 0 or n < 0:
+            raise ArgumentError(f"{what.decode()} (address, nbytes) must be non-negative, got {obj!r}")
+        if a == 0 and n != 0:
+            raise ArgumentError(f"{what.decode()} address is NULL")
+        loc.p = <void*><uintptr_t>a
+        loc.n = <size_t>n
+        loc.held = False
+        return 0
+    host_buffer(obj, view, writable, what)
+    loc.p = view.buf
+    loc.n = <size_t>view.len
+    loc.held = True
+    return 0
+
+
+cdef inline void _drop(Py_buffer* view, _Local* loc) noexcept:
+    if loc.held:
+        loc.held = False
+        PyBuffer_Release(view)
+
+
+# ---- error reports ------------------------------------------------------------
+
+cdef int _raise_rc(const gx_team* tm, int rank, uintptr_t addr, size_t n, int rc, str what) except -1 with gil:
+    cdef Team team = <Team>tm.owner if tm.owner != NULL else None
+    cdef gx_target* t
+    if team is not None and team._closed is not None:
+        raise StateError(f"{what}: {team._closed}")
+    if rc == GX_ERANK:
+        raise RankError(f"{what}: rank {rank} is outside the team (size {tm.size})")
+    t = tm.routes[rank].t
+    if rc == GX_EDEAD:
+        raise PeerDeadError(f"{what}: job rank {t.jobrank} (team rank {rank}) has died")
+    if rc == GX_ERANGE:
+        if t.size == 0:
+            raise SegmentError(
+                f"{what}: team rank {rank} (job rank {t.jobrank}, EP {t.ep_index}) has no bound "
+                "segment published to this process (bind, then publish_bound_segment)")
+        if what.startswith("atomic") and addr >= t.remote_base and addr - t.remote_base + n <= t.size:
+            raise BoundsError(f"{what}: address 0x{addr:x} is not aligned to {n} bytes")
+        raise BoundsError(
+            f"{what}: [0x{addr:x}, 0x{addr:x} + {n}) is outside the bound segment of team rank "
+            f"{rank} (job rank {t.jobrank}, EP {t.ep_index}): [0x{t.remote_base:x}, "
+            f"0x{t.remote_base:x} + {t.size})")
+    if rc == GX_EOP:
+        raise ArgumentError(f"{what}: invalid atomic operation or data type")
+    raise GexmkError(f"{what}: internal error (code {rc})")
+
+
+# ---- the slow path: one indirect call through the route ----------------------
+
+cdef inline int _xfer_init(gx_xfer* x, const gx_path* p, gx_target* t, uintptr_t remote,
+                           void* local, size_t n, int mode) noexcept nogil:
+    x.ep = p.ep
+    x.peer = p.peer
+    x.t = t
+    x.remote = remote
+    x.local = local
+    x.n = n
+    x.mode = mode
+    x.local_kind = GX_MK_HOST
+    x.local_device = -1
+    x.stream = NULL
+    x.result = NULL
+    x.handle = NULL
+    return 0
+
+
+cdef int _rma(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* local, size_t n,
+              int mode, void** handle, int rc) except -1 nogil:
+    """Run a put/get the inline path declined (rc) through the route's RMA path."""
+    cdef gx_route* r
+    cdef char* p
+    cdef gx_xfer x
+    if rc == GX_NOT_MAPPED:
+        r = tm.routes[rank]
+    else:
+        # re-check: the caller may come straight from the C API with a stale rc
+        rc = gx_locate(tm, rank, remote, n, &p, &r)
+        if rc == GX_OK:
+            rc = GX_NOT_MAPPED
+        if rc != GX_NOT_MAPPED:
+            if is_put:
+                return _raise_rc(tm, rank, remote, n, rc, "put")
+            return _raise_rc(tm, rank, remote, n, rc, "get")
+    _xfer_init(&x, &r.rma, r.t, remote, local, n, mode)
+    x.handle = handle
+    if tm.dev_hi != 0 and gx_in_dev(tm, local, n):
+        x.local_kind = GX_MK_CUDA_UVA   # refined by the transport through the kind
+    if is_put:
+        return r.rma.ops.put(&x)
+    return r.rma.ops.get(&x)
+
+
+cdef int put_slow(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n, int rc) except -1 nogil:
+    if rc != GX_NOT_MAPPED:
+        return _raise_rc(tm, rank, dest, n, rc, "put")
+    return _rma(tm, rank, True, dest, <void*>src, n, GX_BLOCKING, NULL, rc)
+
+
+cdef int get_slow(const gx_team* tm, int rank, void* dest, uintptr_t src, size_t n, int rc) except -1 nogil:
+    if rc != GX_NOT_MAPPED:
+        return _raise_rc(tm, rank, src, n, rc, "get")
+    return _rma(tm, rank, False, src, dest, n, GX_BLOCKING, NULL, rc)
+
+
+cdef int rma_nbi_slow(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* local,
+                      size_t n, int rc) except -1 nogil:
+    """Implicit-event put/get the inline path declined: counted on the team's
+    endpoint in the route's transport (a put's source is reusable on return; a
+    get's destination is filled by nbi_sync)."""
+    if rc != GX_NOT_MAPPED:
+        if is_put:
+            return _raise_rc(tm, rank, remote, n, rc, "put")
+        return _raise_rc(tm, rank, remote, n, rc, "get")
+    return _rma(tm, rank, is_put, remote, local, n, GX_NBI_LCNOW if is_put else GX_NBI, NULL, rc)
+
+
+cdef int nbi_sync(const gx_team* tm, int categories) except -1 nogil:
+    """Complete the implicit ops of ``categories`` (1 << GX_CAT_* bits) issued
+    through the team's endpoint (the C-level nbi_wait, quiet and fence)."""
+    if tm.size == 0 or tm.ep.destroyed:
+        return _raise_rc(tm, 0, 0, 0, GX_ERANK, "nbi_wait")
+    return _ep_sync(tm.ep, categories)
+
+
+cdef int atomic_slow(const gx_team* tm, int rank, uintptr_t addr, int dt, int op,
+                     gx_val a, gx_val b, gx_val* result, int rc) except -1 nogil:
+    return _amo(tm, rank, addr, dt, op, a, b, result, GX_BLOCKING, NULL, rc)
+
+
+cdef int _amo(const gx_team* tm, int rank, uintptr_t addr, int dt, int op, gx_val a, gx_val b,
+              gx_val* result, int mode, void** handle, int rc) except -1 nogil:
+    """An atomic the inline path declined, through the route's atomics path."""
+    cdef gx_route* r
+    cdef char* p
+    cdef gx_xfer x
+    cdef size_t n = gx_dt_size(dt)
+    if rc != GX_NOT_MAPPED:
+        rc = gx_locate(tm, rank, addr, n, &p, &r)
+        if rc == GX_OK:
+            rc = GX_NOT_MAPPED if (addr & (n - 1)) == 0 else GX_ERANGE
+        if rc != GX_NOT_MAPPED:
+            return _raise_rc(tm, rank, addr, n, rc, "atomic")
+    r = tm.routes[rank]
+    _xfer_init(&x, &r.amo, r.t, addr, NULL, n, mode)
+    x.dt = dt
+    x.op = op
+    x.a = a
+    x.b = b
+    x.result = result
+    x.handle = handle
+    return r.amo.ops.atomic(&x)
+
+
+# ---- the path of a route that has none: every slot raises ----------------------
+
+cdef int _none_raise(gx_xfer* x, str what) except -1 with gil:
+    cdef gx_target* t = x.t
+    if t.size == 0:
+        raise SegmentError(f"{what}: job rank {t.jobrank}'s EP {t.ep_index} has no bound segment "
+                           "published to this process (bind, then publish_bound_segment)")
+    raise UnsupportedError(
+        f"{what}: no transport of this process reaches job rank {t.jobrank}'s EP {t.ep_index} "
+        f"({_kind_name(t.kind)} segment) for {'atomics' if what == 'atomic' else 'RMA'}; "
+        f"loaded: {', '.join(_client.transports) if _client is not None else 'none'}")
+
+
+cdef int _none_put(gx_xfer* x) except -1 nogil:
+    return _none_raise(x, "put")
+
+
+cdef int _none_get(gx_xfer* x) except -1 nogil:
+    return _none_raise(x, "get")
+
+
+cdef int _none_atomic(gx_xfer* x) except -1 nogil:
+    return _none_raise(x, "atomic")
+
+
+cdef int _none_op(void* op, gx_val* result) except -1 nogil:
+    with gil:
+        raise UnsupportedError("none: this path has no operations to test or wait for")
+
+
+cdef void _none_orphan(void* op) noexcept nogil:
+    pass
+
+
+cdef int _none_sync(void* ep, int categories) except -1 nogil:
+    return 0
+
+
+cdef int _none_nbi_test(void* ep, int categories) except -1 nogil:
+    return 1
+
+
+cdef gx_tr_ops _NO_PATH
+_NO_PATH.name = b"none"
+_NO_PATH.put = _none_put
+_NO_PATH.get = _none_get
+_NO_PATH.atomic = _none_atomic
+_NO_PATH.test = _none_op
+_NO_PATH.wait = _none_op
+_NO_PATH.orphan = _none_orphan
+_NO_PATH.sync = _none_sync
+_NO_PATH.nbi_test = _none_nbi_test
+
+
+cdef str _kind_name(int cls):
+    return {GX_MK_HOST: "host", GX_MK_CUDA_UVA: "cuda_uva", GX_MK_HIP: "hip",
+            GX_MK_ZE: "ze"}.get(cls, f"kind {cls}")

@@ -1,0 +1,382 @@
+# ---- events -----------------------------------------------------------------
+
+cdef class Event:
+    """Completion of a non-blocking operation (GASNet-EX ``gex_Event_t``).
+
+    ``test()`` returns True once the operation is complete (GASNet-EX: a
+    successful test consumes the event); unlike GASNet-EX, waiting on or
+    testing a completed event again is allowed and returns at once.  An event
+    keeps the buffers of its operation alive until it completes.  Waiting
+    releases the GIL.
+    """
+
+    def __cinit__(self):
+        self._dt = -1
+
+    def __init__(self):
+        raise TypeError("events come from NB operations; use gexmk.LeafEvent() for an lc slot")
+
+    def __dealloc__(self):
+        # A pending op is handed to its transport, which frees it at
+        # completion: its context must outlive this object.
+        if self._op != NULL:
+            self._ops.orphan(self._op)
+            self._op = NULL
+
+    cdef void _fail(self, object error) noexcept:
+        """Complete with ``error`` (finalize): the op is orphaned to its
+        transport, which frees it if it ever completes."""
+        if self._op != NULL:
+            self._ops.orphan(self._op)
+            self._op = NULL
+        self._failed = error
+        self._done = True
+        self._keep = None
+
+    cdef int _complete(self, bint block) except -1:
+        """Drive a pending transport op; 1 when complete."""
+        cdef gx_val res
+        cdef void* op = self._op
+        cdef int done
+        if self._failed is not None:
+            raise self._failed
+        if self._region:
+            if block:
+                _nbi_sync(EC_ALL)
+                done = 1
+            else:
+                done = _nbi_test(EC_ALL)
+            if done:
+                self._done = True
+            return done
+        if op == NULL:
+            if self._lc is not None and self._lc is not self:
+                # a LeafEvent bound to another operation's event
+                if not (<Event>self._lc)._done and not (<Event>self._lc)._complete(block):
+                    return 0
+            self._done = True
+            return 1
+        self._op = NULL          # the transport frees it on every outcome but "pending"
+        try:
+            if block:
+                with nogil:
+                    self._ops.wait(op, &res)
+                done = 1
+            else:
+                done = self._ops.test(op, &res)
+                if not done:
+                    self._op = op
+                    return 0
+        except BaseException:
+            self._done = True    # failed: complete, with the error raised now
+            self._keep = None
+            raise
+        if self._dt >= 0:
+            self._result = _from_val(self._dt, &res)
+        self._done = True
+        self._keep = None
+        return 1
+
+    def test(self):
+        """True when complete (never blocks)."""
+        if not self._bound:
+            raise StateError("this event is not bound to an operation yet")
+        if not self._done:
+            self._complete(False)
+        elif self._failed is not None:
+            raise self._failed
+        return self._done
+
+    def wait(self):
+        """Block until complete; return the operation's result (None for most)."""
+        if not self._bound:
+            raise StateError("this event is not bound to an operation yet "
+                             "(an access region's event exists only after the region ends)")
+        if not self._done:
+            self._complete(True)
+        elif self._failed is not None:
+            raise self._failed
+        self._keep = None
+        return self._result
+
+    @property
+    def result(self):
+        """The operation's result once complete (fetched atomic value, query answer)."""
+        if not self._bound or not self.test():
+            raise StateError("the event is not complete")
+        return self._result
+
+    def leaf(self, int category):
+        """The leaf event of ``category`` (``EC_LC``: local completion of a put
+        issued with ``lc=LC_DEFER``); GASNet-EX ``gex_Event_QueryLeaf``."""
+        if category != EC_LC:
+            raise ArgumentError(f"unknown leaf category {category}; only EC_LC has leaves")
+        if self._lc is None:
+            raise StateError("this event has no local-completion leaf (issue the put with lc=LC_DEFER)")
+        return self._lc
+
+    def __repr__(self):
+        state = "unbound" if not self._bound else ("done" if self._done else "pending")
+        return f"<gexmk.Event {state}>"
+
+
+cdef class LeafEvent(Event):
+    """An explicit local-completion slot: pass it as ``lc=`` to a put and wait
+    on it for the source buffer to be reusable (GASNet-EX lc_opt pointing at a
+    ``gex_Event_t``)."""
+
+    def __init__(self):
+        self._bound = False
+
+
+cdef Event _done_event(object result):
+    cdef Event ev = Event.__new__(Event)
+    ev._bound = True
+    ev._done = True
+    ev._result = result
+    return ev
+
+
+cdef Event _op_event(Client client, const gx_tr_ops* ops, void* op, object keep, int dt):
+    """Event over a pending transport op; ``keep`` holds what the op touches
+    (its buffer, the team and through it the endpoint and target contexts)
+    alive until it completes.  The client fails it at finalize."""
+    cdef Event ev = Event.__new__(Event)
+    ev._bound = True
+    ev._ops = ops
+    ev._op = op
+    ev._keep = keep
+    ev._dt = dt
+    client._pending.add(ev)
+    return ev
+
+
+# One completed event shared by every NB operation that finished at issue
+# (GASNet-EX's GEX_EVENT_INVALID); its local-completion leaf is itself.
+cdef Event _DONE = _done_event(None)
+_DONE._lc = _DONE
+EVENT_DONE = _DONE
+
+
+cdef int _lc_mode(object lc) except -1:
+    """Check an lc option; 1 when the source must be reusable on return (LC_NOW)."""
+    if lc is None or lc is LC_NOW:
+        return 1
+    if isinstance(lc, LeafEvent):
+        return 0
+    if lc == LC_NOW:
+        return 1
+    if lc == LC_DEFER or lc == LC_GROUP:
+        return 0
+    raise ArgumentError(f"lc must be LC_NOW, LC_DEFER, LC_GROUP or a gexmk.LeafEvent, got {lc!r}")
+
+
+cdef Event _lc_event(object lc, Event rc_event):
+    """Bind an lc option to an operation whose remote completion is rc_event.
+    Local completion is implied by remote completion, so the leaf is the
+    remote-completion event itself (or complete at once when that is)."""
+    if isinstance(lc, LeafEvent):
+        if rc_event._done:
+            (<Event>lc)._bound = True
+            (<Event>lc)._done = True
+        else:
+            (<Event>lc)._bound = True
+            (<Event>lc)._region = False
+            (<Event>lc)._lc = rc_event
+    if rc_event is not _DONE and rc_event._lc is None:
+        rc_event._lc = rc_event
+    return rc_event
+
+
+def _events(events):
+    out = []
+    for e in events:
+        if e is None:
+            continue
+        if not isinstance(e, Event):
+            raise TypeError(f"expected gexmk.Event objects, got {type(e).__name__}")
+        out.append(e)
+    return out
+
+
+def wait_all(events):
+    """Wait for every event in ``events`` (None entries are ignored)."""
+    for e in _events(events):
+        e.wait()
+
+
+def wait_some(events):
+    """Wait until at least one event is complete; return the indices of the
+    complete ones (GASNet-EX ``gex_Event_WaitSome``)."""
+    events = list(events)
+    live = _events(events)
+    if not live:
+        return []
+    while True:
+        done = [i for i, e in enumerate(events) if e is not None and (<Event>e).test()]
+        if done:
+            return done
+        _yield_cpu()
+
+
+def test_all(events):
+    """True when every event is complete."""
+    return all([(<Event>e).test() for e in _events(events)])
+
+
+def test_some(events):
+    """Indices of the complete events (possibly empty)."""
+    events = list(events)
+    _events(events)
+    return [i for i, e in enumerate(events) if e is not None and (<Event>e).test()]
+
+
+cdef void _yield_cpu() noexcept:
+    """Let other threads (and processes, on a busy node) run while polling."""
+    with nogil:
+        sched_yield()
+
+
+_tls = threading.local()
+
+
+cdef int _categories(int category) except -1:
+    """EC_* mask -> mask of 1 << GX_CAT_*."""
+    if category & ~(EC_ALL | EC_LC) or category == 0:
+        raise ArgumentError(f"unknown event category mask {category:#x}; "
+                            "use EC_GET, EC_PUT, EC_RMW, EC_LC, EC_ALL")
+    cdef int m = 0
+    if category & EC_GET:
+        m |= 1 << GX_CAT_GET
+    if category & (EC_PUT | EC_LC):
+        m |= 1 << GX_CAT_PUT
+    if category & EC_RMW:
+        m |= 1 << GX_CAT_RMW
+    return m
+
+
+cdef list _sync_eps(Endpoint only=None):
+    """Endpoints to synchronise: one, or every live endpoint of the client."""
+    if only is not None:
+        only.check_alive()
+        return [only]
+    c = _client
+    if c is None:
+        return []
+    return [e for e in (<Client>c)._eps if e is not None]
+
+
+cdef int _ep_sync(gx_ep* e, int mask) except -1 nogil:
+    """Complete the implicit ops of ``mask`` in every transport of one endpoint."""
+    cdef int i
+    for i in range(e.ntr):
+        e.tr[i].ops.sync(e.tr[i].ep, mask)
+    gx_mem_fence()
+    return 0
+
+
+cdef int _nbi_sync(int category, Endpoint only=None) except -1:
+    cdef int mask = _categories(category)
+    cdef Endpoint e
+    for e in _sync_eps(only):
+        with nogil:
+            _ep_sync(&e.c, mask)
+        # their operations are complete: the buffers may go
+        if mask & (1 << GX_CAT_PUT):
+            e._keep_put.clear()
+        if mask & (1 << GX_CAT_GET):
+            e._keep_get.clear()
+    gx_mem_fence()
+    return 0
+
+
+def nbi_wait(int category=EC_ALL, int flags=0):
+    """Wait for every implicit-event operation of ``category`` (GASNet-EX
+    ``gex_NBI_Wait``).  Operations are tracked per endpoint and transport, so
+    this completes those of every endpoint of the process; on CPU-mapped
+    targets every operation is complete at issue.  ``flags`` must be 0."""
+    _check_flags(flags)
+    _categories(category)
+    _check_initialized("nbi_wait")
+    _nbi_sync(category)
+
+
+def nbi_test(int category=EC_ALL, int flags=0):
+    """True when every implicit-event operation of ``category`` is complete
+    (GASNet-EX ``gex_NBI_Test``); it then also releases their buffers.
+    ``flags`` must be 0."""
+    _check_flags(flags)
+    _categories(category)
+    _check_initialized("nbi_test")
+    return _nbi_test(category)
+
+
+cdef bint _nbi_test(int category) except -1:
+    cdef int mask = _categories(category)
+    cdef Endpoint e
+    cdef int i
+    for e in _sync_eps():
+        for i in range(e.c.ntr):
+            if not e.c.tr[i].ops.nbi_test(e.c.tr[i].ep, mask):
+                return False
+    _nbi_sync(category)         # complete locally: flush, collect errors, release buffers
+    return True
+
+
+cdef int _check_flags(int flags) except -1:
+    if flags != 0:
+        raise ArgumentError(f"flags must be 0 (no flags are defined), got {flags}")
+    return 0
+
+
+class nbi_access_region:
+    """NBI access region (GASNet-EX ``gex_NBI_{Begin,End}AccessRegion``):
+
+        with gexmk.nbi_access_region() as ev:
+            tm.put_nbi(...); tm.get_nbi(...)
+        ev.wait()      # completes every NBI op issued inside the region
+
+    The event is bound when the region ends; regions do not nest (per thread).
+    Over the network the event completes when every implicit operation of the
+    process is complete (a superset of the region's, never fewer).
+    """
+
+    def __init__(self):
+        self._event = None
+
+    def __enter__(self):
+        if getattr(_tls, "region", None) is not None:
+            raise StateError("an NBI access region is already open in this thread")
+        ev = LeafEvent()
+        _tls.region = ev
+        self._event = ev
+        return ev
+
+    def __exit__(self, *exc):
+        cdef Event ev = self._event
+        _tls.region = None
+        gx_mem_fence()
+        ev._bound = True
+        ev._region = True     # completes with nbi_wait: at once where nothing is outstanding
+        return False
+
+
+def fence():
+    """Order this process's earlier puts/atomics before its later ones (NVSHMEM
+    fence).  Over the network this completes them (quiet), which orders them."""
+    _check_initialized("fence")
+    _nbi_sync(EC_PUT | EC_RMW)
+
+
+def quiet():
+    """Complete this process's outstanding puts/atomics (NVSHMEM quiet)."""
+    _check_initialized("quiet")
+    _nbi_sync(EC_PUT | EC_RMW)
+
+
+cdef int _check_initialized(str what) except -1:
+    if _client is None:
+        raise StateError(f"{what}(): gexmk is not initialized in this process (call gexmk.init())")
+    return 0
+
+

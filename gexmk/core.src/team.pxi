@@ -1,0 +1,447 @@
+# ---- teams and RMA ----------------------------------------------------------
+
+cdef class Team:
+    """A team (GASNet-EX ``gex_TM_t``): an ordered set of endpoints, seen from
+    one local member endpoint.  RMA calls name the target by team rank and
+    a remote address inside the target's bound segment (an address in the
+    target process, as GASNet-EX; ``addr(rank, offset)`` builds one)."""
+
+    def __init__(self):
+        raise TypeError("teams come from client.tm, ep.pair(), tm.split(), tm.create() or tm.dup()")
+
+    def __dealloc__(self):
+        free(self.c.routes)
+
+    @staticmethod
+    cdef Team _make(Client client, Endpoint ep, list members, int rank, str tid, bint pair):
+        cdef Team tm = Team.__new__(Team)
+        tm.client = client
+        tm.ep = ep
+        tm._members = members
+        tm.id = tid
+        tm._pair = pair
+        tm.c.rank = rank
+        tm.c.owner = <void*>tm
+        tm.c.ep = &ep.c
+        cdef Segment s = ep.segment
+        if s is not None and s.kind.cls != GX_MK_HOST:
+            tm.c.dev_lo = <uintptr_t>s.addr
+            tm.c.dev_hi = <uintptr_t>s.addr + s.size
+        tm._set_routes()
+        client._teams.add(tm)
+        return tm
+
+    cdef int _set_routes(self) except -1:
+        cdef int n = len(self._members)
+        cdef gx_route** arr = <gx_route**>calloc(n if n else 1, sizeof(gx_route*))
+        cdef _Route rt
+        if arr == NULL:
+            raise MemoryError()
+        self._route_objs = []
+        for i, (jr, epi) in enumerate(self._members):
+            rt = self.client.route(self.ep, jr, epi)
+            self._route_objs.append(rt)
+            arr[i] = rt.r
+        self.c.routes = arr
+        self.c.size = n
+        return 0
+
+    cdef void _close(self, str why) noexcept:
+        self._closed = f"the team is closed ({why})"
+        self.c.size = 0     # every rank now fails the fast path's check
+
+    cdef int check_alive(self) except -1:
+        if self._closed is not None:
+            raise StateError(self._closed)
+        return 0
+
+    @property
+    def rank(self):
+        """This member's rank in the team (GASNet-EX ``gex_TM_QueryRank``)."""
+        return self.c.rank
+
+    @property
+    def size(self):
+        """Number of members (GASNet-EX ``gex_TM_QuerySize``)."""
+        return len(self._members)
+
+    def __repr__(self):
+        return f"<gexmk.Team {self.id} rank {self.c.rank} of {len(self._members)}>"
+
+    # -- rank translation --
+
+    def ep_location(self, int rank):
+        """(job rank, endpoint index) of team rank ``rank``."""
+        self._check_rank(rank)
+        return self._members[rank]
+
+    def translate_rank_to_jobrank(self, int rank):
+        """Job rank of team rank ``rank`` (GASNet-EX ``gex_TM_TranslateRankToJobrank``)."""
+        self._check_rank(rank)
+        return self._members[rank][0]
+
+    def translate_jobrank_to_rank(self, int jobrank):
+        """Team rank of job rank ``jobrank`` or None when it is not a member
+        (GASNet-EX ``gex_TM_TranslateJobrankToRank``; first match for a
+        process holding several members)."""
+        if jobrank < 0 or jobrank >= self.client.size:
+            raise RankError(f"job rank {jobrank} is outside the job (size {self.client.size})")
+        for i, (jr, _) in enumerate(self._members):
+            if jr == jobrank:
+                return i
+        return None
+
+    cdef int _check_rank(self, int rank) except -1:
+        self.check_alive()
+        if rank < 0 or rank >= len(self._members):
+            raise RankError(f"rank {rank} is outside the team (size {len(self._members)})")
+        return 0
+
+    def transport(self, int rank):
+        """Name of the path that reaches team rank ``rank`` for RMA (e.g.
+        'self', 'nbrhd', 'pvm', 'ofi'), or 'none' (nothing published yet)."""
+        self._check_rank(rank)
+        return (<_Route>self._route_objs[rank]).rma_name
+
+    def paths(self, int rank):
+        """``{'rma': name, 'atomic': name}``: the paths chosen for team rank
+        ``rank``, separately for RMA and atomics."""
+        self._check_rank(rank)
+        cdef _Route rt = self._route_objs[rank]
+        return {"rma": rt.rma_name, "atomic": rt.amo_name}
+
+    def addr(self, int rank, size_t offset=0):
+        """Remote address of byte ``offset`` of team rank ``rank``'s bound segment."""
+        self._check_rank(rank)
+        cdef gx_target* t = self.c.routes[rank].t
+        if t.size == 0:
+            _raise_rc(&self.c, rank, 0, 0, GX_ERANGE, "addr")
+        if offset > t.size:
+            raise BoundsError(f"offset {offset} is past the end of team rank {rank}'s segment "
+                              f"({t.size} bytes)")
+        return t.remote_base + offset
+
+    # -- collectives --
+
+    cdef list _exchange(self, object payload):
+        self.check_alive()
+        if self._pair:
+            raise StateError("collectives are not defined on a TM-pair")
+        key = f"{self.id}#{self._seq}"
+        self._seq += 1
+        parts = self.client.bootstrap.exchange(key, [m[0] for m in self._members], self.c.rank,
+                                               pickle.dumps(payload))
+        return [pickle.loads(p) for p in parts]
+
+    def barrier(self):
+        """Block until every member has entered (GASNet-EX ``gex_Coll_BarrierNB`` + wait)."""
+        self._exchange(None)
+
+    def publish_bound_segment(self, eps=()):
+        """Publish the bound segments of ``eps`` (local endpoints; zero is
+        allowed) to every member's process (GASNet-EX
+        ``gex_EP_PublishBoundSegment``).  Collective over the team; may be
+        repeated; an endpoint with nothing bound publishes "no segment"."""
+        self.check_alive()
+        eps = list(eps)
+        for e in eps:
+            if not isinstance(e, Endpoint):
+                raise TypeError(f"eps must be gexmk.Endpoint objects, got {type(e).__name__}")
+            if (<Endpoint>e).client is not self.client:
+                raise ArgumentError("an endpoint of another client cannot be published here")
+            (<Endpoint>e).check_alive()
+        mine = [self.client._seg_info(e) for e in eps]
+        parts = self._exchange(mine)
+        err = None
+        for i, infos in enumerate(parts):
+            jr = self._members[i][0]
+            for info in infos:
+                try:
+                    self.client._apply(jr, info)
+                except GexmkError as e:       # keep the collective going; report after
+                    err = err or e
+        # Owners keep their segments until every peer has mapped them.
+        self._exchange(None)
+        if err is not None:
+            raise err
+
+    def query_bound_segment_nb(self, int rank):
+        """Event whose result is the :class:`BoundSegment` of team rank
+        ``rank`` (GASNet-EX ``gex_EP_QueryBoundSegmentNB``).  Raises
+        SegmentError when that endpoint has published nothing to this process."""
+        self._check_rank(rank)
+        cdef gx_route* r = self.c.routes[rank]
+        cdef gx_target* t = r.t
+        if t.size == 0:
+            _raise_rc(&self.c, rank, 0, 0, GX_ERANGE, "query_bound_segment_nb")
+        local = <uintptr_t>r.local_base if r.local_base != NULL else None
+        # describes the remote kind: no driver of this machine is asked
+        kind = _describe_kind(t.kind, t.device)
+        return _done_event(BoundSegment(t.remote_base, t.size, local, kind,
+                                        (<_Route>self._route_objs[rank]).rma_name))
+
+    def split(self, color, int key=0):
+        """Split into teams of equal ``color`` ordered by (key, rank)
+        (GASNet-EX ``gex_TM_Split``).  Collective; ``color=None`` (or
+        negative) joins no team and returns None."""
+        if color is not None and not isinstance(color, int):
+            raise TypeError(f"color must be an int or None, got {type(color).__name__}")
+        seq = self._seq
+        parts = self._exchange((color, key, self.ep.index))
+        if color is None or color < 0:
+            return None
+        chosen = sorted((k, r) for r, (c, k, _) in enumerate(parts) if c == color)
+        members = [(self._members[r][0], parts[r][2]) for _, r in chosen]
+        rank = [r for _, r in chosen].index(self.c.rank)
+        return Team._make(self.client, self.ep, members, rank, f"{self.id}.s{seq}.{color}", False)
+
+    def for_ep(self, Endpoint ep not None):
+        """This team seen from another local member endpoint ``ep`` (teams made
+        by ``create`` may hold several endpoints of one process).  Take it
+        right after creating the team: collectives need one call per member,
+        each through its own Team object, in the same order."""
+        self.check_alive()
+        me = (self.client.rank, ep.index)
+        if ep.client is not self.client or me not in self._members:
+            raise ArgumentError(f"endpoint {ep.index} of this process is not a member of this team")
+        cdef Team tm = Team._make(self.client, ep, self._members, self._members.index(me),
+                                  self.id, self._pair)
+        tm._seq = self._seq
+        return tm
+
+    def dup(self):
+        """A new team with the same members (missing from GASNet-EX).  Collective."""
+        seq = self._seq
+        self._exchange(None)
+        return Team._make(self.client, self.ep, list(self._members), self.c.rank,
+                          f"{self.id}.d{seq}", False)
+
+    def create(self, members):
+        """Create a team from ``members`` (GASNet-EX ``gex_TM_Create``):
+        collective over this team; every caller passes the member list of the
+        team it joins (ranks of this team, or (job rank, EP index) pairs, in new
+        rank order), or None/[] to join none.  Members of one new team must pass
+        equal lists.  Returns the new team seen from this process's endpoint in
+        it (this team's endpoint when listed, else another local endpoint
+        listed), or None."""
+        norm = None
+        if members:
+            norm = []
+            for m in members:
+                if isinstance(m, int):
+                    self._check_rank(m)
+                    norm.append(tuple(self._members[m]))
+                elif isinstance(m, tuple) and len(m) == 2 and all(isinstance(x, int) for x in m):
+                    if not 0 <= m[0] < self.client.size:
+                        raise RankError(f"job rank {m[0]} is outside the job")
+                    norm.append(m)
+                else:
+                    raise TypeError(f"members must be team ranks or (jobrank, ep_index) pairs, got {m!r}")
+            if len(set(norm)) != len(norm):
+                raise ArgumentError("members lists an endpoint twice")
+        seq = self._seq
+        parts = self._exchange(norm)
+        if not norm:
+            return None
+        me = self.client.rank
+        local = [i for i, (jr, epi) in enumerate(norm) if jr == me]
+        if not local:
+            return None
+        for i, p in enumerate(parts):
+            if p and tuple(self._members[i]) in norm and p != norm:
+                raise ArgumentError(f"rank {i} passed a different member list for the same team: "
+                                    f"{p} vs {norm}")
+        mine = [i for i in local if norm[i][1] == self.ep.index]
+        rank = mine[0] if mine else local[0]
+        ep = self.client.ep(norm[rank][1])
+        digest = hashlib.sha1(repr(norm).encode()).hexdigest()[:12]
+        return Team._make(self.client, ep, norm, rank, f"{self.id}.c{seq}.{digest}", False)
+
+    # -- RMA: puts --
+
+    cdef int _put(self, int rank, uintptr_t dest, const void* p, size_t n) except -1:
+        cdef int rc
+        if n < _NOGIL_BYTES:
+            rc = gx_put(&self.c, rank, dest, p, n)
+            if rc == GX_OK:
+                return 0
+            if rc != GX_NOT_MAPPED:
+                return put_slow(&self.c, rank, dest, p, n, rc)     # reports the error
+        else:
+            rc = GX_OK
+        # Large copies and every network/process_vm operation run without the
+        # GIL: other threads (the bootstrap's death notices among them) go on.
+        self.client._inflight += 1
+        try:
+            with nogil:
+                if rc == GX_OK:
+                    rc = gx_put(&self.c, rank, dest, p, n)
+                if rc != GX_OK:
+                    put_slow(&self.c, rank, dest, p, n, rc)
+        finally:
+            self.client._inflight -= 1
+        return 0
+
+    cdef int _get(self, void* p, int rank, uintptr_t src, size_t n) except -1:
+        cdef int rc
+        if n < _NOGIL_BYTES:
+            rc = gx_get(&self.c, rank, p, src, n)
+            if rc == GX_OK:
+                return 0
+            if rc != GX_NOT_MAPPED:
+                return get_slow(&self.c, rank, p, src, n, rc)     # reports the error
+        else:
+            rc = GX_OK
+        self.client._inflight += 1
+        try:
+            with nogil:
+                if rc == GX_OK:
+                    rc = gx_get(&self.c, rank, p, src, n)
+                if rc != GX_OK:
+                    get_slow(&self.c, rank, p, src, n, rc)
+        finally:
+            self.client._inflight -= 1
+        return 0
+
+    def put(self, int rank, uintptr_t dest, src):
+        """Blocking put (GASNet-EX ``gex_RMA_PutBlocking``): copy ``src`` (a
+        PEP 3118 object or (address, nbytes)) to address ``dest`` of team rank
+        ``rank``; complete (visible at the target) on return."""
+        cdef Py_buffer view
+        cdef _Local loc
+        _take(src, &view, &loc, False, b"src")
+        try:
+            self._put(rank, dest, loc.p, loc.n)
+        finally:
+            _drop(&view, &loc)
+
+    cdef object _issue(self, bint is_put, int mode, int rank, uintptr_t addr, object buf):
+        """Start a put or get of ``buf`` that need not complete on return.
+        Returns a pending Event (a transport op in GX_NB mode) or None when the
+        operation is already complete (CPU-mapped targets complete at issue).
+        Implicit ops keep their buffer alive in the endpoint until nbi_wait."""
+        cdef Py_buffer view
+        cdef _Local loc
+        cdef int rc
+        cdef void* op = NULL
+        cdef gx_route* r
+        cdef char* p
+        _take(buf, &view, &loc, not is_put, b"src" if is_put else b"dest")
+        try:
+            rc = gx_locate(&self.c, rank, addr, loc.n, &p, &r)
+            if rc == GX_OK and gx_in_dev(&self.c, loc.p, loc.n):
+                rc = GX_NOT_MAPPED
+            if rc == GX_NOT_MAPPED:
+                with nogil:
+                    _rma(&self.c, rank, is_put, addr, loc.p, loc.n, mode, &op, rc)
+                if op != NULL:
+                    return _op_event(self.client, r.rma.ops, op, (buf, self), -1)
+                if mode == GX_NBI:       # held until the endpoint's next sync of its category
+                    (self.ep._keep_put if is_put else self.ep._keep_get).append(buf)
+                return None
+            if is_put:
+                self._put(rank, addr, loc.p, loc.n)
+            else:
+                self._get(loc.p, rank, addr, loc.n)
+            return None
+        finally:
+            _drop(&view, &loc)
+
+    def put_nb(self, int rank, uintptr_t dest, src, lc=LC_NOW):
+        """Non-blocking put (``gex_RMA_PutNB``): returns an Event for remote
+        completion.  ``lc``: LC_NOW (source reusable on return), LC_DEFER
+        (``ev.leaf(EC_LC)``), LC_GROUP (``nbi_wait(EC_PUT)``) or a LeafEvent.
+        Over the network, local completion is reported with remote completion."""
+        cdef int now = _lc_mode(lc)
+        ev = self._issue(True, GX_NB, rank, dest, src)
+        if ev is None:
+            return _lc_event(lc, _DONE)
+        if now:
+            (<Event>ev).wait()       # the source must be reusable on return
+            return _lc_event(lc, _DONE)
+        return _lc_event(lc, <Event>ev)
+
+    def put_nbi(self, int rank, uintptr_t dest, src, lc=LC_NOW):
+        """Implicit-event put (``gex_RMA_PutNBI``): completed by ``nbi_wait``,
+        ``quiet`` or the enclosing access region's event.  With LC_NOW (or a
+        LeafEvent) the source is reusable on return; with LC_GROUP/LC_DEFER
+        it is held until ``nbi_wait``."""
+        cdef int now = _lc_mode(lc)
+        self._issue(True, GX_NBI_LCNOW if (now or isinstance(lc, LeafEvent)) else GX_NBI,
+                    rank, dest, src)
+        if isinstance(lc, LeafEvent):
+            _lc_event(lc, _DONE)
+
+    def put_val(self, int rank, uintptr_t dest, value, size_t nbytes=8):
+        """Blocking put of the low ``nbytes`` (1..8) of the integer ``value``
+        (``gex_RMA_PutBlockingVal``; native byte order)."""
+        cdef uint64_t v = PyLong_AsUnsignedLongLongMask(value)
+        if nbytes == 0 or nbytes > 8:
+            raise ArgumentError(f"nbytes must be 1..8 for a value put, got {nbytes}")
+        self._put(rank, dest, &v, nbytes)
+
+    def put_nb_val(self, int rank, uintptr_t dest, value, size_t nbytes=8):
+        """Non-blocking value put (``gex_RMA_PutNBVal``); returns an Event."""
+        self.put_val(rank, dest, value, nbytes)
+        return _DONE
+
+    def put_nbi_val(self, int rank, uintptr_t dest, value, size_t nbytes=8):
+        """Implicit-event value put (``gex_RMA_PutNBIVal``)."""
+        self.put_val(rank, dest, value, nbytes)
+
+    # -- RMA: gets --
+
+    def get(self, dest, int rank, uintptr_t src):
+        """Blocking get (``gex_RMA_GetBlocking``): fill ``dest`` (a writable
+        PEP 3118 object or (address, nbytes)) from address ``src`` of team rank
+        ``rank``."""
+        cdef Py_buffer view
+        cdef _Local loc
+        _take(dest, &view, &loc, True, b"dest")
+        try:
+            self._get(loc.p, rank, src, loc.n)
+        finally:
+            _drop(&view, &loc)
+
+    def get_nb(self, dest, int rank, uintptr_t src):
+        """Non-blocking get (``gex_RMA_GetNB``); returns an Event.  ``dest`` is
+        held (and must not be read) until the event completes."""
+        ev = self._issue(False, GX_NB, rank, src, dest)
+        return _DONE if ev is None else ev
+
+    def get_nbi(self, dest, int rank, uintptr_t src):
+        """Implicit-event get (``gex_RMA_GetNBI``): ``dest`` is filled by the
+        next ``nbi_wait(EC_GET)`` (or the access region's event)."""
+        self._issue(False, GX_NBI, rank, src, dest)
+
+    def get_val(self, int rank, uintptr_t src, size_t nbytes=8):
+        """Blocking get of ``nbytes`` (1..8) returned as an unsigned int
+        (``gex_RMA_GetBlockingVal``)."""
+        cdef uint64_t v = 0
+        if nbytes == 0 or nbytes > 8:
+            raise ArgumentError(f"nbytes must be 1..8 for a value get, got {nbytes}")
+        self._get(&v, rank, src, nbytes)
+        return v
+
+    # -- ordering --
+
+    def fence(self):
+        """Order earlier puts/atomics of this team's endpoint before later ones
+        (NVSHMEM fence; over the network it completes them)."""
+        self.check_alive()
+        _nbi_sync(EC_PUT | EC_RMW, self.ep)
+
+    def quiet(self):
+        """Complete every outstanding put/atomic of this team's endpoint
+        (NVSHMEM quiet on this endpoint's context)."""
+        self.check_alive()
+        _nbi_sync(EC_PUT | EC_RMW, self.ep)
+
+    # -- atomics --
+
+    def ad_create(self, int dt, int ops, int flags=0):
+        """Create an :class:`AtomicDomain` over this team for data type ``dt``
+        and the op set ``ops`` (OP_* flags or-ed).  Collective."""
+        return AtomicDomain._make(self, dt, ops, flags)
+
+

@@ -1,0 +1,350 @@
+"""The ``local`` transport: targets this process reaches without a network.
+
+Three paths, each with its own table:
+
+``self``
+    an endpoint of this process: its host segment is addressed directly
+    (memcpy, CPU atomics).
+``nbrhd``
+    a library-allocated host segment of another process of this node: its
+    ``memfd`` is mapped here at publication (opened through ``/proc/<pid>/fd``
+    after checking it is the published file), so puts, gets and atomics are
+    memcpy and CPU atomics on the shared mapping (atomic across the node).
+``pvm``
+    client-allocated host memory of another process of this node (or any,
+    with ``GEXMK_TRANSPORT=pvm``): ``process_vm_{read,write}v``; no atomics.
+
+Every operation completes at issue; NB operations hand out no op.  The inline
+fast path of ``gexmk.h`` serves ``self`` and ``nbrhd`` for host buffers; the
+tables here serve what it declines.
+"""
+import os
+import pickle
+
+from libc.errno cimport errno, EPERM, ESRCH, EFAULT
+from libc.stdint cimport uintptr_t
+from libc.string cimport memcpy
+from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED
+from posix.unistd cimport close, sysconf, _SC_PAGESIZE
+
+from gexmk.lib.gx cimport *
+from gexmk.lib.linux cimport iovec, process_vm_readv, process_vm_writev
+from gexmk.memory cimport Segment
+
+from gexmk.errors import PeerDeadError, SegmentError, UnsupportedError
+from gexmk.transports import Reach
+
+# Scores (the core takes the highest reach for each target): an endpoint of
+# this process first, then a shared mapping, then process_vm.
+cdef int SELF_SCORE = 100
+cdef int NBRHD_SCORE = 90
+cdef int PVM_SCORE = 50
+
+
+cdef struct lp_peer:
+    char* local_base           # nbrhd: the mapping of the target's first byte; pvm: NULL
+
+
+# ---- data plane ---------------------------------------------------------------
+
+cdef inline char* _mapped(gx_xfer* x) noexcept nogil:
+    """Local address of x.remote: this process's own address (self), or the
+    shared mapping's (nbrhd)."""
+    cdef lp_peer* p = <lp_peer*>x.peer
+    if p == NULL:
+        return <char*>x.remote
+    return p.local_base + (x.remote - x.t.remote_base)
+
+
+cdef int _mapped_put(gx_xfer* x) except -1 nogil:
+    memcpy(_mapped(x), x.local, x.n)
+    gx_mem_fence()
+    _done(x)
+    return 0
+
+
+cdef int _mapped_get(gx_xfer* x) except -1 nogil:
+    gx_mem_fence()
+    memcpy(x.local, _mapped(x), x.n)
+    _done(x)
+    return 0
+
+
+cdef int _mapped_atomic(gx_xfer* x) except -1 nogil:
+    cdef char* p = _mapped(x)
+    if (<uintptr_t>p) & (gx_dt_size(x.dt) - 1):
+        with gil:
+            from gexmk.errors import BoundsError
+            raise BoundsError(f"atomic: address 0x{x.remote:x} is not aligned to {gx_dt_size(x.dt)} bytes")
+    if gx_atomic_local(p, x.dt, x.op, x.a, x.b, x.result) != GX_OK:
+        with gil:
+            from gexmk.errors import ArgumentError
+            raise ArgumentError("atomic: invalid atomic operation or data type")
+    _done(x)
+    return 0
+
+
+cdef inline void _done(gx_xfer* x) noexcept nogil:
+    if x.handle != NULL:
+        x.handle[0] = NULL      # complete at issue: no op to wait for
+
+
+cdef int _pvm_error(gx_target* t, int err, str what) except -1 with gil:
+    if err == ESRCH:
+        raise PeerDeadError(f"{what}: job rank {t.jobrank} (pid {t.pid}) is gone")
+    if err == EPERM:
+        raise UnsupportedError(
+            f"{what}: this process may not access job rank {t.jobrank}'s client-allocated "
+            f"segment (process_vm_* not permitted: {os.strerror(err)}; see "
+            "/proc/sys/kernel/yama/ptrace_scope); use a library-allocated segment")
+    if err == EFAULT:
+        raise SegmentError(f"{what}: job rank {t.jobrank}'s published segment is no longer mapped "
+                           "there (destroyed without republishing?)")
+    raise OSError(err, f"{what}: process_vm_* on job rank {t.jobrank}: {os.strerror(err)}")
+
+
+cdef int _pvm(gx_xfer* x, bint write) except -1 nogil:
+    """Cross-process copy into/out of a peer's segment, by address."""
+    cdef iovec liov, riov
+    cdef ssize_t got
+    cdef size_t n = x.n
+    cdef char* local = <char*>x.local
+    cdef uintptr_t remote = x.remote
+    while n > 0:
+        liov.iov_base = local
+        liov.iov_len = n
+        riov.iov_base = <void*>remote
+        riov.iov_len = n
+        if write:
+            got = process_vm_writev(x.t.pid, &liov, 1, &riov, 1, 0)
+        else:
+            got = process_vm_readv(x.t.pid, &liov, 1, &riov, 1, 0)
+        if got <= 0:
+            if write:
+                return _pvm_error(x.t, errno if got < 0 else EFAULT, "put")
+            return _pvm_error(x.t, errno if got < 0 else EFAULT, "get")
+        n -= <size_t>got
+        local += got
+        remote += <uintptr_t>got
+    _done(x)
+    return 0
+
+
+cdef int _pvm_put(gx_xfer* x) except -1 nogil:
+    return _pvm(x, True)
+
+
+cdef int _pvm_get(gx_xfer* x) except -1 nogil:
+    return _pvm(x, False)
+
+
+cdef int _pvm_atomic(gx_xfer* x) except -1 nogil:
+    with gil:
+        raise UnsupportedError(
+            "atomic: the target segment is not mapped in this process (a client-allocated "
+            "segment of another process, or GEXMK_TRANSPORT=pvm), and process_vm cannot do "
+            "atomics; use a library-allocated segment")
+
+
+cdef int _no_op(void* op, gx_val* result) except -1 nogil:
+    with gil:
+        raise UnsupportedError("local transport: its operations complete at issue; "
+                               "there is no op to test or wait for")
+
+
+cdef void _no_orphan(void* op) noexcept nogil:
+    pass
+
+
+cdef int _sync(void* ep, int categories) except -1 nogil:
+    gx_mem_fence()
+    return 0
+
+
+cdef int _nbi_test(void* ep, int categories) except -1 nogil:
+    return 1
+
+
+cdef gx_tr_ops _SELF, _NBRHD, _PVM
+
+
+cdef void _fill(gx_tr_ops* t, const char* name, gx_tr_xfer_fn put, gx_tr_xfer_fn get,
+                gx_tr_xfer_fn atomic) noexcept:
+    t.name = name
+    t.put = put
+    t.get = get
+    t.atomic = atomic
+    t.test = _no_op
+    t.wait = _no_op
+    t.orphan = _no_orphan
+    t.sync = _sync
+    t.nbi_test = _nbi_test
+
+
+_fill(&_SELF, b"self", _mapped_put, _mapped_get, _mapped_atomic)
+_fill(&_NBRHD, b"nbrhd", _mapped_put, _mapped_get, _mapped_atomic)
+_fill(&_PVM, b"pvm", _pvm_put, _pvm_get, _pvm_atomic)
+
+
+# ---- control plane ---------------------------------------------------------------
+
+cdef class _EndpointContext:
+    """Nothing per endpoint: the local paths complete every op at issue."""
+    cdef readonly bint closed
+
+    @property
+    def handle(self):
+        return 0
+
+    @property
+    def ops(self):
+        return <uintptr_t>&_SELF
+
+    def bind(self, Segment seg not None):
+        """A library-allocated host segment publishes its memfd (fd number and
+        name) for peers of this node to map; other segments publish nothing."""
+        if seg.fd >= 0 and seg.kind.cls == GX_MK_HOST:
+            return pickle.dumps((seg.fd, seg.token))
+        return None
+
+    def unbind(self):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+cdef class _PeerContext:
+    """What this process holds of one peer segment: its mapping (nbrhd) or
+    nothing (pvm: the owner's address and pid are in the target)."""
+    cdef lp_peer c
+    cdef object map_key            # (jobrank, token) of the mapping, or None
+
+    @property
+    def handle(self):
+        return <uintptr_t>&self.c
+
+
+cdef class LocalTransport:
+    """The control plane of the local paths (one per client)."""
+    cdef readonly str name
+    cdef object job
+    cdef str force                 # GEXMK_TRANSPORT
+    cdef dict _peers               # (jobrank, ep_index) -> _PeerContext
+    cdef dict _maps                # (jobrank, token) -> [addr, maplen, refs]
+    cdef readonly bint closed
+
+    def __init__(self, job):
+        self.name = "local"
+        self.job = job
+        self.force = job.config.transport
+        self._peers = {}
+        self._maps = {}
+
+    def open_endpoint(self, int index):
+        return _EndpointContext()
+
+    def apply(self, peer, blob):
+        """A peer of this node published (or withdrew) a host segment: map its
+        memfd (nbrhd) where allowed and possible, else reach it by address (pvm)."""
+        key = (peer.jobrank, peer.ep_index)
+        cdef _PeerContext pc = self._peers.pop(key, None)
+        wanted = (peer.size != 0 and not peer.same_process and peer.same_node
+                  and self.force != "ofi" and peer.kind == GX_MK_HOST)
+        fd, token = pickle.loads(blob) if (wanted and blob is not None
+                                           and self.force != "pvm") else (-1, None)
+        map_key = (peer.jobrank, token) if token is not None else None
+        if pc is not None and (not wanted or pc.map_key != map_key):
+            self._unmap(pc)
+            pc = None
+        if not wanted:
+            return None
+        if pc is None:
+            pc = _PeerContext()
+            if map_key is not None:
+                try:
+                    self._map(pc, map_key, peer.pid, fd, peer.size)
+                except OSError:
+                    pass        # not permitted here: process_vm reports its own error
+        self._peers[key] = pc
+        return pc
+
+    def reach(self, epctx, peer, ctx):
+        cdef _PeerContext pc
+        if peer.same_process:
+            if peer.kind != GX_MK_HOST:
+                return None
+            return Reach("self", SELF_SCORE, SELF_SCORE, <uintptr_t>&_SELF, 0, peer.base)
+        if ctx is None:
+            return None
+        pc = ctx
+        if pc.c.local_base != NULL:
+            return Reach("nbrhd", NBRHD_SCORE, NBRHD_SCORE, <uintptr_t>&_NBRHD, pc.handle,
+                         <uintptr_t>pc.c.local_base)
+        return Reach("pvm", PVM_SCORE, 1, <uintptr_t>&_PVM, pc.handle, 0)
+
+    def peer_died(self, int jobrank):
+        pass
+
+    def close(self):
+        """Unmap every peer segment (teardown: no route uses them any more)."""
+        if self.closed:
+            return
+        self.closed = True
+        for m in self._maps.values():
+            munmap(<void*><uintptr_t>m[0], <size_t>m[1])
+        self._maps.clear()
+        self._peers.clear()
+
+    def _map(self, _PeerContext pc, key, int pid, int fd, size_t size):
+        m = self._maps.get(key)
+        if m is None:
+            addr, maplen = _map_peer_fd(pid, fd, key[1], size)
+            m = self._maps[key] = [addr, maplen, 0]
+        m[2] += 1
+        pc.map_key = key
+        pc.c.local_base = <char*><uintptr_t>m[0]
+
+    def _unmap(self, _PeerContext pc):
+        pc.c.local_base = NULL
+        key, pc.map_key = pc.map_key, None
+        if key is None:
+            return
+        m = self._maps[key]
+        m[2] -= 1
+        if m[2] == 0:
+            del self._maps[key]
+            munmap(<void*><uintptr_t>m[0], <size_t>m[1])
+
+
+def open(job):
+    """The local transport of a client (gexmk.transports.REGISTRY)."""
+    return LocalTransport(job)
+
+
+def _map_peer_fd(int pid, int fd, str token, size_t size):
+    """Map a peer's memfd: open it through /proc/<pid>/fd (a read-level
+    ptrace check); check it is the file the peer published."""
+    path = f"/proc/{pid}/fd/{fd}"
+    try:
+        link = os.readlink(path)
+    except OSError as e:
+        if not os.path.exists(f"/proc/{pid}"):
+            raise PeerDeadError(f"job peer pid {pid} is gone: {e}") from None
+        raise       # not permitted: the caller falls back to process_vm
+    if token not in link:
+        raise SegmentError(f"peer pid {pid}'s fd {fd} is {link!r}, not the published segment {token!r} "
+                           "(destroyed during publication?)")
+    cdef int nfd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    cdef size_t page = <size_t>sysconf(_SC_PAGESIZE)
+    cdef size_t maplen = ((size + page - 1) // page) * page
+    cdef void* p
+    try:
+        if os.fstat(nfd).st_size < <Py_ssize_t>size:
+            raise SegmentError(f"peer pid {pid}'s segment {token!r} is smaller than published")
+        p = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, nfd, 0)
+        if p == MAP_FAILED:
+            raise OSError(errno, f"mapping peer segment {token!r}: {os.strerror(errno)}")
+    finally:
+        close(nfd)
+    return <uintptr_t>p, maplen

@@ -1,0 +1,276 @@
+"""The ``ofi`` transport: libfabric RDM endpoints for RMA and atomics.
+
+Laid out by concern (``ofi.src/``): ``domain`` (fabric, domain, address
+vector, provider choice), ``endpoint`` (one libfabric endpoint + CQ per gexmk
+endpoint, registrations; the transport's control plane), ``rma`` (puts, gets,
+the remote-completion flush), ``atomic`` (fi_atomic and the CAS fallback),
+``completion`` (ops, errors, waits, nbi sync), ``progress`` (CQ reading and
+the background progress thread).
+
+One :class:`Domain` per process (fabric, domain and one address vector shared
+by every endpoint); one :class:`Endpoint` per gexmk endpoint, owning its
+libfabric endpoint, completion queue and segment registration, so two gexmk
+endpoints have independent ordering and ``quiet`` (the explicit-context model).
+
+Operations carry a heap-allocated context (``gx_op``); whoever reads its
+completion from the CQ -- the initiating thread or the progress thread --
+marks it done.  An op abandoned before completion (an Event collected early, a
+timeout) is *orphaned* and freed by its completion, never before, so a late
+completion cannot write into freed memory.
+
+Puts ask for FI_DELIVERY_COMPLETE: their completion means the data is at the
+target, which is what a blocking put and an NB put's event promise.
+"""
+import os
+import pickle
+import threading
+
+from cpython.pycapsule cimport PyCapsule_New
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t, int64_t
+from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy, memset
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC, nanosleep
+
+cdef extern from "<time.h>" nogil:
+    enum: CLOCK_MONOTONIC_COARSE
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+
+cdef extern from "<poll.h>" nogil:
+    struct pollfd:
+        int fd
+        short events
+        short revents
+    int poll(pollfd* fds, unsigned long nfds, int timeout)
+    enum:
+        POLLIN
+
+cdef extern from "<sys/prctl.h>" nogil:
+    int prctl(int option, unsigned long arg2, unsigned long arg3, unsigned long arg4,
+              unsigned long arg5)
+    enum:
+        PR_SET_TIMERSLACK
+
+from gexmk.lib.libfabric cimport *
+from gexmk.lib.gx cimport *
+
+from gexmk.errors import (OFIError, UnsupportedError, PeerDeadError, TimeoutError as GxTimeoutError,
+                          ArgumentError, StateError, CommunicationError)
+from gexmk.transports import Reach
+from gexmk.memory cimport Segment
+
+cdef enum:
+    OP_PENDING = 0
+    OP_DONE = 1
+    OP_ORPHAN = 2
+    MAX_TOUCHED = 16        # targets of unflushed implicit puts remembered per endpoint
+    MAX_EPS = 1024          # endpoints per process on the network
+    ATOMICS_EVERY = 4       # split endpoints: progress passes per read of the atomics CQ
+    DEATH_GRACE_MS = 1000   # how long a failure waits for the death notice that explains it
+
+
+# The progress thread keeps off the CQs for this long (s) after an application
+# thread last drove progress itself (blocking waits, nbi_wait).
+cdef double STAND_ASIDE = 0.002
+
+# Leads the published name of a split endpoint (RMA name + atomics name).
+_SPLIT_TAG = b"gexmk-split:"
+
+
+cdef struct ofi_peer:       # what an initiator knows of one target endpoint
+    gx_target* g            # the core's target: bounds, owner, death
+    fi_addr_t net_addr      # fi_addr_t of the target endpoint
+    fi_addr_t net_aaddr     # fi_addr_t its atomics go to (net_addr unless split)
+    uint64_t net_key        # registration key of the target segment
+    uint64_t net_base       # address the network uses for the segment's first byte
+                            # (remote_base with FI_MR_VIRT_ADDR, else 0)
+
+
+cdef struct ofi_dom:
+    fi_info* info
+    fi_info* rma_info       # split mode: the RMA endpoints' info (no FI_ATOMIC, RAW-ordered); else NULL
+    int split               # 1: each endpoint is an RMA EP + an atomics EP (ofi_peer.net_aaddr)
+    fid_fabric* fabric
+    fid_domain* domain
+    fid_av* av
+    uint64_t mr_mode
+    size_t inject_size
+    int manual              # FI_PROGRESS_MANUAL data progress: targets must poll
+    uint64_t next_key       # requested keys when the provider does not choose them
+    double timeout          # seconds a blocking wait may take before TimeoutError
+    int cq_wait             # CQs opened from now on get a wait fd (a sleeping progress thread)
+    long waiters            # threads spinning on a completion: the progress thread stands aside
+    double last_app         # when an application thread last drove progress itself
+    int ordered             # FI_ORDER_RAW: a read issued after writes sees them (flush by read)
+    size_t max_order_raw    # ... for writes up to this size
+    ofi_ep* eps[MAX_EPS]    # live endpoints: what waits and the progress thread poll
+    long neps
+    long readers            # threads walking eps[] without the GIL (see _unregister)
+    signed char valid[3][GX_DT_COUNT][GX_OP_COUNT]   # fi_*atomicvalid cache: -1 unknown
+    long deaths             # peers of the job known dead (the core's notices)
+    int last_dead           # the job rank of the last one
+
+
+cdef struct ofi_ep:
+    ofi_dom* dom
+    fid_ep* ep              # puts, gets, flushes
+    fid_ep* aep             # atomics: ep itself, or in split mode a second endpoint
+    fid_cq* cq
+    fid_cq* acq             # split mode: aep's own CQ (NULL otherwise)
+    int await_fd            # ... and its wait fd (can_wait)
+    unsigned int apass      # progress passes, to poll acq on one in ATOMICS_EVERY
+    long amo_out            # this endpoint's atomics not yet completed: acq polled every pass
+    fid_mr* seg_mr
+    void* seg_desc
+    uintptr_t seg_lo
+    uintptr_t seg_hi
+    long nbi[3]             # outstanding implicit ops by GX_CAT_*
+    long nbi_epoch          # implicit ops of an older epoch were abandoned (peer death)
+    int nbi_err             # first failure (fi errno) among implicit ops since the last sync
+    int can_wait            # the CQ has a wait fd the progress thread can sleep on; else poll + nap
+    int wait_fd
+    ofi_peer* touched[16]  # targets of implicit puts issued without delivery completion
+
+
+cdef struct gx_op:
+    fi_context2 ctx         # first: the provider's per-op scratch (FI_CONTEXT2)
+    ofi_ep* ep
+    ofi_peer* t             # the target: a wait gives up when its process dies
+    int state               # OP_*
+    int err                 # fi errno of a failed op, else 0
+    int nbi                 # GX_CAT_* + 1 for implicit ops (freed at completion), else 0
+    long epoch              # ... issued in this nbi epoch of the endpoint
+    int amo                 # an atomic: counted in ep.amo_out until it completes
+    int nmr
+    fid_mr* mr[3]           # on-the-fly registrations, closed at completion
+    gx_val operand          # atomic operands and result live here until completion
+    gx_val compare
+    gx_val result
+
+
+
+
+include "ofi.src/completion.pxi"
+include "ofi.src/progress.pxi"
+include "ofi.src/rma.pxi"
+include "ofi.src/atomic.pxi"
+include "ofi.src/domain.pxi"
+include "ofi.src/endpoint.pxi"
+
+
+# ---- the table handed to the core ------------------------------------------------
+
+cdef int ofi_put(gx_xfer* x) except -1 nogil:
+    return net_put(x.ep, <ofi_peer*>x.peer, x.remote, x.local, x.n, x.mode, x.handle)
+
+
+cdef int ofi_get(gx_xfer* x) except -1 nogil:
+    return net_get(x.ep, <ofi_peer*>x.peer, x.remote, x.local, x.n, x.mode, x.handle)
+
+
+cdef int ofi_atomic(gx_xfer* x) except -1 nogil:
+    return net_atomic(x.ep, <ofi_peer*>x.peer, x.remote, x.dt, x.op, x.a, x.b, x.result,
+                      x.mode, x.handle)
+
+
+cdef gx_tr_ops _OPS
+_OPS.name = b"ofi"
+_OPS.put = ofi_put
+_OPS.get = ofi_get
+_OPS.atomic = ofi_atomic
+_OPS.test = net_test
+_OPS.wait = net_wait
+_OPS.orphan = net_orphan
+_OPS.sync = net_nbi_wait
+_OPS.nbi_test = net_nbi_test
+
+
+# Scores against the local transport's (gexmk/transports/local.pyx): the only
+# way to another node; on this node after a shared mapping, before process_vm;
+# first for every cross-process target with GEXMK_TRANSPORT=ofi.
+cdef int OTHER_NODE_SCORE = 80
+cdef int SAME_NODE_SCORE = 60
+cdef int FORCED_SCORE = 95
+
+
+cdef class OfiPeer:
+    """The per-target context: fi_addr(s), key and base of one peer segment.
+    Updated in place at each publication and kept until the domain closes:
+    ops in flight and the flush list point at it."""
+    cdef ofi_peer c
+
+    @property
+    def handle(self):
+        return <uintptr_t>&self.c
+
+
+cdef class OfiTransport:
+    """The ofi transport's control plane for one client: its :class:`Domain`
+    (and progress thread), endpoint contexts and per-target contexts."""
+    cdef readonly str name
+    cdef readonly Domain domain
+    cdef object job
+    cdef dict _peers                   # (jobrank, ep_index) -> OfiPeer
+
+    def __init__(self, job):
+        cfg = job.config
+        self.name = "ofi"
+        self.job = job
+        self._peers = {}
+        self.domain = Domain(cfg.ofi_provider, cfg.ofi_iface, skip_loopback=job.multi_node,
+                             config=cfg)
+        if cfg.progress_thread in ("on", "spin") or (cfg.progress_thread == "auto"
+                                                     and self.domain.manual_progress):
+            self.domain.start_progress(spin=(cfg.progress_thread == "spin"))
+
+    # the Domain's attributes, for users and tests (client.transports["ofi"].provider)
+    def __getattr__(self, name):
+        return getattr(self.domain, name)
+
+    def open_endpoint(self, int index):
+        return self.domain.endpoint()
+
+    def apply(self, peer, blob):
+        """Record a peer endpoint's name, key and base (its fi_addr inserted
+        once); None when it published nothing for the network."""
+        key = (peer.jobrank, peer.ep_index)
+        cdef OfiPeer p = self._peers.get(key)
+        if peer.size == 0 or peer.same_process or blob is None:
+            if p is not None:
+                p.c.net_key = 0
+            return None
+        name, rkey, base = pickle.loads(blob)
+        if p is None:
+            p = OfiPeer()
+            self._peers[key] = p
+        p.c.g = <gx_target*><uintptr_t>peer.target
+        p.c.net_addr, p.c.net_aaddr = self.domain.insert(name)
+        p.c.net_key = self.domain.map_key(rkey, base)   # raw keys are mapped here
+        p.c.net_base = base
+        return p
+
+    def reach(self, epctx, peer, ctx):
+        cdef OfiPeer p
+        if ctx is None or peer.same_process or epctx.closed:
+            return None
+        p = ctx
+        if self.job.config.transport == "ofi":
+            score = FORCED_SCORE
+        elif peer.same_node:
+            score = SAME_NODE_SCORE
+        else:
+            score = OTHER_NODE_SCORE
+        return Reach("ofi", score, score, <uintptr_t>&_OPS, p.handle, 0)
+
+    def peer_died(self, int jobrank):
+        self.domain.d.last_dead = jobrank
+        gx_add_long(&self.domain.d.deaths, 1)
+
+    def close(self):
+        self.domain.close()
+
+
+def open(job):
+    """The ofi transport of a client (gexmk.transports.REGISTRY)."""
+    return OfiTransport(job)

@@ -1,0 +1,276 @@
+# ---- errors ------------------------------------------------------------------
+
+cdef int _raise(const char* call, ssize_t rc) except -1 with gil:
+    code = -rc if rc < 0 else rc
+    raise OFIError(call.decode(), code, fi_strerror(<int>code).decode())
+
+
+cdef inline int check(const char* call, ssize_t rc) except -1 nogil:
+    """One check for every libfabric return code: raise only on failure."""
+    if rc < 0:
+        return _raise(call, rc)
+    return 0
+
+
+cdef int _raise_dead(ofi_peer* t, const char* what) except -1 with gil:
+    raise PeerDeadError(f"{what.decode()}: job rank {t.g.jobrank} has died")
+
+
+cdef int _raise_timeout(ofi_peer* t, double secs, const char* what) except -1 with gil:
+    who = f"job rank {t.g.jobrank}" if t != NULL else "the target"
+    raise GxTimeoutError(f"{what.decode()}: no completion from {who} within {secs:g} s "
+                         "(GEXMK_TIMEOUT); is it alive and reachable?")
+
+
+cdef int _raise_op_failed(int err, const char* what) except -1 with gil:
+    raise OFIError(what.decode(), err, fi_strerror(err).decode() +
+                   " (the target became unreachable or no longer has the segment registered: "
+                   "destroyed without republishing?)")
+
+
+cdef int _failed(int err, ofi_peer* t, const char* what) except -1 nogil:
+    """An op failed with fi errno ``err``.  A connection-level failure is what
+    a peer's death looks like, and the launcher's death notice may trail it:
+    wait up to DEATH_GRACE for the notice and report PeerDeadError then."""
+    cdef timespec ts
+    cdef int i
+    if t != NULL and t.g != NULL and err in (FI_ECANCELED, FI_ENOTCONN, FI_ECONNRESET, FI_ESHUTDOWN,
+                                             FI_ECONNREFUSED, FI_ECONNABORTED, FI_EIO,
+                                             FI_EHOSTUNREACH, FI_EHOSTDOWN, FI_ENETUNREACH):
+        ts.tv_sec = 0
+        ts.tv_nsec = 1000000
+        for i in range(DEATH_GRACE_MS):
+            if t.g.dead:
+                return _raise_dead(t, what)
+            nanosleep(&ts, NULL)
+    return _raise_op_failed(err, what)
+
+
+cdef double _now() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef inline double _now_coarse() noexcept nogil:
+    """Seconds, at the kernel tick's resolution, for a few ns."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef inline void _app_active(ofi_dom* dom) noexcept nogil:
+    """An application thread is driving an endpoint (issuing or waiting): the
+    progress thread keeps off for STAND_ASIDE.  The coarse clock is precise
+    enough for that, and cheap enough for every issue."""
+    dom.last_app = _now_coarse()
+
+
+# ---- completion ------------------------------------------------------------
+
+cdef void _release_mrs(gx_op* op) noexcept nogil:
+    cdef int i
+    for i in range(op.nmr):
+        fi_close(&op.mr[i].fid)
+    op.nmr = 0
+
+
+cdef void _complete(gx_op* op, int err) noexcept nogil:
+    cdef ofi_ep* ep = op.ep
+    _release_mrs(op)
+    if op.amo:
+        gx_add_long(&ep.amo_out, -1)
+    if op.nbi:
+        if op.epoch == ep.nbi_epoch:       # else abandoned by nbi_wait after a death
+            if err and ep.nbi_err == 0:
+                ep.nbi_err = err
+            gx_add_long(&ep.nbi[op.nbi - 1], -1)
+        free(op)
+        return
+    op.err = err
+    if gx_xchg_int(&op.state, OP_DONE) == OP_ORPHAN:
+        free(op)
+
+
+cdef int _progress_all(ofi_dom* dom) noexcept nogil:
+    """Poll every live endpoint of the process once.  A thread waiting on one
+    endpoint keeps serving the others (a target's manual progress), so two
+    processes blocked on each other through different endpoints cannot
+    deadlock.  -1 when a CQ fails."""
+    cdef long i, n
+    cdef int got = 0, r
+    gx_add_long(&dom.readers, 1)
+    gx_mem_fence()
+    n = gx_load_long(&dom.neps)
+    for i in range(n):
+        r = _progress_quiet(dom.eps[i])
+        if r < 0:
+            got = -1
+            break
+        got += r
+    gx_add_long(&dom.readers, -1)
+    return got
+
+
+cdef int _progress(ofi_ep* ep) except -1 nogil:
+    """Read completions from the endpoint's CQ (and drive manual progress)."""
+    cdef int n = _progress_quiet(ep)
+    if n < 0:
+        return check("fi_cq_read", -FI_EIO)
+    return n
+
+
+cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
+    """Progress until op completes: 0, or 1 when its target died, 2 on timeout,
+    3 when the CQ itself fails.  While a thread spins here the progress thread
+    stands aside (dom.waiters), so the two do not fight over the CQ and cores."""
+    cdef ofi_dom* dom = op.ep.dom
+    cdef double deadline = 0
+    cdef unsigned long spins = 0
+    cdef int why = 0
+    gx_add_long(&dom.waiters, 1)
+    _app_active(dom)
+    while gx_load_int(&op.state) != OP_DONE:
+        if _progress_all(dom) < 0:
+            why = 3
+            break
+        spins += 1
+        if (spins & 1023) == 0:
+            if t != NULL and t.g.dead:
+                why = 1
+                break
+            if deadline == 0:
+                deadline = _now() + dom.timeout
+            elif _now() > deadline:
+                why = 2
+                break
+    _app_active(dom)
+    gx_add_long(&dom.waiters, -1)
+    return why
+
+
+cdef int _wait_op(gx_op* op, ofi_peer* t, const char* what, gx_val* result=NULL) except -1 nogil:
+    """Wait for op, copy its fetched value to *result, free it; raise if it failed."""
+    cdef int err, why = _spin(op, t)
+    if why:
+        _orphan(op)
+        if why == 1:
+            return _raise_dead(t, what)
+        if why == 2:
+            return _raise_timeout(t, op.ep.dom.timeout, what)
+        return check("fi_cq_read", -FI_EIO)
+    if result != NULL:
+        result[0] = op.result
+    err = op.err
+    free(op)
+    if err:
+        return _failed(err, t, what)
+    return 0
+
+
+cdef void _orphan(gx_op* op) noexcept nogil:
+    if gx_xchg_int(&op.state, OP_ORPHAN) == OP_DONE:
+        free(op)
+
+
+
+cdef int net_test(void* opv, gx_val* result) except -1 nogil:
+    cdef gx_op* op = <gx_op*>opv
+    if gx_load_int(&op.state) != OP_DONE:
+        _progress(op.ep)
+        if gx_load_int(&op.state) != OP_DONE:
+            return 0
+    _wait_op(op, op.t, "event", result)     # complete: frees it, raises if it failed
+    return 1
+
+
+cdef int net_wait(void* opv, gx_val* result) except -1 nogil:
+    cdef gx_op* op = <gx_op*>opv
+    return _wait_op(op, op.t, "event wait", result)
+
+
+cdef void net_orphan(void* opv) noexcept nogil:
+    _orphan(<gx_op*>opv)
+
+
+cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
+    cdef ofi_ep* ep = <ofi_ep*>epv
+    cdef double deadline = 0, stalled = 0
+    cdef unsigned long spins = 0
+    cdef long last = -1, now_out
+    cdef int err, c
+    cdef int why = 0
+    if ep.ep == NULL:
+        with gil:
+            raise StateError("nbi_wait: the endpoint's network context is closed")
+    gx_add_long(&ep.dom.waiters, 1)
+    _app_active(ep.dom)
+    for c in range(3):
+        if not (categories & (1 << c)):
+            continue
+        while gx_load_long(&ep.nbi[c]) > 0 and why == 0:
+            if _progress_all(ep.dom) < 0:
+                why = 3
+            spins += 1
+            if (spins & 1023) == 0:
+                if deadline == 0:
+                    deadline = _now() + ep.dom.timeout
+                elif _now() > deadline:
+                    why = 2
+                # A peer died and nothing completes: the ops still out went to it.
+                now_out = ep.nbi[0] + ep.nbi[1] + ep.nbi[2]
+                if now_out != last:
+                    last = now_out
+                    stalled = _now()
+                elif ep.dom.deaths > 0 and _now() - stalled > DEATH_GRACE_MS * 1e-3:
+                    why = 1
+    _app_active(ep.dom)
+    gx_add_long(&ep.dom.waiters, -1)
+    if why == 1:
+        _abandon_nbi(ep)
+        with gil:
+            raise PeerDeadError(f"nbi_wait: implicit operations were still outstanding after job "
+                                f"rank {ep.dom.last_dead} died; they are abandoned")
+    if why == 2:
+        return _raise_timeout(NULL, ep.dom.timeout, "nbi_wait")
+    if why == 3:
+        return check("fi_cq_read", -FI_EIO)
+    if categories & (1 << GX_CAT_PUT):
+        _flush(ep, NULL)
+    err = ep.nbi_err
+    if err:
+        ep.nbi_err = 0
+        return _raise_op_failed(err, "nbi_wait (an implicit-event operation failed)")
+    return 0
+
+
+cdef void _abandon_nbi(ofi_ep* ep) noexcept nogil:
+    """Forget the endpoint's outstanding implicit ops (their peer died): their
+    completions, if any ever comes, no longer count (a new epoch)."""
+    cdef int i
+    gx_add_long(&ep.nbi_epoch, 1)
+    for i in range(3):
+        ep.nbi[i] = 0
+    for i in range(MAX_TOUCHED):
+        gx_xchg_ptr(<void**>&ep.touched[i], NULL)
+    ep.nbi_err = 0
+
+
+cdef int net_nbi_test(void* epv, int categories) except -1 nogil:
+    """1 when no implicit op of ``categories`` is outstanding on the endpoint
+    (puts: none in flight and no target owing a flush); progresses first."""
+    cdef ofi_ep* ep = <ofi_ep*>epv
+    cdef int c, i
+    if ep.ep == NULL:
+        return 1
+    _progress(ep)
+    for c in range(3):
+        if categories & (1 << c) and gx_load_long(&ep.nbi[c]) > 0:
+            return 0
+    if categories & (1 << GX_CAT_PUT):
+        for i in range(MAX_TOUCHED):
+            if gx_load_ptr(<void**>&ep.touched[i]) != NULL:
+                return 0
+    return 1
+
+

@@ -1,0 +1,402 @@
+# ---- objects ---------------------------------------------------------------
+
+cdef uint64_t _WANT_MR_MODE = (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY
+                               | FI_MR_ENDPOINT | FI_MR_RAW)
+
+
+_PREFERENCE = ["cxi", "efa", "verbs;ofi_rxm", "psm3", "opx", "tcp;ofi_rxm", "net;ofi_rxm",
+               "sockets", "shm"]
+
+
+cdef class Domain:
+    """Process-wide libfabric state: fabric, domain and address vector.
+
+    ``provider``: a libfabric provider name (``tcp;ofi_rxm``, ``shm``,
+    ``verbs;ofi_rxm``, ``cxi``, ``efa``, ``sockets``) or None for the first
+    that offers RDM + RMA (libfabric's own FI_PROVIDER applies too).
+    ``interface``: a domain name (e.g. ``eth0``); loopback domains are skipped
+    when ``skip_loopback`` (jobs spanning nodes)."""
+    cdef ofi_dom d
+    cdef readonly str provider
+    cdef readonly str domain_name
+    cdef readonly bint atomics
+    cdef dict _addrs
+    cdef dict _raw_keys
+    cdef list _eps
+    cdef object _thread
+    cdef bint _spin
+    cdef volatile int _stop_flag          # read by the progress thread without the GIL
+    cdef bint closed
+    cdef object __weakref__
+
+    def __cinit__(self):
+        memset(&self.d, 0, sizeof(self.d))
+        memset(self.d.valid, -1, sizeof(self.d.valid))
+
+    def __init__(self, provider=None, interface=None, bint skip_loopback=False, want_atomics=True,
+                 config=None):
+        cdef fi_info* hints = NULL
+        cdef fi_info* info = NULL
+        cdef fi_info* p
+        cdef fi_info* chosen
+        cdef int rc
+        self._addrs = {}
+        self._raw_keys = {}
+        self._eps = []
+        # the settings first: a bad value raises before anything is allocated
+        if config is None:
+            from gexmk import config as _config
+            config = _config.load()
+        self.d.timeout = config.timeout
+        split_wanted = config.ofi_split
+        ordered_flush = config.ofi_ordered_flush
+        hints = fi_allocinfo()
+        if hints == NULL:
+            raise MemoryError()
+        self.d.next_key = 1
+        try:
+            hints.caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE
+            if want_atomics:
+                hints.caps |= FI_ATOMIC
+            hints.mode = FI_CONTEXT | FI_CONTEXT2
+            hints.ep_attr.type = FI_EP_RDM
+            hints.domain_attr.mr_mode = _WANT_MR_MODE
+            hints.domain_attr.threading = FI_THREAD_SAFE
+            hints.addr_format = FI_FORMAT_UNSPEC
+            if provider:
+                hints.fabric_attr.prov_name = _strdup(provider.encode())
+            # Choose among providers without asking for ordering (asking filters
+            # out providers that lack it); without FI_ATOMIC if none offers it
+            # (atomics then use the CAS fallback or report that they cannot).
+            rc = -FI_ENODATA
+            for atomics in ([True, False] if want_atomics else [False]):
+                if atomics:
+                    hints.caps |= FI_ATOMIC
+                else:
+                    hints.caps &= ~FI_ATOMIC
+                with nogil:
+                    rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info)
+                if rc != -FI_ENODATA:
+                    break
+            if rc == -FI_ENODATA:
+                raise UnsupportedError(f"no libfabric provider offers RDM endpoints with RMA"
+                                       f"{' for ' + repr(provider) if provider else ''}")
+            check("fi_getinfo", rc)
+            # Without a named provider (and no FI_PROVIDER), prefer the fabrics
+            # gexmk is written for over libfabric's list order (which can put
+            # udp;ofi_rxd first).
+            chosen = NULL
+            best = 1 << 30
+            p = info
+            while p != NULL:
+                name = p.domain_attr.name.decode() if p.domain_attr.name != NULL else ""
+                if (interface is not None and name != interface) or \
+                        (skip_loopback and interface is None and name == "lo"):
+                    p = p.next
+                    continue
+                prov = p.fabric_attr.prov_name.decode()
+                if skip_loopback and not provider and prov == "shm":
+                    p = p.next          # a job spanning nodes: shm reaches none of them
+                    continue
+                rank = _PREFERENCE.index(prov) if prov in _PREFERENCE else len(_PREFERENCE)
+                if provider or os.environ.get("FI_PROVIDER"):
+                    rank = 0           # the user chose: libfabric's order stands
+                if rank < best:
+                    best = rank
+                    chosen = p
+                p = p.next
+            p = chosen
+            if p == NULL:
+                raise UnsupportedError(f"no libfabric domain matches interface={interface!r} "
+                                       f"(provider {provider!r})")
+            self.d.info = _with_ordering(p)
+            if not _raw_ordered(self.d.info) and (self.d.info.caps & FI_ATOMIC) \
+                    and not (self.d.info.domain_attr.mr_mode & FI_MR_ENDPOINT) \
+                    and split_wanted:
+                # Ordering lost to FI_ATOMIC (tcp;ofi_rxm: atomics are emulated by
+                # messages that pass RMA): RMA on an endpoint without FI_ATOMIC
+                # if that one is RAW-ordered, atomics on a second endpoint with
+                # a CQ of its own (see _progress_quiet).  Measured on
+                # tcp;ofi_rxm: implicit-put issue 15-25% cheaper; blocking
+                # put/get and atomic latency unchanged.
+                self.d.rma_info = _ordered_without_atomics(p)
+                self.d.split = self.d.rma_info != NULL
+        finally:
+            if info != NULL:
+                fi_freeinfo(info)
+            if hints != NULL:
+                fi_freeinfo(hints)
+        self.provider = self.d.info.fabric_attr.prov_name.decode()
+        if self.provider == "shm":
+            _unlink_stale_shm_regions()
+        self.domain_name = self.d.info.domain_attr.name.decode()
+        self.atomics = bool(self.d.info.caps & FI_ATOMIC)
+        self.d.mr_mode = self.d.info.domain_attr.mr_mode
+        self.d.inject_size = self.d.info.tx_attr.inject_size
+        self.d.manual = self.d.info.domain_attr.data_progress == FI_PROGRESS_MANUAL
+        cdef fi_info* rma = self.d.rma_info if self.d.split else self.d.info
+        self.d.ordered = _raw_ordered(rma) and ordered_flush
+        self.d.max_order_raw = rma.ep_attr.max_order_raw_size
+        cdef fi_av_attr av_attr
+        memset(&av_attr, 0, sizeof(av_attr))
+        av_attr.type = FI_AV_TABLE
+        try:
+            check("fi_fabric", fi_fabric(self.d.info.fabric_attr, &self.d.fabric, NULL))
+            check("fi_domain", fi_domain(self.d.fabric, self.d.info, &self.d.domain, NULL))
+            check("fi_av_open", fi_av_open(self.d.domain, &av_attr, &self.d.av, NULL))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def split_endpoints(self):
+        """True when each endpoint is a pair: RMA without FI_ATOMIC (so that
+        the provider orders reads after writes) and a second one for atomics."""
+        return bool(self.d.split)
+
+    @property
+    def manual_progress(self):
+        """True when targets must poll (FI_PROGRESS_MANUAL): a progress thread does."""
+        return bool(self.d.manual)
+
+    @property
+    def ordered_flush(self):
+        """True when implicit puts complete remotely by a read-after-write flush
+        (FI_ORDER_RAW), and up to which size; else they ask for delivery completion."""
+        return bool(self.d.ordered), self.d.max_order_raw
+
+    @property
+    def mr_mode(self):
+        return self.d.mr_mode
+
+    @property
+    def inject_size(self):
+        return self.d.inject_size
+
+    def insert(self, bytes name):
+        """(fi_addr for RMA, fi_addr for atomics) of a peer endpoint's name
+        (inserted once, cached).  A split endpoint's name holds both of its
+        addresses; a single endpoint gets the same fi_addr twice."""
+        cdef fi_addr_t a[2]
+        cdef const char* p
+        cdef size_t count = 1
+        cached = self._addrs.get(name)
+        if cached is not None:
+            return cached
+        split = name.startswith(_SPLIT_TAG)
+        if split != bool(self.d.split):
+            raise CommunicationError(
+                f"a peer's ofi endpoint is {'split' if split else 'single'}, this process's is "
+                f"{'split' if self.d.split else 'single'}: the job's processes disagree on the "
+                f"libfabric set-up (same libfabric, provider and GEXMK_OFI_SPLIT everywhere?)")
+        raw = name[len(_SPLIT_TAG):] if split else name
+        if split:
+            if len(raw) == 0 or len(raw) % 2:
+                raise CommunicationError(f"a split endpoint name of {len(raw)} bytes: not two "
+                                         f"addresses of equal length")
+            count = 2               # two names of equal length, packed as fi_av_insert takes them
+        p = raw
+        rc = fi_av_insert(self.d.av, p, count, a, 0, NULL)
+        if rc != <int>count:
+            check("fi_av_insert", rc if rc < 0 else -FI_EINVAL)
+        out = (a[0], a[1] if split else a[0])
+        self._addrs[name] = out
+        return out
+
+    def map_key(self, key, uint64_t base):
+        """The 64-bit key to use for a peer's registration: its key itself, or
+        for FI_MR_RAW providers the local mapping of its raw key (cached)."""
+        cdef uint64_t out = 0
+        cdef bytes raw
+        if isinstance(key, int):
+            return key
+        raw = key
+        cached = self._raw_keys.get((raw, base))
+        if cached is not None:
+            return cached
+        check("fi_mr_map_raw", fi_mr_map_raw(self.d.domain, base, <uint8_t*><char*>raw, len(raw),
+                                             &out, 0))
+        self._raw_keys[(raw, base)] = out
+        return out
+
+    def endpoint(self):
+        """A new libfabric endpoint with its own CQ, for one gexmk endpoint."""
+        if self.closed:
+            raise StateError("the ofi domain is closed")
+        if self.d.neps >= MAX_EPS:
+            raise UnsupportedError(f"more than {MAX_EPS} network endpoints in one process")
+        ep = OfiEndpoint._make(self)
+        self._eps.append(ep)
+        self.d.eps[self.d.neps] = &(<OfiEndpoint>ep).e
+        gx_mem_fence()
+        gx_add_long(&self.d.neps, 1)
+        return ep
+
+    # -- progress thread --
+
+    def start_progress(self, bint spin=False):
+        """Start the background progress thread (idempotent): manual-progress
+        providers need the target to poll for puts and gets to complete.  By
+        default it sleeps in the CQ's wait object between events; ``spin``
+        makes it poll continuously (lowest latency, one core busy)."""
+        if self._thread is not None:
+            return
+        self._spin = spin
+        # endpoints opened from now on get a CQ the thread can sleep on (those
+        # opened before keep theirs and are polled with naps)
+        self.d.cq_wait = not spin
+        self._thread = threading.Thread(target=self._progress_loop, name="gexmk-ofi-progress",
+                                        daemon=True)
+        self._thread.start()
+
+    def _progress_loop(self):
+        # Runs without the GIL from start to end: it must keep serving peers
+        # while application threads hold the GIL.
+        with nogil:
+            _progress_thread(&self.d, self._spin, &self._stop_flag)
+
+    def stop_progress(self):
+        """Stop and join the progress thread (idempotent)."""
+        cdef double deadline
+        if self._thread is None:
+            return
+        self._stop_flag = 1
+        deadline = _now() + 10
+        while self._thread.is_alive() and _now() < deadline:
+            for e in self._eps:
+                # only a CQ with a wait object can be signalled (shm's has none)
+                if not (<OfiEndpoint>e).closed and (<OfiEndpoint>e).e.cq != NULL \
+                        and (<OfiEndpoint>e).e.can_wait:
+                    fi_cq_signal((<OfiEndpoint>e).e.cq)
+                    if (<OfiEndpoint>e).e.acq != NULL:
+                        fi_cq_signal((<OfiEndpoint>e).e.acq)
+            self._thread.join(0.05)
+        if self._thread.is_alive():
+            raise StateError("the ofi progress thread did not stop; not closing its endpoints")
+        self._thread = None
+        self._stop_flag = 0
+
+    def close(self):
+        """Close every endpoint, the AV, domain and fabric (idempotent)."""
+        if self.closed:
+            return
+        self.stop_progress()
+        for e in self._eps:
+            (<OfiEndpoint>e).close()
+        self._eps = []
+        self.closed = True
+        for k in self._raw_keys.values():
+            fi_mr_unmap_key(self.d.domain, k)
+        self._raw_keys = {}
+        if self.d.av != NULL:
+            fi_close(&self.d.av.fid)
+            self.d.av = NULL
+        if self.d.domain != NULL:
+            fi_close(&self.d.domain.fid)
+            self.d.domain = NULL
+        if self.d.fabric != NULL:
+            fi_close(&self.d.fabric.fid)
+            self.d.fabric = NULL
+        if self.d.info != NULL:
+            fi_freeinfo(self.d.info)
+            self.d.info = NULL
+        if self.d.rma_info != NULL:
+            fi_freeinfo(self.d.rma_info)
+            self.d.rma_info = NULL
+        self.d.split = 0
+
+    def __dealloc__(self):
+        if not self.closed:
+            self.close()
+
+    def __repr__(self):
+        return f"<gexmk.ofi Domain {self.provider} on {self.domain_name}>"
+
+
+
+cdef fi_info* _with_ordering(fi_info* p) except NULL:
+    """The chosen provider and domain again, asking for read-after-write
+    ordering of data (providers report only the ordering that was asked for):
+    that info when granted, else a copy of p."""
+    cdef fi_info* hints = fi_dupinfo(p)
+    cdef fi_info* got = NULL
+    cdef fi_info* out
+    cdef int rc
+    if hints == NULL:
+        raise MemoryError()
+    hints.tx_attr.msg_order = FI_ORDER_RAW | FI_ORDER_RMA_RAW
+    hints.ep_attr.max_order_raw_size = <size_t>-1
+    with nogil:
+        rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &got)
+    fi_freeinfo(hints)
+    if rc == 0 and got != NULL and (got.tx_attr.msg_order & (FI_ORDER_RAW | FI_ORDER_RMA_RAW)) \
+            and got.ep_attr.max_order_raw_size > 0:
+        out = fi_dupinfo(got)
+    else:
+        out = fi_dupinfo(p)
+    if got != NULL:
+        fi_freeinfo(got)
+    if out == NULL:
+        raise MemoryError()
+    return out
+
+
+cdef bint _raw_ordered(fi_info* p) noexcept nogil:
+    """Does p order the data of a read after that of earlier writes?"""
+    return (p.tx_attr.msg_order & (FI_ORDER_RAW | FI_ORDER_RMA_RAW)) != 0 \
+        and p.ep_attr.max_order_raw_size > 0
+
+
+cdef fi_info* _ordered_without_atomics(fi_info* p) except? NULL:
+    """The chosen provider and domain without FI_ATOMIC, asking for
+    read-after-write ordering: that info when granted, else NULL."""
+    cdef fi_info* hints = fi_dupinfo(p)
+    cdef fi_info* got = NULL
+    cdef fi_info* out = NULL
+    cdef int rc
+    if hints == NULL:
+        raise MemoryError()
+    hints.caps &= ~FI_ATOMIC
+    hints.tx_attr.caps &= ~FI_ATOMIC
+    hints.rx_attr.caps &= ~FI_ATOMIC
+    hints.tx_attr.msg_order = FI_ORDER_RAW | FI_ORDER_RMA_RAW
+    hints.ep_attr.max_order_raw_size = <size_t>-1
+    with nogil:
+        rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &got)
+    fi_freeinfo(hints)
+    if rc == 0 and got != NULL and _raw_ordered(got):
+        out = fi_dupinfo(got)
+        if out == NULL:
+            fi_freeinfo(got)
+            raise MemoryError()
+    if got != NULL:
+        fi_freeinfo(got)
+    return out
+
+
+def _unlink_stale_shm_regions():
+    """libfabric 1.17's shm provider names its region /dev/shm/<pid>:<n>:<m>
+    and cannot unlink it when its process is SIGKILLed; a later process that
+    gets the same pid then fails fi_enable with EBUSY.  Before this process
+    has opened any shm endpoint, every region with its pid is such a leftover."""
+    prefix = f"{os.getpid()}:"
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+
+
+cdef char* _strdup(bytes s):
+    # libfabric frees prov_name with fi_freeinfo: allocate with the C allocator
+    cdef size_t n = len(s)
+    cdef char* p = <char*>calloc(n + 1, 1)
+    memcpy(p, <char*>s, n)
+    return p
+
+

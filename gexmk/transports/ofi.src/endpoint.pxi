@@ -1,0 +1,215 @@
+cdef class OfiEndpoint:
+    """One libfabric endpoint + CQ (+ the registration of a bound segment):
+    the ofi context of one gexmk endpoint."""
+    cdef ofi_ep e
+    cdef readonly Domain domain
+    cdef readonly bytes name
+    cdef readonly bint closed
+
+    @staticmethod
+    cdef OfiEndpoint _make(Domain dom):
+        cdef OfiEndpoint ep = OfiEndpoint.__new__(OfiEndpoint)
+        cdef fi_cq_attr cq_attr
+        cdef char buf[256]
+        cdef size_t blen = sizeof(buf)
+        memset(&ep.e, 0, sizeof(ep.e))
+        ep.domain = dom
+        ep.e.dom = &dom.d
+        memset(&cq_attr, 0, sizeof(cq_attr))
+        cq_attr.format = FI_CQ_FORMAT_CONTEXT
+        cq_attr.wait_obj = FI_WAIT_FD         # the progress thread sleeps on its fd
+        cq_attr.size = 0
+        cdef fi_wait_obj wobj = FI_WAIT_NONE
+        cdef char abuf[256]
+        cdef size_t alen = sizeof(abuf)
+        try:
+            if dom.d.split:
+                check("fi_endpoint", fi_endpoint(dom.d.domain, dom.d.rma_info, &ep.e.ep, NULL))
+                check("fi_endpoint (atomics)", fi_endpoint(dom.d.domain, dom.d.info, &ep.e.aep, NULL))
+            else:
+                check("fi_endpoint", fi_endpoint(dom.d.domain, dom.d.info, &ep.e.ep, NULL))
+            # A wait fd only for a progress thread that sleeps on it.  It is not
+            # free: the provider signals it on every completion (two syscalls
+            # per op on tcp;ofi_rxm, ~1.5 us of an 8 B put's 6-7 us), and rxm
+            # then hands its internal connections a wait object too.  Spinning
+            # or absent progress threads get a plain polled CQ.
+            if dom.d.cq_wait and \
+                    fi_cq_open(dom.d.domain, &cq_attr, &ep.e.cq, NULL) == 0 and \
+                    fi_control(&ep.e.cq.fid, FI_GETWAIT, &ep.e.wait_fd) == 0:
+                wobj = FI_WAIT_FD
+            else:
+                if ep.e.cq != NULL:
+                    fi_close(&ep.e.cq.fid)
+                    ep.e.cq = NULL
+                # no wait fd wanted, or none to be had (shm): a polled CQ.
+                # (FI_WAIT_UNSPEC would give shm a "yield" wait that spins a
+                # core inside fi_cq_sread.)
+                cq_attr.wait_obj = FI_WAIT_NONE
+                check("fi_cq_open", fi_cq_open(dom.d.domain, &cq_attr, &ep.e.cq, NULL))
+            # Sleep in fi_cq_sread only on a real wait object (fd, mutex/cond);
+            # a "yield" wait (shm) spins a core, so that CQ is polled with naps.
+            ep.e.can_wait = wobj == FI_WAIT_FD or wobj == FI_WAIT_MUTEX_COND \
+                or wobj == FI_WAIT_POLLFD
+            check("fi_ep_bind(cq)", fi_ep_bind(ep.e.ep, &ep.e.cq.fid, FI_TRANSMIT | FI_RECV))
+            check("fi_ep_bind(av)", fi_ep_bind(ep.e.ep, &dom.d.av.fid, 0))
+            check("fi_enable", fi_enable(ep.e.ep))
+            check("fi_getname", fi_getname(&ep.e.ep.fid, buf, &blen))
+            if dom.d.split:
+                # its own CQ, of the same kind (see _progress_quiet)
+                cq_attr.wait_obj = FI_WAIT_FD if ep.e.can_wait else FI_WAIT_NONE
+                check("fi_cq_open (atomics)", fi_cq_open(dom.d.domain, &cq_attr, &ep.e.acq, NULL))
+                if ep.e.can_wait:
+                    check("fi_control(FI_GETWAIT)", fi_control(&ep.e.acq.fid, FI_GETWAIT,
+                                                                &ep.e.await_fd))
+                check("fi_ep_bind(cq)", fi_ep_bind(ep.e.aep, &ep.e.acq.fid, FI_TRANSMIT | FI_RECV))
+                check("fi_ep_bind(av)", fi_ep_bind(ep.e.aep, &dom.d.av.fid, 0))
+                check("fi_enable", fi_enable(ep.e.aep))
+                check("fi_getname", fi_getname(&ep.e.aep.fid, abuf, &alen))
+            else:
+                ep.e.aep = ep.e.ep
+        except BaseException:
+            ep.close()
+            raise
+        if dom.d.split:
+            if alen != blen:
+                ep.close()
+                raise CommunicationError(f"fi_getname: the RMA and atomics endpoints have names of "
+                               f"different lengths ({blen}, {alen})")
+            ep.name = _SPLIT_TAG + buf[:blen] + abuf[:alen]
+        else:
+            ep.name = buf[:blen]
+        return ep
+
+    @property
+    def handle(self):
+        """Address of the C state, for the core's team structures."""
+        return <uintptr_t>&self.e
+
+    @property
+    def ops(self):
+        """Address of the transport's gx_tr_ops (the core's sync of this endpoint)."""
+        return <uintptr_t>&_OPS
+
+    def bind(self, Segment seg not None):
+        """Register a bound host segment; the bytes peers need to reach it:
+        this endpoint's name, the registration key and the base address."""
+        if seg.kind.cls != GX_MK_HOST:
+            raise UnsupportedError(f"ofi: registering {seg.kind!r} memory is not in this build "
+                                   "(host memory only)")
+        key, base = self.register(<uintptr_t>seg.addr, seg.size)
+        return pickle.dumps((self.name, key, base))
+
+    def register(self, uintptr_t addr, size_t size):
+        """Register [addr, addr+size) for remote access; returns (key, base):
+        what peers need to address it (base is addr with FI_MR_VIRT_ADDR, else 0)."""
+        cdef fid_mr* mr = NULL
+        cdef uint64_t key = 0
+        cdef uint64_t access = FI_REMOTE_READ | FI_REMOTE_WRITE | FI_READ | FI_WRITE
+        if self.e.dom.info.caps & FI_ATOMIC:
+            access |= FI_REMOTE_READ | FI_REMOTE_WRITE
+        self.unbind()
+        if not (self.e.dom.mr_mode & FI_MR_PROV_KEY):
+            key = self.e.dom.next_key
+            self.e.dom.next_key += 1
+        with nogil:
+            check("fi_mr_reg", fi_mr_reg(self.e.dom.domain, <void*>addr, size, access, 0, key, 0,
+                                         &mr, NULL))
+        try:
+            if self.e.dom.mr_mode & FI_MR_ENDPOINT:
+                check("fi_mr_bind", fi_mr_bind(mr, &self.e.ep.fid, 0))
+                check("fi_mr_enable", fi_mr_enable(mr))
+        except BaseException:
+            fi_close(&mr.fid)
+            raise
+        self.e.seg_mr = mr
+        self.e.seg_desc = fi_mr_desc(mr)
+        self.e.seg_lo = addr
+        self.e.seg_hi = addr + size
+        base = addr if (self.e.dom.mr_mode & FI_MR_VIRT_ADDR) else 0
+        if self.e.dom.mr_mode & FI_MR_RAW:
+            return self._raw_key(mr, base), base
+        return fi_mr_key(mr), base
+
+    cdef bytes _raw_key(self, fid_mr* mr, uint64_t base):
+        """FI_MR_RAW: the key is an opaque byte string peers map with fi_mr_map_raw."""
+        cdef uint8_t buf[256]
+        cdef size_t size = sizeof(buf)
+        cdef uint64_t b = base
+        check("fi_mr_raw_attr", fi_mr_raw_attr(mr, &b, buf, &size, 0))
+        return bytes(buf[:size])
+
+    def unbind(self):
+        if self.e.seg_mr != NULL:
+            fi_close(&self.e.seg_mr.fid)
+            self.e.seg_mr = NULL
+            self.e.seg_desc = NULL
+            self.e.seg_lo = self.e.seg_hi = 0
+
+    cdef void _unregister(self) noexcept:
+        """Take this endpoint out of the domain's list, then wait until no
+        thread still walks the list (so none can poll its CQ once closed)."""
+        cdef ofi_dom* d = self.e.dom
+        cdef long i, n = d.neps
+        cdef timespec ts
+        for i in range(n):
+            if d.eps[i] == &self.e:
+                d.eps[i] = d.eps[n - 1]
+                gx_mem_fence()
+                gx_add_long(&d.neps, -1)
+                break
+        gx_mem_fence()
+        with nogil:
+            while gx_load_long(&d.readers) > 0:
+                if self.e.can_wait and self.e.cq != NULL:
+                    fi_cq_signal(self.e.cq)      # cut a progress thread's sleep short
+                    if self.e.acq != NULL:
+                        fi_cq_signal(self.e.acq)
+                ts.tv_sec = 0
+                ts.tv_nsec = 50000
+                nanosleep(&ts, NULL)
+
+    @property
+    def can_wait(self):
+        """True when the progress thread may sleep in this CQ's wait object."""
+        return bool(self.e.can_wait)
+
+    def progress(self):
+        """Poll the CQ once (completions, manual progress); returns how many completed."""
+        if self.closed:
+            return 0
+        return _progress(&self.e)
+
+    def nbi_pending(self):
+        """Implicit ops not known to be complete, by category: (get, put, rmw).
+        Puts count those in flight plus one per target still owing a flush."""
+        cdef int i, owed = 0
+        for i in range(MAX_TOUCHED):
+            if self.e.touched[i] != NULL:
+                owed += 1
+        return (self.e.nbi[0], self.e.nbi[1] + owed, self.e.nbi[2])
+
+    def close(self):
+        """Close (idempotent): waits briefly for outstanding ops first."""
+        if self.closed:
+            return
+        self.closed = True
+        cdef int spins = 0
+        if self.e.cq != NULL:
+            while (self.e.nbi[0] or self.e.nbi[1] or self.e.nbi[2]) and spins < 100000:
+                _progress_quiet(&self.e)
+                spins += 1
+        self._unregister()
+        self.unbind()
+        if self.e.aep != NULL and self.e.aep != self.e.ep:
+            fi_close(&self.e.aep.fid)
+        self.e.aep = NULL
+        if self.e.acq != NULL:
+            fi_close(&self.e.acq.fid)
+            self.e.acq = NULL
+        if self.e.ep != NULL:
+            fi_close(&self.e.ep.fid)
+            self.e.ep = NULL
+        if self.e.cq != NULL:
+            fi_close(&self.e.cq.fid)
+            self.e.cq = NULL
+

@@ -1,0 +1,121 @@
+# ---- progress ------------------------------------------------------------------
+
+cdef int _read_cq(fid_cq* cq) noexcept nogil:
+    """Complete what one CQ holds (reading it drives manual progress of the
+    endpoints bound to it): how many, or -1 on a CQ failure."""
+    cdef fi_cq_entry entries[16]
+    cdef fi_cq_err_entry e
+    cdef ssize_t n = fi_cq_read(cq, entries, 16), i
+    if n > 0:
+        for i in range(n):
+            _complete(<gx_op*>entries[i].op_context, 0)
+        return <int>n
+    if n == -FI_EAVAIL:
+        memset(&e, 0, sizeof(e))
+        if fi_cq_readerr(cq, &e, 0) > 0 and e.op_context != NULL:
+            _complete(<gx_op*>e.op_context, e.err if e.err else FI_EIO)
+            return 1
+        return 0
+    if n == -FI_EAGAIN or n == 0:
+        return 0
+    return -1
+
+
+cdef int _progress_quiet(ofi_ep* ep) noexcept nogil:
+    """_progress for callers that cannot raise: -1 on a CQ failure.  A split
+    endpoint's atomics CQ is read on every pass while this endpoint has
+    atomics in flight, else on one pass in ATOMICS_EVERY: each read is a
+    progress pass of its own (a poll() of its sockets), and reading it
+    always would slow every put and get for the sake of incoming atomics."""
+    cdef int n = _read_cq(ep.cq), m
+    if ep.acq != NULL and n >= 0:
+        ep.apass += 1
+        if gx_load_long(&ep.amo_out) > 0 or ep.apass % ATOMICS_EVERY == 0:
+            m = _read_cq(ep.acq)
+            n = -1 if m < 0 else n + m
+    return n
+
+
+
+cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept nogil:
+    cdef timespec ts
+    cdef fi_cq_entry entries[16]
+    cdef ssize_t got
+    cdef long i, n
+    cdef ofi_ep* first
+    cdef fid* cqfids[2]
+    cdef int nfd
+    cdef pollfd pfds[2]
+    cdef double hot_until = 0
+    cdef double idle
+    # this thread's naps are short and frequent: 1 us timer slack, not 50
+    prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
+    while not stop[0]:
+        idle = _now_coarse() - d.last_app
+        if gx_load_long(&d.waiters) > 0 or idle < STAND_ASIDE:
+            # An application thread drives progress itself (or just did): stay
+            # off its CQs and its CPU until it has left them alone for
+            # STAND_ASIDE.  Nap until then, not in short steps: on 2 cores a
+            # wake-up every 100 us costs a streaming sender ~3% of its bandwidth.
+            idle = STAND_ASIDE - idle if idle < STAND_ASIDE else STAND_ASIDE / 4
+            ts.tv_sec = 0
+            ts.tv_nsec = <long>(idle * 1e9) + 50000
+            nanosleep(&ts, NULL)
+            if gx_load_long(&d.waiters) == 0:
+                # an application that only issues (never waits) must not keep
+                # this process's targets unserved: one pass per nap
+                _progress_all(d)
+            continue
+        n = gx_load_long(&d.neps)
+        if n == 0:
+            ts.tv_sec = 0
+            ts.tv_nsec = 1000000
+            nanosleep(&ts, NULL)
+            continue
+        if spin or _now() < hot_until:
+            # spin mode, or just woken by traffic: poll without sleeping for a
+            # while (a request/response exchange will bring more at once; a
+            # sleeping thread costs a wake-up per message).  Passes come in
+            # bursts: a clock read and a yield per pass cost a receiving target
+            # ~10% of its bandwidth; an application thread that starts to wait
+            # still takes over within one pass.
+            for i in range(16):
+                _progress_all(d)
+                if gx_load_long(&d.waiters) > 0:
+                    break
+            sched_yield()
+            continue
+        # One endpoint with a wait fd: sleep in the CQ's wait object, woken at
+        # once by traffic (which it then progresses), free while idle.
+        # Otherwise (several endpoints, or shm without a wait fd): poll all
+        # with short naps.
+        gx_add_long(&d.readers, 1)
+        gx_mem_fence()
+        first = d.eps[0] if gx_load_long(&d.neps) == 1 else NULL
+        if first != NULL and first.can_wait:
+            # fi_trywait says whether sleeping is safe (nothing left to
+            # progress); then poll() the CQ's fd, as libfabric prescribes.
+            cqfids[0] = &first.cq.fid
+            nfd = 1
+            if first.acq != NULL:
+                cqfids[1] = &first.acq.fid
+                nfd = 2
+            if fi_trywait(d.fabric, cqfids, nfd) == 0:
+                pfds[0].fd = first.wait_fd
+                pfds[1].fd = first.await_fd
+                pfds[0].events = pfds[1].events = POLLIN
+                pfds[0].revents = pfds[1].revents = 0
+                if poll(pfds, nfd, 20) > 0:
+                    hot_until = _now() + 0.001
+            else:
+                hot_until = _now() + 0.001     # work was pending: stay awake
+            _progress_quiet(first)
+            gx_add_long(&d.readers, -1)
+            continue
+        gx_add_long(&d.readers, -1)
+        _progress_all(d)
+        ts.tv_sec = 0
+        ts.tv_nsec = 20000
+        nanosleep(&ts, NULL)
+
+

@@ -1,0 +1,248 @@
+# ---- the table handed to the core ------------------------------------------
+
+cdef gx_op* _new_op(ofi_ep* ep, ofi_peer* t, int mode, int cat) except NULL nogil:
+    cdef gx_op* op = <gx_op*>calloc(1, sizeof(gx_op))
+    if op == NULL:
+        with gil:
+            raise MemoryError()
+    op.ep = ep
+    op.t = t
+    if cat == GX_CAT_RMW:
+        op.amo = 1
+        gx_add_long(&ep.amo_out, 1)
+    if mode == GX_NBI or mode == GX_NBI_LCNOW:
+        op.nbi = cat + 1
+        op.epoch = ep.nbi_epoch
+        gx_add_long(&ep.nbi[cat], 1)
+    return op
+
+
+cdef void _drop_new(gx_op* op) noexcept nogil:
+    """Undo _new_op for an op the provider refused."""
+    _release_mrs(op)
+    if op.amo:
+        gx_add_long(&op.ep.amo_out, -1)
+    if op.nbi and op.epoch == op.ep.nbi_epoch:
+        gx_add_long(&op.ep.nbi[op.nbi - 1], -1)
+    free(op)
+
+
+cdef int _desc(ofi_ep* ep, gx_op* op, void* p, size_t n, uint64_t access, void** desc) noexcept nogil:
+    """Local descriptor for [p, p+n): the segment's when inside it, none when the
+    provider does not need one (no FI_MR_LOCAL), else an on-the-fly registration."""
+    cdef uintptr_t a = <uintptr_t>p
+    desc[0] = NULL
+    if a >= ep.seg_lo and a + n <= ep.seg_hi and ep.seg_mr != NULL:
+        desc[0] = ep.seg_desc
+        return 0
+    if not (ep.dom.mr_mode & FI_MR_LOCAL):
+        return 0
+    cdef fid_mr* mr
+    cdef int rc = fi_mr_reg(ep.dom.domain, p, n, access, 0, 0, 0, &mr, NULL)
+    if rc < 0:
+        return rc          # the caller drops the op, then raises
+    op.mr[op.nmr] = mr
+    op.nmr += 1
+    desc[0] = fi_mr_desc(mr)
+    return 0
+
+
+cdef inline uint64_t _raddr(ofi_peer* t, uintptr_t remote) noexcept nogil:
+    return remote - t.g.remote_base + t.net_base
+
+
+cdef int _retry(ofi_ep* ep, ofi_peer* t, double* deadline) noexcept nogil:
+    """After -FI_EAGAIN: progress, then 0 to retry, ISSUE_DEAD when the target
+    died, ISSUE_TIMEOUT when the queue stayed full past GEXMK_TIMEOUT."""
+    if _progress_all(ep.dom) < 0:
+        return ISSUE_DEAD
+    if t != NULL and t.g.dead:
+        return ISSUE_DEAD
+    if deadline[0] == 0:
+        deadline[0] = _now() + ep.dom.timeout
+    elif _now() > deadline[0]:
+        return ISSUE_TIMEOUT
+    return 0
+
+
+cdef int _issue_failed(ofi_peer* t, ssize_t rc, const char* call) except -1 nogil:
+    if rc == ISSUE_DEAD:
+        if t != NULL:
+            return _raise_dead(t, call)
+        return check(call, -FI_EIO)
+    if rc == ISSUE_TIMEOUT:
+        with gil:
+            raise GxTimeoutError(f"{call.decode()}: the provider's queue stayed full for "
+                                 f"GEXMK_TIMEOUT; is the target alive and progressing?")
+    return check(call, rc)
+
+
+cdef bint _touch(ofi_ep* ep, ofi_peer* t) noexcept nogil:
+    """Remember t as owing a flush; False when the list is full.  Slots are
+    claimed and released with atomics, so threads may race here and with a
+    sync: at worst a target is flushed twice."""
+    cdef int i
+    for i in range(MAX_TOUCHED):
+        if gx_load_ptr(<void**>&ep.touched[i]) == <void*>t:
+            return True
+    for i in range(MAX_TOUCHED):
+        if gx_claim_ptr(<void**>&ep.touched[i], <void*>t):
+            return True
+    return False
+
+
+cdef int _flush(ofi_ep* ep, ofi_peer* only) except -1 nogil:
+    """Remote completion of implicit puts issued with transmit completion:
+    an 8-byte read from each target they went to, ordered after them by the
+    provider's read-after-write ordering, completes when they have landed.
+    `only`: flush just that target now (its slot could not be kept)."""
+    cdef gx_op* ops[16]
+    cdef ofi_peer* t
+    cdef int i, n = 0, err = 0
+    cdef ssize_t rc
+    cdef void* desc
+    cdef double deadline = 0
+    for i in range(MAX_TOUCHED + 1):
+        if only != NULL:
+            if i > 0:
+                break
+            t = only
+        elif i == MAX_TOUCHED:
+            break
+        else:
+            t = <ofi_peer*>gx_xchg_ptr(<void**>&ep.touched[i], NULL)
+        if t == NULL or t.g.size == 0:
+            continue
+        ops[n] = _new_op(ep, t, GX_BLOCKING, GX_CAT_GET)
+        rc = _desc(ep, ops[n], &ops[n].result, 1, FI_READ, &desc)
+        while rc == 0:
+            rc = fi_read(ep.ep, &ops[n].result, 1, desc, t.net_addr, t.net_base, t.net_key, ops[n])
+            if rc != -FI_EAGAIN:
+                break
+            rc = _retry(ep, t, &deadline)
+        if rc < 0:
+            _drop_new(ops[n])
+            err = <int>rc
+            continue
+        n += 1
+    for i in range(n):
+        _wait_op(ops[i], ops[i].t, "flush (nbi_wait/quiet)")
+    if err:
+        return _issue_failed(NULL, err, "fi_read (flush of implicit puts)")
+    return 0
+
+
+cdef int net_put(void* epv, ofi_peer* t, uintptr_t remote, void* local, size_t n,
+                 int mode, void** out) except -1 nogil:
+    cdef ofi_ep* ep = <ofi_ep*>epv
+    cdef gx_op* op
+    cdef iovec iov
+    cdef void* desc
+    cdef fi_rma_iov riov
+    cdef fi_msg_rma msg
+    cdef uint64_t flags = FI_COMPLETION | FI_DELIVERY_COMPLETE
+    cdef ssize_t rc
+    cdef bint ordered = False
+    cdef double deadline = 0
+    _app_active(ep.dom)
+    if mode == GX_NBI_LCNOW and n > ep.dom.inject_size:
+        mode = GX_BLOCKING           # the source is reusable only once the put completes
+    if (mode == GX_NBI or mode == GX_NBI_LCNOW) and ep.dom.ordered \
+            and n <= ep.dom.max_order_raw and _touch(ep, t):
+        # Transmit completion now, remote completion by the flush at sync time.
+        ordered = True
+        flags = 0
+        if mode == GX_NBI_LCNOW:
+            # inject: copied at issue, no completion entry, no op to allocate
+            while True:
+                rc = fi_inject_write(ep.ep, local, n, t.net_addr, _raddr(t, remote), t.net_key)
+                if rc != -FI_EAGAIN:
+                    break
+                rc = _retry(ep, t, &deadline)
+                if rc:
+                    break
+            if rc < 0:
+                return _issue_failed(t, rc, "fi_inject_write")
+            return _ensure_flush(ep, t)
+        flags = FI_COMPLETION
+    # decided before the op exists: once posted, its completion may be read (and
+    # an implicit op freed) by the progress thread at any moment
+    op = _new_op(ep, t, mode, GX_CAT_PUT)
+    rc = _desc(ep, op, local, n, FI_WRITE, &desc)
+    if rc < 0:
+        _drop_new(op)
+        return check("fi_mr_reg", rc)
+    if not ordered:
+        flags = FI_COMPLETION | FI_DELIVERY_COMPLETE
+    if mode == GX_NBI_LCNOW:
+        flags |= FI_INJECT            # buffer copied at issue: reusable on return
+    iov.iov_base = local
+    iov.iov_len = n
+    riov.addr = _raddr(t, remote)
+    riov.len = n
+    riov.key = t.net_key
+    memset(&msg, 0, sizeof(msg))
+    msg.msg_iov = &iov
+    msg.desc = &desc
+    msg.iov_count = 1
+    msg.addr = t.net_addr
+    msg.rma_iov = &riov
+    msg.rma_iov_count = 1
+    msg.context = op
+    while True:
+        rc = fi_writemsg(ep.ep, &msg, flags)
+        if rc != -FI_EAGAIN:
+            break
+        rc = _retry(ep, t, &deadline)
+        if rc:
+            break
+    _posted(op, t, rc, mode, out, "fi_writemsg", "put")
+    if ordered:
+        _ensure_flush(ep, t)
+    return 0
+
+
+cdef int _posted(gx_op* op, ofi_peer* t, ssize_t rc, int mode, void** out,
+                 const char* call, const char* what) except -1 nogil:
+    """After posting op (rc from the post): drop it and raise on failure; wait
+    for it when blocking; hand it out when NB (implicit ops need nothing)."""
+    if rc < 0:
+        _drop_new(op)
+        return _issue_failed(t, rc, call)
+    if mode == GX_BLOCKING:
+        return _wait_op(op, t, what)
+    if mode == GX_NB:
+        out[0] = op
+    return 0
+
+
+cdef int _ensure_flush(ofi_ep* ep, ofi_peer* t) except -1 nogil:
+    """After posting an ordered implicit put: its target must be in the list
+    (a concurrent sync may have taken it out); if the list is full, flush now."""
+    if not _touch(ep, t):
+        return _flush(ep, t)
+    return 0
+
+
+cdef int net_get(void* epv, ofi_peer* t, uintptr_t remote, void* local, size_t n,
+                 int mode, void** out) except -1 nogil:
+    cdef ofi_ep* ep = <ofi_ep*>epv
+    cdef gx_op* op = _new_op(ep, t, mode, GX_CAT_GET)
+    cdef void* desc
+    cdef ssize_t rc
+    cdef double deadline = 0
+    _app_active(ep.dom)
+    rc = _desc(ep, op, local, n, FI_READ, &desc)
+    if rc < 0:
+        _drop_new(op)
+        return check("fi_mr_reg", rc)
+    while True:
+        rc = fi_read(ep.ep, local, n, desc, t.net_addr, _raddr(t, remote), t.net_key, op)
+        if rc != -FI_EAGAIN:
+            break
+        rc = _retry(ep, t, &deadline)
+        if rc:
+            break
+    return _posted(op, t, rc, mode, out, "fi_read", "get")
+
+
