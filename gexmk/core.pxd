@@ -88,6 +88,7 @@ cdef class Event:
     cdef int _dt                           # atomic data type of the fetched result, or -1
     cdef bint _region                      # an access region's event: completes with nbi_wait
     cdef object _failed                    # the error a finalize left it with
+    cdef object __weakref__
     cdef int _complete(self, bint block) except -1
     cdef void _fail(self, object error) noexcept
 
