@@ -248,7 +248,7 @@ cdef class Client:
         memory that peers of this node map at publication.
         ``segment_create(buffer=obj)``: client-allocated from any writable,
         contiguous PEP 3118 object, which the segment keeps alive; peers on
-        this node reach it with process_vm_{read,write}v.
+        this node reach it by address (the transports say how: ``tm.paths``).
         """
         self.check_alive()
         if kind is not None and kind != HOST:
@@ -283,7 +283,7 @@ cdef class Client:
     def _segment_destroyed(self, Segment seg):
         """Unbind a segment being destroyed.  True when the client keeps its
         memory until finalize: client memory that peers reach by address
-        (process_vm) must not be handed back while a peer that has not seen
+        must not be handed back while a peer that has not seen
         a new publication may still write to it."""
         bound = False
         for e in self._eps:
@@ -316,6 +316,8 @@ cdef class Client:
         ep._keep_get = []
         ep.index = len(self._eps)
         ep.c.index = ep.index
+        ep.c.seg_kind = GX_MK_HOST
+        ep.c.seg_device = -1
         ep.caps = caps
         ep.contexts = {}
         ep._blobs = {}

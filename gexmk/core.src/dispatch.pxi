@@ -99,8 +99,9 @@ cdef int _rma(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* 
             return _raise_rc(tm, rank, remote, n, rc, "get")
     _xfer_init(&x, &r.rma, r.t, remote, local, n, mode)
     x.handle = handle
-    if tm.dev_hi != 0 and gx_in_dev(tm, local, n):
-        x.local_kind = GX_MK_CUDA_UVA   # refined by the transport through the kind
+    if gx_in_dev(tm, local, n):
+        x.local_kind = tm.ep.seg_kind
+        x.local_device = tm.ep.seg_device
     if is_put:
         return r.rma.ops.put(&x)
     return r.rma.ops.get(&x)
@@ -222,5 +223,4 @@ _NO_PATH.nbi_test = _none_nbi_test
 
 
 cdef str _kind_name(int cls):
-    return {GX_MK_HOST: "host", GX_MK_CUDA_UVA: "cuda_uva", GX_MK_HIP: "hip",
-            GX_MK_ZE: "ze"}.get(cls, f"kind {cls}")
+    return _describe_kind(cls, -1).name if cls != GX_MK_HOST else "host"

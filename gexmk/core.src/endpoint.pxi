@@ -52,6 +52,8 @@ cdef class Endpoint:
         again, and its teams learn whether its segment is device memory."""
         cdef Team tm
         cdef Segment s = self.segment
+        self.c.seg_kind = s.kind.cls if s is not None else GX_MK_HOST
+        self.c.seg_device = s.kind.device if s is not None else -1
         self.client._reroute(self.client.target(self.client.rank, self.index))
         self.client._reroute(None, self)
         for tm in list(self.client._teams):

@@ -99,7 +99,7 @@ cdef class Team:
 
     def transport(self, int rank):
         """Name of the path that reaches team rank ``rank`` for RMA (e.g.
-        'self', 'nbrhd', 'pvm', 'ofi'), or 'none' (nothing published yet)."""
+        the transports' path names), or 'none' (nothing published yet)."""
         self._check_rank(rank)
         return (<_Route>self._route_objs[rank]).rma_name
 
@@ -269,7 +269,7 @@ cdef class Team:
                 return put_slow(&self.c, rank, dest, p, n, rc)     # reports the error
         else:
             rc = GX_OK
-        # Large copies and every network/process_vm operation run without the
+        # Large copies and every operation through a transport run without the
         # GIL: other threads (the bootstrap's death notices among them) go on.
         self.client._inflight += 1
         try:

@@ -97,6 +97,8 @@ cdef extern from "gexmk/gexmk.h" nogil:
     ctypedef struct gx_ep:
         int index
         int destroyed
+        int seg_kind
+        int seg_device
         int ntr
         gx_path tr[8]
 

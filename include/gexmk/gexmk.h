@@ -97,7 +97,7 @@ typedef void (*gx_tr_orphan_fn)(void *op);
 typedef int (*gx_tr_sync_fn)(void *ep, int categories);          /* sync; nbi_test: 1 done, 0 pending */
 
 typedef struct gx_tr_ops {
-    const char *name;        /* the path's name: "self", "nbrhd", "pvm", "ofi", ... */
+    const char *name;        /* the path's name, as users see it (tm.paths()) */
     gx_tr_xfer_fn put;       /* x->local -> (t, x->remote) */
     gx_tr_xfer_fn get;       /* (t, x->remote) -> x->local */
     gx_tr_xfer_fn atomic;
@@ -129,6 +129,8 @@ typedef struct gx_route {
 typedef struct gx_ep {
     int index;
     volatile int destroyed;
+    int seg_kind;            /* GX_MK_* of the bound segment (GX_MK_HOST when none) */
+    int seg_device;          /* its device, or -1 */
     int ntr;
     gx_path tr[GX_MAX_TRANSPORTS];   /* .ops and .ep; .peer unused */
 } gx_ep;

@@ -288,6 +288,12 @@ cdef class Domain:
         for k in self._raw_keys.values():
             fi_mr_unmap_key(self.d.domain, k)
         self._raw_keys = {}
+        self._release()
+
+    cdef void _release(self) noexcept:
+        """Close the AV, domain and fabric and free the infos: C fields only,
+        so that __dealloc__ may call it (it never raises: a handle libfabric
+        refuses to close, e.g. a domain with endpoints still open, leaks)."""
         if self.d.av != NULL:
             fi_close(&self.d.av.fid)
             self.d.av = NULL
@@ -306,8 +312,9 @@ cdef class Domain:
         self.d.split = 0
 
     def __dealloc__(self):
-        if not self.closed:
-            self.close()
+        # STYLE rule 4: C fields only, never Python calls.  A progress thread
+        # holds a reference to its Domain, so none runs here.
+        self._release()
 
     def __repr__(self):
         return f"<gexmk.ofi Domain {self.provider} on {self.domain_name}>"
