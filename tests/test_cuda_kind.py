@@ -7,6 +7,7 @@ cleanly.  Peer processes are spawned (fork after CUDA initialisation leaves
 the child without CUDA) and get their FDs over a socketpair (SCM_RIGHTS).
 """
 import ctypes
+import shutil
 import gc
 import multiprocessing
 import os
@@ -643,3 +644,93 @@ def test_torch_expandable_segments_tensor_is_adopted_and_exported(tmp_path):
                           timeout=110, env=dict(os.environ))
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
 
+
+# ---------------------------------------------------------------------------
+# Device atomics
+# ---------------------------------------------------------------------------
+def test_atomic_ptx_assembles_for_volta_to_hopper(tmp_path):
+    ptx = cuda.atomic_ptx()
+    for dt in ("i32", "u32", "i64", "u64", "flt", "dbl"):
+        assert f".visible .entry gx_atomic_{dt}(" in ptx
+    ptxas = shutil.which("ptxas") or (os.path.exists("/usr/local/cuda/bin/ptxas")
+                                      and "/usr/local/cuda/bin/ptxas")
+    if not ptxas:
+        pytest.skip("no ptxas here: the driver's JIT checks the PTX on the GPU tests")
+    src = tmp_path / "atomics.ptx"
+    src.write_text(ptx)
+    for arch in ("sm_75", "sm_90"):   # CUDA 13's ptxas no longer targets sm_70
+        proc = subprocess.run([ptxas, f"-arch={arch}", str(src), "-o", str(tmp_path / "a.cubin")],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+
+
+@gpu
+@needs_gpu
+def test_device_atomics_per_type(kind):
+    with kind.alloc(64) as a:
+        w = a.addr
+        # integers wrap, fetch ops return the old value
+        assert kind.atomic(w, "i32", "set", -5) is None
+        assert kind.atomic(w, "i32", "fadd", 7) == -5
+        assert kind.atomic(w, "i32", "fsub", 10) == 2
+        assert kind.atomic(w, "i32", "fdec") == -8
+        assert kind.atomic(w, "i32", "fmin", -100) == -9
+        assert kind.atomic(w, "i32", "fmax", 3) == -100
+        assert kind.atomic(w, "i32", "get") == 3
+        assert kind.atomic(w, "u32", "fsub", 4) == 3
+        assert kind.atomic(w, "u32", "get") == 2 ** 32 - 1
+        assert kind.atomic(w, "u32", "finc") == 2 ** 32 - 1
+        assert kind.atomic(w, "u32", "get") == 0
+        assert kind.atomic(w + 8, "u64", "swap", 0xF0F0) == 0
+        assert kind.atomic(w + 8, "u64", "fand", 0xFF00) == 0xF0F0
+        assert kind.atomic(w + 8, "u64", "for", 0x000F) == 0xF000
+        assert kind.atomic(w + 8, "u64", "fxor", 0xFFFF) == 0xF00F
+        assert kind.atomic(w + 8, "u64", "fcas", 0x0FF0, 2 ** 64 - 1) == 0x0FF0
+        assert kind.atomic(w + 8, "u64", "fcas", 0, 5) == 2 ** 64 - 1      # no swap
+        assert kind.atomic(w + 8, "i64", "fmin", -2 ** 63) == -1
+        assert kind.atomic(w + 8, "i64", "get") == -2 ** 63
+        # floating point: arithmetic, CAS on the representation, min/max by CAS loop
+        assert kind.atomic(w + 16, "flt", "set", 1.5) is None
+        assert kind.atomic(w + 16, "flt", "fadd", 2.25) == 1.5
+        assert kind.atomic(w + 16, "flt", "fsub", 0.75) == 3.75
+        assert kind.atomic(w + 16, "flt", "finc") == 3.0
+        assert kind.atomic(w + 16, "flt", "fmin", -2.5) == 4.0
+        assert kind.atomic(w + 16, "flt", "fmax", -7.0) == -2.5
+        assert kind.atomic(w + 16, "flt", "get") == -2.5
+        assert kind.atomic(w + 24, "dbl", "swap", -0.0) == 0.0
+        assert str(kind.atomic(w + 24, "dbl", "get")) == "-0.0"            # bits kept
+        assert kind.atomic(w + 24, "dbl", "fcas", 0.0, 1.0) == 0.0         # -0.0 != 0.0 bitwise
+        assert str(kind.atomic(w + 24, "dbl", "fdec")) == "-0.0"
+        assert kind.atomic(w + 24, "dbl", "fmax", 1e300) == -1.0
+        assert kind.atomic(w + 24, "dbl", "get") == 1e300
+        with pytest.raises(ArgumentError, match="not defined"):
+            kind.atomic(w + 16, "flt", "and", 1)
+        with pytest.raises(ArgumentError, match="aligned"):
+            kind.atomic(w + 2, "u32", "get")
+        with pytest.raises(ArgumentError, match="is not one of"):
+            kind.atomic(w, "u8", "get")
+
+
+@gpu
+@needs_gpu
+def test_device_fadd_counts_exactly_under_contention_from_two_streams(kind):
+    n = 500
+    streams = [kind.stream_create(), kind.stream_create()]
+    host = np.zeros(2 * n, dtype=np.uint64)
+    kind.host_register(host.ctypes.data, host.nbytes)
+    try:
+        with kind.alloc(8) as a:
+            for i in range(n):
+                for j, s in enumerate(streams):
+                    # fetched old values land in pinned host memory, one word per call
+                    kind.atomic(a.addr, "u64", "fadd", 1, stream=s,
+                                result=host.ctypes.data + 8 * (2 * i + j))
+            for s in streams:
+                kind.stream_synchronize(s)
+            assert kind.atomic(a.addr, "u64", "get") == 2 * n
+            # every old value 0 .. 2n-1 was fetched exactly once
+            assert sorted(host.tolist()) == list(range(2 * n))
+    finally:
+        kind.host_unregister(host.ctypes.data)
+        for s in streams:
+            kind.stream_destroy(s)

@@ -48,7 +48,12 @@ from cuda.bindings.cydriver cimport (
 from gexmk.kinds.kind cimport (
     gx_kind_ops, gx_mem, gx_export, GX_KIND_MAX_FDS, GX_KIND_BLOB, GX_MEM_LIBRARY,
     GX_MEM_CLIENT, GX_MEM_IMPORTED, GX_MEM_EXPORTABLE, GX_MEM_HOST_REGISTERED)
-from gexmk.lib.gx cimport GX_MK_HOST, GX_MK_CUDA_UVA
+from gexmk.lib.gx cimport (
+    GX_MK_HOST, GX_MK_CUDA_UVA, gx_val, gx_dt_size, gx_op_valid,
+    GX_DT_I32, GX_DT_U32, GX_DT_I64, GX_DT_U64, GX_DT_FLT, GX_DT_DBL, GX_DT_COUNT,
+    GX_OP_SET, GX_OP_GET, GX_OP_SWAP, GX_OP_CAS, GX_OP_FCAS, GX_OP_ADD, GX_OP_FADD, GX_OP_SUB,
+    GX_OP_FSUB, GX_OP_INC, GX_OP_FINC, GX_OP_DEC, GX_OP_FDEC, GX_OP_AND, GX_OP_FAND, GX_OP_OR,
+    GX_OP_FOR, GX_OP_XOR, GX_OP_FXOR, GX_OP_MIN, GX_OP_FMIN, GX_OP_MAX, GX_OP_FMAX)
 
 import operator
 import os
@@ -57,7 +62,7 @@ import weakref
 from gexmk.errors import CUDAError, ArgumentError, StateError, UnsupportedError
 
 __all__ = ["CudaKind", "Allocation", "cuda_array_interface", "dlpack_capsule", "dlpack_device",
-           "probe", "DeviceBuffer", "driver_version"]
+           "probe", "DeviceBuffer", "driver_version", "atomic_ptx"]
 
 
 include "cuda.src/check.pxi"
@@ -66,5 +71,6 @@ include "cuda.src/context.pxi"
 include "cuda.src/memory.pxi"
 include "cuda.src/share.pxi"
 include "cuda.src/transfer.pxi"
+include "cuda.src/atomics.pxi"
 include "cuda.src/kind.pxi"
 include "cuda.src/interop.pxi"

@@ -289,6 +289,35 @@ cdef class CudaKind:
         with nogil:
             _cu_event_destroy(k, <void*>ev)
 
+    def atomic(self, addr, dt, op, a=0, b=0, stream=0, result=0):
+        """Device atomic (``cuda_atomic``): ``op`` of type ``dt`` on the
+        aligned object at device address ``addr``; ``a``/``b`` the operands
+        (CAS: compare/swap).  ``dt``: a ``GX_DT_*`` int or ``"i32"``,
+        ``"u32"``, ``"i64"``, ``"u64"``, ``"flt"``, ``"dbl"``; ``op``: a
+        ``GX_OP_*`` int or its lower-case name (``"fadd"``, ``"cas"``, ...).
+        ``stream`` 0: complete on return, giving the old value for fetching
+        ops (None otherwise).  Else only issued on ``stream``; the old value
+        lands at device-accessible ``result`` (0: nowhere); returns None."""
+        cdef CudaCtx* k = self._open()
+        cdef uintptr_t p = _index(addr, "addr", 1, _UINTPTR_MAX)
+        cdef uintptr_t st = _index(stream, "stream", 0, _UINTPTR_MAX)
+        cdef uintptr_t res = _index(result, "result", 0, _UINTPTR_MAX)
+        cdef int t = _named(dt, "dt", _DT_NAMES, GX_DT_COUNT - 1)
+        cdef int o = _named(op, "op", _OP_NAMES, GX_OP_FMAX)
+        cdef gx_val va = _operand(t, a, "a"), vb = _operand(t, b, "b"), old
+        old.u64 = 0
+        with nogil:
+            cuda_atomic(k, <void*>st, p, t, o, va, vb, <void*>res if st else <void*>&old)
+        if st or o not in _FETCHING:
+            return None
+        return _value(t, old)
+
+    def atomic_capsule(self):
+        """A PyCapsule named ``b"gexmk.cuda_atomic"`` around the C function
+        ``int cuda_atomic(void* kctx, void* stream, uintptr_t addr, int dt,
+        int op, gx_val a, gx_val b, void* result) except -1 nogil``."""
+        return PyCapsule_New(<void*>cuda_atomic, b"gexmk.cuda_atomic", NULL)
+
     # -- lifetime -----------------------------------------------------------
     def close(self):
         """Release the kind's live allocations and imports, its stream and
