@@ -630,9 +630,9 @@ def report(r, file=None):
 
 def _gpu_note():
     try:
-        from gexmk import cuda
+        from gexmk.kinds import cuda
     except ImportError as exc:
-        return f"GPU: gexmk.cuda is not importable ({exc}); host memory only"
+        return f"GPU: gexmk.kinds.cuda is not importable ({exc}); host memory only"
     try:
         info = cuda.probe()
     except Exception as exc:  # a probe that fails is reported, never fatal here

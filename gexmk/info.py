@@ -10,7 +10,7 @@ the intra-node transport relies on (Yama ptrace scope for
 ``process_vm_readv``, ``memfd_create``, ``pidfd_getfd``).
 
 Nothing here needs a working transport: the compiled probes (``gexmk.ofi``,
-``gexmk.cuda``) are imported lazily and a failure to import or run one is
+``gexmk.kinds.cuda``) are imported lazily and a failure to import or run one is
 reported as text in its section, never raised.
 """
 import argparse
@@ -52,13 +52,13 @@ def _numpy():
 
 def _cuda():
     try:
-        cuda = importlib.import_module("gexmk.cuda")
+        cuda = importlib.import_module("gexmk.kinds.cuda")
     except Exception as exc:
-        return {"available": False, "error": f"gexmk.cuda did not import: {_error(exc)}"}
+        return {"available": False, "error": f"gexmk.kinds.cuda did not import: {_error(exc)}"}
     try:
         return cuda.probe()
     except Exception as exc:
-        return {"available": False, "error": f"gexmk.cuda.probe() failed: {_error(exc)}"}
+        return {"available": False, "error": f"gexmk.kinds.cuda.probe() failed: {_error(exc)}"}
 
 
 def _hmem_cuda(ofi, names, cuda_info):
@@ -67,7 +67,7 @@ def _hmem_cuda(ofi, names, cuda_info):
     buffer = None
     if cuda_info.get("available"):
         try:
-            cuda = importlib.import_module("gexmk.cuda")
+            cuda = importlib.import_module("gexmk.kinds.cuda")
             buffer = cuda.DeviceBuffer(1 << 16, device=0)
         except Exception:
             buffer = None
@@ -211,7 +211,7 @@ def report() -> dict:
     ``libfabric`` (``version``, ``header_version``, ``providers`` as from
     :func:`gexmk.ofi.providers`, ``hmem_cuda``: provider name -> result of
     :func:`gexmk.ofi.hmem_cuda_registration`, and ``error`` where libfabric
-    could not be probed); ``cuda`` (:func:`gexmk.cuda.probe`, or ``error``);
+    could not be probed); ``cuda`` (:func:`gexmk.kinds.cuda.probe`, or ``error``);
     ``ptrace_scope``, ``memfd``, ``pidfd_getfd`` and ``cpus``.  Never raises.
     """
     cuda_info = _cuda()

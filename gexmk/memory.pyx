@@ -103,7 +103,7 @@ def mk_create(cls, device=0):
         raise ArgumentError(f"device must be a non-negative int, got {device!r}")
     if cls == MKClass.CUDA_UVA:
         try:
-            from gexmk import cuda
+            from gexmk.kinds import cuda
         except ImportError as e:
             raise UnsupportedError(f"CUDA memory kind unsupported on this build: {e}") from None
         probe = cuda.probe()

@@ -1,5 +1,5 @@
 """The preflight probes: libfabric providers and FI_HMEM_CUDA registration
-(gexmk.ofi), the CUDA driver (gexmk.cuda), and ``python -m gexmk.info``."""
+(gexmk.ofi), the CUDA driver (gexmk.kinds.cuda), and ``python -m gexmk.info``."""
 import errno
 import json
 import os
@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from gexmk import cuda, info
+from gexmk import info
+from gexmk.kinds import cuda
 from gexmk.errors import GexmkError, OFIError, UnsupportedError
 
 
@@ -137,7 +138,7 @@ def test_hmem_cuda_without_hmem_provider_is_a_reported_no():
 
 
 # ---------------------------------------------------------------------------
-# gexmk.cuda
+# gexmk.kinds.cuda
 # ---------------------------------------------------------------------------
 @needs_no_gpu
 def test_cuda_probe_reports_unsupported_without_a_gpu():
@@ -221,7 +222,7 @@ def test_info_text_cli():
 
 def test_report_survives_a_module_that_does_not_import(monkeypatch):
     monkeypatch.setitem(sys.modules, "gexmk.ofi", None)   # import now fails
-    monkeypatch.setitem(sys.modules, "gexmk.cuda", None)
+    monkeypatch.setitem(sys.modules, "gexmk.kinds.cuda", None)
     rep = info.report()
     assert "did not import" in rep["libfabric"]["error"]
     assert "did not import" in rep["cuda"]["error"]

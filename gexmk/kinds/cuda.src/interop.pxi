@@ -1,0 +1,105 @@
+# ---------------------------------------------------------------------------
+# Device memory to array libraries: CUDA array interface v3 and DLPack
+# ---------------------------------------------------------------------------
+# DLPack's ABI (dlpack.h, the unversioned DLManagedTensor that the "dltensor"
+# capsule carries), declared here because no package ships a .pxd for it.
+cdef struct DLDevice:
+    int32_t device_type         # DLDeviceType (a C enum: int-sized)
+    int32_t device_id
+
+cdef struct DLDataType:
+    uint8_t code                # DLDataTypeCode
+    uint8_t bits
+    uint16_t lanes
+
+cdef struct DLTensor:
+    void* data                  # 256-byte aligned for CUDA: the rest goes in byte_offset
+    DLDevice device
+    int32_t ndim
+    DLDataType dtype
+    int64_t* shape
+    int64_t* strides            # NULL: compact row-major
+    uint64_t byte_offset
+
+cdef struct DLManagedTensor:
+    DLTensor dl_tensor
+    void* manager_ctx
+    void (*deleter)(DLManagedTensor*) noexcept nogil
+
+cdef struct _DLHolder:          # one malloc: the tensor and its shape
+    DLManagedTensor t
+    int64_t shape[1]
+
+cdef enum:
+    kDLCUDA = 2
+    kDLUInt = 1
+
+
+cdef void _dl_deleter(DLManagedTensor* t) noexcept nogil:
+    """DLPack deleter: drop the reference to the owner and free the tensor.
+    Consumers may call it from any thread, with or without the GIL."""
+    if t == NULL:
+        return
+    if t.manager_ctx != NULL:
+        with gil:
+            Py_XDECREF(<PyObject*>t.manager_ctx)
+    free(t)
+
+
+cdef void _dl_capsule_destructor(object capsule) noexcept:
+    # A consumer renames the capsule "used_dltensor" and owns the tensor from
+    # then on; only an unconsumed capsule still holds it.
+    cdef DLManagedTensor* t
+    if not PyCapsule_IsValid(capsule, b"dltensor"):
+        return
+    t = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
+    if t != NULL and t.deleter != NULL:
+        t.deleter(t)
+
+
+def cuda_array_interface(addr, nbytes, device, readonly=False) -> dict:
+    """``__cuda_array_interface__`` (v3) of ``nbytes`` bytes of device memory
+    at ``addr`` on CUDA device ``device``: a 1-D uint8 array, C-contiguous,
+    with no stream to wait on (the memory is ready when handed out)."""
+    a = _index(addr, "addr", 0, _UINTPTR_MAX)
+    n = _index(nbytes, "nbytes", 0, 2 ** 63 - 1)
+    _index(device, "device", 0, 2 ** 31 - 1)
+    return {"shape": (n,), "typestr": "|u1", "data": (a, bool(readonly)), "version": 3,
+            "strides": None, "stream": None}
+
+
+def dlpack_device(device) -> tuple:
+    """``__dlpack_device__`` of memory on CUDA device ``device``: ``(kDLCUDA = 2, device)``."""
+    return (kDLCUDA, _index(device, "device", 0, 2 ** 31 - 1))
+
+
+def dlpack_capsule(addr, nbytes, device, owner):
+    """A ``"dltensor"`` PyCapsule (DLPack) over ``nbytes`` bytes of device
+    memory at ``addr`` on CUDA device ``device``: 1-D, uint8, compact.  The
+    tensor holds a reference to ``owner`` (the object keeping the memory
+    alive) until the consumer's deleter runs, or the unconsumed capsule dies."""
+    cdef uintptr_t a = _index(addr, "addr", 0, _UINTPTR_MAX)
+    cdef int64_t n = _index(nbytes, "nbytes", 0, 2 ** 63 - 1)
+    cdef int dev = _index(device, "device", 0, 2 ** 31 - 1)
+    cdef _DLHolder* h = <_DLHolder*>calloc(1, sizeof(_DLHolder))
+    if h == NULL:
+        raise MemoryError()
+    h.shape[0] = n
+    h.t.dl_tensor.data = <void*>(a & ~(<uintptr_t>255))
+    h.t.dl_tensor.byte_offset = a & 255
+    h.t.dl_tensor.device.device_type = kDLCUDA
+    h.t.dl_tensor.device.device_id = dev
+    h.t.dl_tensor.ndim = 1
+    h.t.dl_tensor.dtype.code = kDLUInt
+    h.t.dl_tensor.dtype.bits = 8
+    h.t.dl_tensor.dtype.lanes = 1
+    h.t.dl_tensor.shape = h.shape
+    h.t.dl_tensor.strides = NULL
+    Py_INCREF(owner)
+    h.t.manager_ctx = <void*>owner
+    h.t.deleter = _dl_deleter
+    try:
+        return PyCapsule_New(<void*>&h.t, b"dltensor", _dl_capsule_destructor)
+    except BaseException:
+        _dl_deleter(&h.t)
+        raise

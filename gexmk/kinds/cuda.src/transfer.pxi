@@ -1,0 +1,119 @@
+# ---------------------------------------------------------------------------
+# Copies, host registration, classification, streams and events
+# ---------------------------------------------------------------------------
+cdef int _cu_copy(void* kctx, void* stream, uintptr_t dst, uintptr_t src,
+                  size_t n) except -1 nogil:
+    """dst <- src, n bytes, any mix of device and host memory (UVA: the
+    driver tells them apart).  On `stream` (a CUstream of this kind's
+    context): issued only.  stream NULL: issued on the kind's internal stream
+    and complete on return."""
+    cdef CudaCtx* k = <CudaCtx*>kctx
+    cdef CUstream s = <CUstream>stream
+    cdef CUresult rc
+    if n == 0:
+        return 0
+    _push(k)
+    if s != NULL:
+        rc = cydriver.cuMemcpyAsync(<CUdeviceptr>dst, <CUdeviceptr>src, n, s)
+    else:
+        rc = cydriver.cuMemcpyAsync(<CUdeviceptr>dst, <CUdeviceptr>src, n, k.sync_stream)
+        if rc == CUDA_SUCCESS:
+            rc = cydriver.cuStreamSynchronize(k.sync_stream)
+    _pop(k)
+    return check("cuMemcpyAsync" if s != NULL else "cuMemcpyAsync/cuStreamSynchronize", rc)
+
+
+cdef int _cu_host_register(void* kctx, void* p, size_t n, int on) except -1 nogil:
+    """Pin (on=1, cuMemHostRegister PORTABLE) or unpin (on=0) host memory so
+    that the kind's copies to and from it run at full speed."""
+    cdef CudaCtx* k = <CudaCtx*>kctx
+    cdef CUresult rc
+    _push(k)
+    if on:
+        rc = cydriver.cuMemHostRegister(p, n, cydriver.CU_MEMHOSTREGISTER_PORTABLE)
+    else:
+        rc = cydriver.cuMemHostUnregister(p)
+    _pop(k)
+    return check("cuMemHostRegister" if on else "cuMemHostUnregister", rc)
+
+
+cdef int _cu_classify(void* kctx, uintptr_t p, int* cls, int* device) except -1 nogil:
+    """GX_MK_CUDA_UVA and the device ordinal for device (and managed) memory;
+    GX_MK_HOST and -1 for host memory, pinned or not, and unknown pointers."""
+    cdef CudaCtx* k = <CudaCtx*>kctx
+    cdef CUpointer_attribute attrs[3]
+    cdef void* data[3]
+    cdef unsigned long long memtype = 0, ordinal = 0, managed = 0
+    if k == NULL or k.closed:
+        return _closed(k)
+    attrs[0] = cydriver.CU_POINTER_ATTRIBUTE_MEMORY_TYPE; data[0] = &memtype
+    attrs[1] = cydriver.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL; data[1] = &ordinal
+    attrs[2] = cydriver.CU_POINTER_ATTRIBUTE_IS_MANAGED; data[2] = &managed
+    check("cuPointerGetAttributes",
+          cydriver.cuPointerGetAttributes(3, attrs, data, <CUdeviceptr>p))
+    if memtype == cydriver.CU_MEMORYTYPE_DEVICE or managed:
+        cls[0] = GX_MK_CUDA_UVA
+        device[0] = <int>ordinal
+    else:
+        cls[0] = GX_MK_HOST
+        device[0] = -1
+    return 0
+
+
+cdef int _cu_stream_create(void* kctx, void** stream) except -1 nogil:
+    """A CU_STREAM_NON_BLOCKING stream in the kind's context, owned by the caller."""
+    cdef CudaCtx* k = <CudaCtx*>kctx
+    cdef CUstream s = NULL
+    cdef CUresult rc
+    _push(k)
+    rc = cydriver.cuStreamCreate(&s, cydriver.CU_STREAM_NON_BLOCKING)
+    _pop(k)
+    check("cuStreamCreate", rc)
+    stream[0] = <void*>s
+    return 0
+
+
+cdef int _cu_stream_destroy(void* kctx, void* stream) except -1 nogil:
+    if stream == NULL:
+        return 0
+    return check("cuStreamDestroy", cydriver.cuStreamDestroy(<CUstream>stream))
+
+
+cdef int _cu_event_record(void* kctx, void* stream, void** event) except -1 nogil:
+    """A new event (CU_EVENT_DISABLE_TIMING) recorded on `stream` (NULL: the
+    context's legacy stream); the caller destroys it with event_destroy."""
+    cdef CudaCtx* k = <CudaCtx*>kctx
+    cdef CUevent ev = NULL
+    cdef CUresult rc
+    _push(k)
+    rc = cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING)
+    if rc == CUDA_SUCCESS:
+        rc = cydriver.cuEventRecord(ev, <CUstream>stream)
+        if rc != CUDA_SUCCESS:
+            cydriver.cuEventDestroy(ev)
+            _pop(k)
+            return check("cuEventRecord", rc)
+    _pop(k)
+    check("cuEventCreate", rc)
+    event[0] = <void*>ev
+    return 0
+
+
+cdef int _cu_event_query(void* kctx, void* event) except -1 nogil:
+    """1 when the work before the event has completed, 0 while it is pending."""
+    cdef CUresult rc = cydriver.cuEventQuery(<CUevent>event)
+    if rc == CUDA_SUCCESS:
+        return 1
+    if rc == cydriver.CUDA_ERROR_NOT_READY:
+        return 0
+    return check("cuEventQuery", rc)
+
+
+cdef int _cu_event_sync(void* kctx, void* event) except -1 nogil:
+    return check("cuEventSynchronize", cydriver.cuEventSynchronize(<CUevent>event))
+
+
+cdef int _cu_event_destroy(void* kctx, void* event) except -1 nogil:
+    if event == NULL:
+        return 0
+    return check("cuEventDestroy", cydriver.cuEventDestroy(<CUevent>event))
