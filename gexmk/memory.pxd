@@ -18,6 +18,8 @@ cdef class Segment:
     cdef bint has_view
     cdef int exports               # live buffer-protocol exports (numpy views)
     cdef bint destroyed
+    cdef bint keep_address         # freeing leaves the address range reserved (peers may still aim at it)
+    cdef bint reserved             # addr..addr+maplen is a PROT_NONE reservation, unmapped at the end
     cdef object __weakref__
     cdef int check_alive(self) except -1
     cdef void _free(self) noexcept

@@ -17,7 +17,8 @@ from libc.string cimport memset
 from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED
 from posix.unistd cimport close, ftruncate, sysconf, _SC_PAGESIZE
 from libc.errno cimport errno
-from gexmk.lib.linux cimport memfd_create, MFD_CLOEXEC
+from gexmk.lib.linux cimport (memfd_create, MFD_CLOEXEC, MAP_FIXED, MAP_PRIVATE, MAP_ANONYMOUS,
+                              MAP_NORESERVE, PROT_NONE)
 from gexmk.lib.gx cimport GX_MK_HOST, GX_MK_CUDA_UVA, GX_MK_HIP, GX_MK_ZE
 
 from gexmk.errors import ArgumentError, StateError, UnsupportedError
@@ -212,10 +213,26 @@ cdef class Segment:
 
     cdef void _free(self) noexcept:
         # Touches C fields only: safe from __dealloc__.
+        cdef void* p
         if self.fd >= 0:
-            munmap(self.addr, self.maplen)
+            p = MAP_FAILED
+            if self.keep_address:
+                # The memory goes, the address stays taken: a peer that still
+                # aims at it by address fails (EFAULT) instead of writing into
+                # whatever this process would map there next.
+                p = mmap(self.addr, self.maplen, PROT_NONE,
+                         MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+            if p == MAP_FAILED:
+                munmap(self.addr, self.maplen)
+            else:
+                self.reserved = True
             close(self.fd)
             self.fd = -1
+            if self.reserved:
+                return
+        if self.reserved:
+            munmap(self.addr, self.maplen)
+            self.reserved = False
         if self.has_view:
             PyBuffer_Release(&self.view)
             self.has_view = False
@@ -248,10 +265,15 @@ cdef class Segment:
         Library-allocated memory is unmapped here, unless buffer views of it
         are alive, in which case it is unmapped when the last one goes.
         Client-allocated memory goes back to its owner (the buffer is released)
-        -- at finalize when it was bound in a job of several processes, since a
-        peer may still write to it by address until it sees a new publication.
-        Peers that mapped the segment keep their mapping until their own
-        finalize: their writes land in memory this process no longer sees.
+        -- at finalize when it was bound in a job of several processes.
+        Peers learn of the destruction at their next publication; until then
+        no access of theirs can reach memory this process reuses: client
+        memory is kept whole until finalize, and a bound library segment's
+        address range stays reserved (inaccessible) until finalize, so a peer
+        that reaches it by address gets SegmentError; peers that mapped it
+        keep their mapping until their own finalize (their writes land in
+        memory this process no longer sees), and network registrations are
+        closed (their accesses fail).
         """
         if self.destroyed:
             return

@@ -291,8 +291,14 @@ cdef class Client:
                 (<Endpoint>e).unbind_segment()
                 bound = True
         self._drain()     # a GIL-free copy may still be writing into it
-        if bound and not seg.library_allocated and self.size > 1 and not self.finalized:
+        if bound and self.size > 1 and not self.finalized:
+            # Peers learn of the destruction at the next publication; until
+            # then the address must not be reused.  Client memory is kept
+            # whole; library memory is released, its range kept reserved.
             self._retired.append(seg)
+            if seg.library_allocated:
+                seg.keep_address = True
+                return False
             return True
         return False
 
@@ -377,6 +383,7 @@ cdef class Client:
         for s in list(self._segments):
             s.destroy()
         for s in self._retired:
+            (<Segment>s).keep_address = False
             if (<Segment>s).exports == 0:
                 (<Segment>s)._free()
         self._retired = []
