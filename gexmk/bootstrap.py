@@ -65,6 +65,22 @@ CONNECT_TIMEOUT = 10.0
 #: After a timed-out exchange, seconds to wait for the server to say which members were missing.
 _STATUS_WAIT = 5.0
 
+#: Seconds a new connection may take to present its hello before the server drops it.
+#: A rank sends its hello right after connecting, so only a stranger needs longer.
+HELLO_TIMEOUT = 10.0
+
+#: Largest frame the server reads before the sender has authenticated: a hello is a
+#: token, four numbers and a node name, well under this.
+MAX_HELLO_BYTES = 4096
+
+#: Largest payload one rank may contribute to an exchange (64 MiB); the server drops
+#: an authenticated connection whose frame exceeds :data:`MAX_MESSAGE_BYTES`.
+MAX_PAYLOAD_BYTES = 64 << 20
+
+#: Largest frame the server reads from an authenticated rank: a payload of
+#: :data:`MAX_PAYLOAD_BYTES` plus room for its key and member list.
+MAX_MESSAGE_BYTES = MAX_PAYLOAD_BYTES + (1 << 20)
+
 #: Environment variables that typical MPI launchers (Hydra/MPICH, PMIx, Open MPI) set.
 MPI_ENVIRONMENT = (
     "PMI_RANK", "PMI_SIZE", "PMI_FD", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
@@ -145,12 +161,14 @@ def _encode(obj, out: bytearray) -> None:
         raise TypeError(f"cannot encode {type(obj).__name__} in a bootstrap message")
 
 
-def _frame(msg) -> bytearray:
+def _frame(msg, limit: int = _MAX_FRAME) -> bytearray:
     out = bytearray(_LEN.size)
     _encode(msg, out)
-    if len(out) - _LEN.size > _MAX_FRAME:
-        raise ArgumentError("bootstrap message larger than 4 GiB")
-    _LEN.pack_into(out, 0, len(out) - _LEN.size)
+    n = len(out) - _LEN.size
+    if n > limit:
+        raise ArgumentError(f"a bootstrap {msg[0]!r} message of {n} bytes is larger than the "
+                            f"{limit} bytes the rendezvous server accepts")
+    _LEN.pack_into(out, 0, n)
     return out
 
 
@@ -502,13 +520,28 @@ class RendezvousServer:
     Replies to it are held back until every other client's output has left,
     so that once it has its answer it may block in a call that keeps the GIL
     (the server thread then cannot run) without starving the others.
+
+    Nothing a connection sends is kept before it has authenticated: its first
+    frame must be a hello of at most :data:`MAX_HELLO_BYTES` bytes, and come
+    within ``hello_timeout`` seconds (default :data:`HELLO_TIMEOUT`), or the
+    connection is dropped.  An authenticated rank's frames are limited to
+    :data:`MAX_MESSAGE_BYTES`; a rank that sends a larger one is dropped (and
+    reported dead to the others).
     """
 
     def __init__(self, size: int, *, tcp: bool = False, token: str | None = None,
                  name: str | None = None, stop_when_finished: bool = False,
-                 home_rank: int | None = None, host: str | None = None):
+                 home_rank: int | None = None, host: str | None = None,
+                 hello_timeout: float | None = None):
         if not isinstance(size, int) or size < 1:
             raise ArgumentError(f"a job needs at least one rank, got size={size!r}")
+        if hello_timeout is None:
+            hello_timeout = HELLO_TIMEOUT
+        if not hello_timeout > 0:  # also rejects NaN
+            raise ArgumentError(f"hello_timeout must be a positive number of seconds, got "
+                                f"{hello_timeout!r}")
+        self._hello_timeout = float(hello_timeout)
+        self._unauthenticated = {}  # _Conn -> monotonic deadline for its hello, oldest first
         self.size = size
         self._stop_when_finished = stop_when_finished
         self._home_rank = home_rank
@@ -610,9 +643,10 @@ class RendezvousServer:
     def _serve(self):
         try:
             while True:
-                timeout = None
-                if self._exits:
-                    timeout = max(0.0, min(t for t, _, _ in self._exits) - time.monotonic())
+                due = [t for t, _, _ in self._exits]
+                if self._unauthenticated:
+                    due.append(next(iter(self._unauthenticated.values())))
+                timeout = max(0.0, min(due) - time.monotonic()) if due else None
                 for key, mask in self._sel.select(timeout):
                     if key.data == "listen":
                         self._accept()
@@ -626,6 +660,7 @@ class RendezvousServer:
                         if mask & selectors.EVENT_WRITE:
                             self._flush(conn)
                 self._apply_exits()
+                self._expire_hellos()
                 for conn in self._to_drop:
                     self._drop(conn)
                 self._to_drop.clear()
@@ -679,6 +714,17 @@ class RendezvousServer:
             for _, rank, pid in due:
                 self._rdv.process_exited(rank, pid)
 
+    def _expire_hellos(self):
+        now = time.monotonic()
+        for conn, deadline in list(self._unauthenticated.items()):
+            if deadline > now:
+                break  # deadlines are in accept order
+            del self._unauthenticated[conn]
+            if not conn.closing:
+                print(f"[gexmk.bootstrap] dropping a connection that did not say hello within "
+                      f"{self._hello_timeout:g} s", file=sys.stderr)
+            self._to_drop.append(conn)
+
     def _accept(self):
         while True:
             try:
@@ -693,6 +739,7 @@ class RendezvousServer:
             sock.setblocking(False)
             conn = _Conn(sock)
             self._sel.register(sock, selectors.EVENT_READ, conn)
+            self._unauthenticated[conn] = time.monotonic() + self._hello_timeout
 
     @staticmethod
     def _same_user(sock) -> bool:
@@ -705,8 +752,10 @@ class RendezvousServer:
         return uid == os.getuid()
 
     def _read(self, conn):
+        # Before its hello, a connection gets no more buffer than one hello frame.
+        want = (1 << 16) if conn.rank is not None else _LEN.size + MAX_HELLO_BYTES - len(conn.inbuf)
         try:
-            data = conn.sock.recv(1 << 16)
+            data = conn.sock.recv(max(1, want))
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -714,12 +763,19 @@ class RendezvousServer:
         if not data:
             self._to_drop.append(conn)
             return
+        if conn.closing:
+            return  # answered and about to be closed: nothing more is read from it
         conn.inbuf += data
         view = memoryview(conn.inbuf)
         pos = 0
         try:
             while len(view) - pos >= _LEN.size and not conn.closing:
                 (n,) = _LEN.unpack_from(view, pos)
+                limit = MAX_MESSAGE_BYTES if conn.rank is not None else MAX_HELLO_BYTES
+                if n > limit:
+                    raise _ProtocolError(
+                        f"it announced a frame of {n} bytes, more than the {limit} accepted "
+                        f"{'from a rank' if conn.rank is not None else 'before its hello'}")
                 if len(view) - pos - _LEN.size < n:
                     break
                 msg = _decode_frame(view[pos + _LEN.size:pos + _LEN.size + n])
@@ -728,6 +784,8 @@ class RendezvousServer:
                     conn.closing = True
                     if not conn.outbuf:
                         self._to_drop.append(conn)
+                if conn.rank is not None:
+                    self._unauthenticated.pop(conn, None)
         except _ProtocolError as exc:
             print(f"[gexmk.bootstrap] dropping a client (rank {conn.rank}): {exc}", file=sys.stderr)
             self._to_drop.append(conn)
@@ -780,6 +838,7 @@ class RendezvousServer:
             self._to_drop.append(conn)
 
     def _drop(self, conn):
+        self._unauthenticated.pop(conn, None)
         self._backlog.discard(conn)
         if conn is self._home:
             self._home = None
@@ -822,7 +881,7 @@ class _SocketTransport:
         self._reader.start()
 
     def send(self, msg):
-        frame = _frame(msg)
+        frame = _frame(msg, MAX_MESSAGE_BYTES)  # the server would drop us for a larger one
         with self._send_lock:
             self._sock.sendall(frame)
 
@@ -978,7 +1037,8 @@ class Bootstrap:
         must be this rank).  ``key`` (str) names the collective; every
         participant passes the same key and members, and a key must not be
         reused in the job (keys starting with ``"bootstrap:"`` are reserved).
-        ``payload`` is any bytes-like object (copied before the call returns).
+        ``payload`` is any bytes-like object (copied before the call returns) of
+        at most :data:`MAX_PAYLOAD_BYTES` (64 MiB).
 
         Thread-safe: several threads may wait at once, on different keys or on
         different indices of one key.  Blocks, without holding the GIL, for at
@@ -1114,6 +1174,10 @@ class Bootstrap:
             payload = bytes(memoryview(payload))
         except TypeError:
             raise TypeError(f"payload must be bytes-like, got {type(payload).__name__}") from None
+        if len(payload) > MAX_PAYLOAD_BYTES:
+            raise ArgumentError(f"exchange {key!r}: a payload of {len(payload)} bytes is larger "
+                                f"than the {MAX_PAYLOAD_BYTES} bytes (MAX_PAYLOAD_BYTES) a rank "
+                                f"may contribute")
         if timeout is None:
             timeout = self.timeout
         elif not timeout >= 0:

@@ -8,6 +8,7 @@ Workers import only ``gexmk.bootstrap``, assert, print ``ok <rank>`` and exit
 import os
 import shutil
 import socket
+import struct
 import sys
 import textwrap
 import threading
@@ -260,6 +261,98 @@ def test_tcp_server_wants_the_job_token():
             assert bs.exchange("k", [0], 0, b"tcp") == [b"tcp"]
     finally:
         server.close()
+
+def raw_connect(server):
+    """A plain socket connected to ``server`` (Unix or TCP), speaking no protocol yet."""
+    if server.address.startswith("@"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect("\0" + server.address[1:])
+        return sock
+    host, _, port = server.address.rpartition(":")
+    return socket.create_connection((host.strip("[]"), int(port)), timeout=10)
+
+
+def closed_by_server(sock, within):
+    """True when the server closes ``sock`` within ``within`` seconds (reading what it sends)."""
+    end = time.monotonic() + within
+    try:
+        while time.monotonic() < end:
+            sock.settimeout(max(0.01, end - time.monotonic()))
+            if not sock.recv(1 << 16):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        pass
+    return False
+
+
+def one_rank_job_works(server, token):
+    """The real rank still joins ``server`` (a job of one) and exchanges."""
+    with B.Bootstrap(rank=0, size=1, kind="launcher", timeout=10,
+                     connect=B._connect_socket(server.address, 10), token=token) as bs:
+        assert bs.exchange("still-works", [0], 0, b"ok") == [b"ok"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("tcp", [True, False], ids=["tcp", "unix"])
+def test_server_reads_no_large_frame_before_hello(tcp):
+    # One stranger announcing a 4 GiB frame used to make the server buffer all it sent.
+    server = B.RendezvousServer(1, tcp=tcp, host="127.0.0.1" if tcp else None, token="secret")
+    server.start()
+    try:
+        for announced in (0xFFFFFFF0, B.MAX_HELLO_BYTES + 1):
+            with raw_connect(server) as raw:
+                raw.sendall(struct.pack("!I", announced) + b"\0" * 4096)
+                assert closed_by_server(raw, 5), f"a {announced}-byte frame before hello was read"
+        one_rank_job_works(server, "secret")
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(30)
+def test_server_drops_connections_that_do_not_say_hello():
+    server = B.RendezvousServer(1, tcp=True, host="127.0.0.1", token="secret", hello_timeout=0.5)
+    server.start()
+    try:
+        with raw_connect(server) as silent, raw_connect(server) as partial:
+            partial.sendall(struct.pack("!I", 100) + b"l")   # a hello that never completes
+            t0 = time.monotonic()
+            assert closed_by_server(silent, 5) and closed_by_server(partial, 5)
+            assert time.monotonic() - t0 < 4
+        # an authenticated rank may stay quiet as long as it likes
+        with B.Bootstrap(rank=0, size=1, kind="launcher", timeout=10,
+                         connect=B._connect_socket(server.address, 10), token="secret") as bs:
+            time.sleep(1.0)
+            assert bs.exchange("after-a-pause", [0], 0, b"x") == [b"x"]
+    finally:
+        server.close()
+    with pytest.raises(ValueError, match="hello_timeout"):
+        B.RendezvousServer(1, hello_timeout=0)
+
+
+@pytest.mark.timeout(30)
+def test_server_caps_frames_of_an_authenticated_rank():
+    server = B.RendezvousServer(1, tcp=True, host="127.0.0.1", token="secret")
+    server.start()
+    try:
+        with raw_connect(server) as raw:
+            raw.sendall(B._frame(("hello", "secret", 0, 1, os.getpid(), "node")))
+            raw.settimeout(5)
+            welcome = raw.recv(1 << 16)
+            assert b"welcome" in welcome, welcome       # authenticated
+            raw.sendall(struct.pack("!I", B.MAX_MESSAGE_BYTES + 1) + b"l")
+            assert closed_by_server(raw, 5), "an over-long frame of a rank was read"
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(30)
+def test_exchange_refuses_a_payload_over_the_limit(single):
+    with pytest.raises(ValueError, match="MAX_PAYLOAD_BYTES"):
+        single.exchange("huge", [0], 0, bytes(B.MAX_PAYLOAD_BYTES + 1))
+    assert single.exchange("fine", [0], 0, b"x") == [b"x"]   # nothing was left waiting
+
 
 @pytest.mark.timeout(30)
 def test_server_answers_its_home_rank_last():
