@@ -10,12 +10,18 @@ Three ways to find the job, picked by :func:`from_environment`:
 ``launcher``
     The process was started by ``python -m gexmk.run``; the rendezvous server
     runs inside the launcher on an abstract-namespace Unix socket (or on TCP,
-    with ``--bootstrap-listen``; the ranks then present GEXMK_BOOTSTRAP_TOKEN).
+    with ``--bootstrap-listen``), and each rank presents the secret the
+    launcher put in its environment (GEXMK_BOOTSTRAP_TOKEN).
 ``mpi``
     The process runs under ``mpiexec``/``srun``; MPI rank 0 runs the
-    rendezvous server in a daemon thread and broadcasts its address once.
+    rendezvous server in a daemon thread and sends each rank, over MPI, the
+    server's address and that rank's secret.
 ``single``
     A lone process (size 1); exchanges between its threads stay in-process.
+
+The server admits rank R only with rank R's secret (a random token per rank,
+compared in constant time), so a process of the same user that is not the
+one started as R cannot take R's place, on a Unix socket or on TCP.
 
 Every mode speaks the same small protocol: a client sends its contribution to
 a *key*; the server answers every contributor with all payloads once the last
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import hmac
 import operator
 import os
 import secrets
@@ -261,10 +268,10 @@ class _Rendezvous:
     # waiting for their timeout.
     _FAILED_MEMORY = 4096
 
-    def __init__(self, size: int, send, token=None, node_name=None):
+    def __init__(self, size: int, send, tokens=None, node_name=None):
         self.size = size
         self.send = send
-        self.token = token
+        self.tokens = tokens              # rank -> that rank's secret; None: no check (in-process)
         self.node_name = node_name or _node_name()
         self.peers = {}                   # rank -> live _Peer (said hello, still connected)
         self.arrived = set()              # ranks that said hello or exited before it
@@ -328,14 +335,16 @@ class _Rendezvous:
             _, token, rank, size, pid, node = msg
         except ValueError:
             raise _ProtocolError("malformed hello") from None
-        if not (isinstance(pid, int) and isinstance(node, str)):
+        if not (isinstance(rank, int) and isinstance(pid, int) and isinstance(node, str)):
             raise _ProtocolError("malformed hello")
-        if token != self.token:
-            return self._reject(peer, "wrong job token")
+        if not 0 <= rank < self.size:
+            return self._reject(peer, f"rank {rank} outside 0..{self.size - 1}")
+        if self.tokens is not None and not _same_secret(token, self.tokens[rank]):
+            return self._reject(peer, f"wrong token for rank {rank}: GEXMK_BOOTSTRAP_TOKEN must be "
+                                      f"the secret that gexmk.run (or MPI rank 0) gave the process "
+                                      f"of that rank")
         if size != self.size:
             return self._reject(peer, f"client says the job has {size} ranks, the server {self.size}")
-        if not isinstance(rank, int) or not 0 <= rank < self.size:
-            return self._reject(peer, f"rank {rank!r} outside 0..{self.size - 1}")
         if rank in self.arrived:
             why = {"left": "it already left the job (closed its bootstrap); a process joins a job "
                            "once", "dead": "its process was reported dead"}.get(
@@ -444,6 +453,11 @@ class _Rendezvous:
                 self._fail(key, st.contributors(), how, rank, _gone_text(rank, how, key))
 
 
+def _same_secret(given, expected: str) -> bool:
+    # Constant time, so that the answer's timing says nothing about how much was right.
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
+
+
 def _gone_text(rank, how, key):
     if how == "dead":
         return f"rank {rank} died before contributing to exchange {key!r}"
@@ -505,10 +519,16 @@ class RendezvousServer:
     ``size`` is the number of ranks of the job.  With ``tcp=False`` (default) it
     listens on an abstract-namespace Unix socket (nothing on disk; only processes
     of the same user and network namespace may connect); with ``tcp=True`` on
-    TCP, port chosen by the kernel, and clients must present ``token``: on all
-    interfaces (address ``hostname:port``), or on ``host`` alone (an address or
-    name of this machine; address ``host:port``).  :attr:`address` is the
-    string clients pass to connect (GEXMK_BOOTSTRAP).
+    TCP, port chosen by the kernel: on all interfaces (address
+    ``hostname:port``), or on ``host`` alone (an address or name of this
+    machine; address ``host:port``).  :attr:`address` is the string clients
+    pass to connect (GEXMK_BOOTSTRAP).
+
+    Either way rank R is admitted only with rank R's secret, :meth:`token`,
+    which whoever starts rank R must hand to that process alone (the launcher
+    puts it in the rank's environment as GEXMK_BOOTSTRAP_TOKEN; MPI rank 0
+    scatters it).  The secrets are random (128 bits each) unless ``tokens``
+    gives them: a sequence of ``size`` non-empty str.
 
     The listening socket exists when the constructor returns, so clients may be
     started right after; :meth:`start` begins serving.  :meth:`close` stops the
@@ -529,7 +549,7 @@ class RendezvousServer:
     reported dead to the others).
     """
 
-    def __init__(self, size: int, *, tcp: bool = False, token: str | None = None,
+    def __init__(self, size: int, *, tcp: bool = False, tokens=None,
                  name: str | None = None, stop_when_finished: bool = False,
                  home_rank: int | None = None, host: str | None = None,
                  hello_timeout: float | None = None):
@@ -541,6 +561,16 @@ class RendezvousServer:
             raise ArgumentError(f"hello_timeout must be a positive number of seconds, got "
                                 f"{hello_timeout!r}")
         self._hello_timeout = float(hello_timeout)
+        if tokens is None:
+            tokens = [secrets.token_hex(16) for _ in range(size)]
+        elif isinstance(tokens, str):
+            raise TypeError("tokens must be a sequence of one secret per rank, not one str")
+        else:
+            tokens = list(tokens)
+            if len(tokens) != size or not all(isinstance(t, str) and t for t in tokens):
+                raise ArgumentError(f"tokens must hold one non-empty str per rank ({size}), got "
+                                    f"{len(tokens)} item(s)")
+        self._tokens = tokens
         self._unauthenticated = {}  # _Conn -> monotonic deadline for its hello, oldest first
         self.size = size
         self._stop_when_finished = stop_when_finished
@@ -574,7 +604,7 @@ class RendezvousServer:
             self.address = "@" + name
         self._unix = not tcp
         self._listener.setblocking(False)
-        self._rdv = _Rendezvous(size, self._send, token=token)
+        self._rdv = _Rendezvous(size, self._send, tokens=self._tokens)
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -590,6 +620,13 @@ class RendezvousServer:
 
     def __repr__(self):
         return f"<RendezvousServer {self.address} size={self.size}>"
+
+    def token(self, rank: int) -> str:
+        """The secret ``rank`` must present to join; give it to that rank's process only."""
+        rank = operator.index(rank)
+        if not 0 <= rank < self.size:
+            raise RankError(f"rank {rank} is not a rank of this job (0..{self.size - 1})")
+        return self._tokens[rank]
 
     def start(self) -> None:
         """Start serving in a daemon thread."""
@@ -973,7 +1010,7 @@ class Bootstrap:
 
     def __init__(self, *, rank, size, kind, timeout, connect, token=None):
         # Internal: use from_environment().  ``connect(deliver, lost)`` returns a transport;
-        # ``token`` is the job secret the server expects in the hello (TCP only).
+        # ``token`` is this rank's secret, which the server expects in the hello.
         self.rank = rank
         self.size = size
         self.kind = kind
@@ -1334,8 +1371,12 @@ def _from_launcher(address: str) -> Bootstrap:
     if not 0 <= rank < size:
         raise BootstrapError(f"GEXMK_RANK={rank} is outside 0..GEXMK_SIZE-1 ({size - 1})")
     timeout = default_timeout()
-    # A TCP server (gexmk.run --bootstrap-listen) asks for the job's token.
-    token = os.environ.get("GEXMK_BOOTSTRAP_TOKEN") or None
+    # The launcher gave this rank, and no other, its secret.
+    token = os.environ.get("GEXMK_BOOTSTRAP_TOKEN")
+    if not token:
+        raise BootstrapError("GEXMK_BOOTSTRAP is set but GEXMK_BOOTSTRAP_TOKEN is not: the "
+                             "rendezvous admits a rank only with the secret gexmk.run gave it; "
+                             "start the job with python -m gexmk.run")
     return Bootstrap(rank=rank, size=size, kind="launcher", timeout=timeout,
                      connect=_connect_socket(address, timeout), token=token)
 
@@ -1351,17 +1392,20 @@ def _from_mpi(comm, force_tcp: bool = False) -> Bootstrap:
         hosts = comm.allgather(socket.gethostname())
         tcp = force_tcp or len(set(hosts)) > 1
         server = None
-        info = None
+        infos = None
         if comm.Get_rank() == 0:
+            size = comm.Get_size()
             try:
-                token = secrets.token_hex(16) if tcp else None
-                server = RendezvousServer(comm.Get_size(), tcp=tcp, token=token,
-                                          stop_when_finished=True, home_rank=0)
+                server = RendezvousServer(size, tcp=tcp, stop_when_finished=True, home_rank=0)
                 server.start()
-                info = (server.address, token, None)
+                # Each rank gets its own secret, point to point: no rank learns another's.
+                infos = [(server.address, server.token(r), None) for r in range(size)]
             except Exception as exc:  # the others must learn about it, not hang
-                info = (None, None, f"{type(exc).__name__}: {exc}")
-        address, token, error = comm.bcast(info, root=0)
+                if server is not None:
+                    server.close()
+                    server = None
+                infos = [(None, None, f"{type(exc).__name__}: {exc}")] * size
+        address, token, error = comm.scatter(infos, root=0)
         if error:
             raise BootstrapError(f"MPI rank 0 could not start the rendezvous server: {error}")
         rank, size = comm.Get_rank(), comm.Get_size()

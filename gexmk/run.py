@@ -11,7 +11,9 @@ environment:
 - ``GEXMK_SIZE``: N;
 - ``GEXMK_BOOTSTRAP``: the server address (``@name``, an abstract socket, or
   ``host:port``);
-- ``GEXMK_BOOTSTRAP_TOKEN``: the job secret a TCP server asks for (TCP only);
+- ``GEXMK_BOOTSTRAP_TOKEN``: this rank's secret, different for every rank: the
+  server admits rank R only with R's secret, so no other process, not even
+  one of the same user or another rank, can join in R's place;
 - ``GEXMK_JOBID``: an identifier unique to this job.
 
 Options:
@@ -26,7 +28,8 @@ Options:
     Serve the rendezvous on TCP ``HOST``, port chosen by the kernel, instead of
     the abstract Unix socket, which only processes of the launcher's network
     namespace can reach.  ``HOST`` is an address (or name) of this machine that
-    every rank can connect to; ranks must present the job's random token.
+    every rank can connect to; as on the Unix socket, a rank is admitted only
+    with its own secret.
 ``--rank-prefix 'CMD ARGS...'``
     Run each rank as ``CMD ARGS... python prog.py ...``.  The text is split
     like a shell would (:func:`shlex.split`, no expansion), then ``{rank}`` and
@@ -150,16 +153,13 @@ class _Job:
 
     def run(self) -> int:
         if self.listen is None:
-            token = None
             server = RendezvousServer(self.n, name=f"gexmk-{self.jobid}")
         else:
-            # Reachable from the network: only processes given the token may join.
-            token = secrets.token_hex(16)
-            server = RendezvousServer(self.n, tcp=True, host=self.listen, token=token)
+            server = RendezvousServer(self.n, tcp=True, host=self.listen)
         server.start()
         saved = self._install_handlers()
         try:
-            self._spawn(server.address, token)
+            self._spawn(server)
             return self._supervise(server)
         finally:
             self._cleanup()
@@ -195,17 +195,16 @@ class _Job:
 
     # -- ranks ----------------------------------------------------------------------------
 
-    def _spawn(self, address, token):
+    def _spawn(self, server):
         base = dict(os.environ if self.env is None else self.env)
-        base.update(GEXMK_SIZE=str(self.n), GEXMK_BOOTSTRAP=address, GEXMK_JOBID=self.jobid)
-        base.pop("GEXMK_BOOTSTRAP_TOKEN", None)  # never one of an outer job
-        if token is not None:
-            base["GEXMK_BOOTSTRAP_TOKEN"] = token
+        base.update(GEXMK_SIZE=str(self.n), GEXMK_BOOTSTRAP=server.address, GEXMK_JOBID=self.jobid)
         wrapper = [sys.executable, "-I", "-S", "-c", _RANK_WRAPPER, str(os.getpid())]
         for rank in range(self.n):
             prefix = self.prefixes[rank] if self.prefixes is not None else []
             cmd = [*wrapper, *prefix, sys.executable, *self.argv]
-            env = dict(base, GEXMK_RANK=str(rank))
+            # The secret binds the rank to this process (and what it execs): it travels
+            # in this environment only, which other users cannot read.
+            env = dict(base, GEXMK_RANK=str(rank), GEXMK_BOOTSTRAP_TOKEN=server.token(rank))
             try:
                 # A new session makes each rank lead a process group that can be killed
                 # whole (its own children included), and keeps terminal signals from
@@ -369,8 +368,8 @@ def _parser():
                         help="when a rank fails, let the others run on (they see a dead peer)")
     parser.add_argument("--bootstrap-listen", metavar="HOST",
                         help="serve the rendezvous on TCP HOST (port picked by the kernel; "
-                             "ranks present a random job token) instead of an abstract Unix "
-                             "socket, which ranks in other network namespaces cannot reach")
+                             "each rank presents its own random secret) instead of an abstract "
+                             "Unix socket, which ranks in other network namespaces cannot reach")
     parser.add_argument("--rank-prefix", metavar="'CMD ...'",
                         help="command words put before each rank's interpreter, split like a "
                              "shell does; {rank} and {size} are replaced ({{ }} for braces). "

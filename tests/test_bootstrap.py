@@ -191,6 +191,10 @@ def test_bad_environment_raises_bootstrap_error(monkeypatch):
     monkeypatch.setenv("GEXMK_BOOTSTRAP", "@gexmk-test-nobody-listens-here")
     monkeypatch.setenv("GEXMK_RANK", "0")
     monkeypatch.setenv("GEXMK_SIZE", "2")
+    monkeypatch.delenv("GEXMK_BOOTSTRAP_TOKEN", raising=False)
+    with pytest.raises(BootstrapError, match="GEXMK_BOOTSTRAP_TOKEN"):
+        B.from_environment()                            # no secret: not started by gexmk.run
+    monkeypatch.setenv("GEXMK_BOOTSTRAP_TOKEN", "x" * 32)
     t0 = time.monotonic()
     with pytest.raises(BootstrapError, match="gexmk-test-nobody-listens-here"):
         B.from_environment()
@@ -218,7 +222,8 @@ def test_server_fails_exchange_with_mismatched_members(monkeypatch):
 
         def connect(r):
             clients[r] = B.Bootstrap(rank=r, size=2, kind="launcher", timeout=10,
-                                     connect=B._connect_socket(server.address, 10))
+                                     connect=B._connect_socket(server.address, 10),
+                                     token=server.token(r))
 
         threads = [threading.Thread(target=connect, args=(r,)) for r in range(2)]
         for t in threads:
@@ -249,16 +254,68 @@ def test_server_fails_exchange_with_mismatched_members(monkeypatch):
 
 
 @pytest.mark.timeout(30)
-def test_tcp_server_wants_the_job_token():
-    server = B.RendezvousServer(1, tcp=True, token="secret")
+def test_tcp_server_wants_the_rank_token():
+    server = B.RendezvousServer(1, tcp=True, tokens=["secret"])
     server.start()
     try:
-        connect = B._connect_socket(server.address, 5)
-        with pytest.raises(BootstrapError, match="wrong job token"):
-            B.Bootstrap(rank=0, size=1, kind="mpi", timeout=5, connect=connect, token="guess")
+        assert server.token(0) == "secret"
+        for guess in ("guess", None, "secret\0"):
+            connect = B._connect_socket(server.address, 5)
+            with pytest.raises(BootstrapError, match="wrong token for rank 0"):
+                B.Bootstrap(rank=0, size=1, kind="mpi", timeout=5, connect=connect, token=guess)
         with B.Bootstrap(rank=0, size=1, kind="mpi", timeout=5,
                          connect=B._connect_socket(server.address, 5), token="secret") as bs:
             assert bs.exchange("k", [0], 0, b"tcp") == [b"tcp"]
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("tcp", [False, True], ids=["unix", "tcp"])
+def test_a_rank_cannot_join_with_another_ranks_secret(tcp):
+    # A process of the same user (here: this one) knows the address and rank 0's secret;
+    # it must not take rank 1's place before rank 1 arrives.
+    server = B.RendezvousServer(2, tcp=tcp, host="127.0.0.1" if tcp else None)
+    server.start()
+    try:
+        tokens = [server.token(r) for r in range(2)]
+        assert len(set(tokens)) == 2 and all(len(t) >= 32 for t in tokens)
+        for guess in (tokens[0], None, ""):
+            with pytest.raises(BootstrapError, match="wrong token for rank 1"):
+                B.Bootstrap(rank=1, size=2, kind="launcher", timeout=5,
+                            connect=B._connect_socket(server.address, 5), token=guess)
+        clients = {}
+
+        def join(r):
+            clients[r] = B.Bootstrap(rank=r, size=2, kind="launcher", timeout=10,
+                                     connect=B._connect_socket(server.address, 10),
+                                     token=tokens[r])
+
+        threads = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        assert sorted(clients) == [0, 1]          # the real rank 1 was not shut out
+        assert clients[1].dead_ranks() == [] and clients[1].pids[1] == os.getpid()
+        for c in clients.values():
+            c.close()
+        assert server.wait_finished(5)
+    finally:
+        server.close()
+
+
+def test_server_tokens_argument():
+    with pytest.raises(ValueError, match="one non-empty str per rank"):
+        B.RendezvousServer(2, tokens=["only-one"])
+    with pytest.raises(ValueError, match="one non-empty str per rank"):
+        B.RendezvousServer(1, tokens=[""])
+    with pytest.raises(TypeError, match="not one str"):
+        B.RendezvousServer(1, tokens="shared")
+    server = B.RendezvousServer(1)
+    try:
+        with pytest.raises(RankError):
+            server.token(1)
     finally:
         server.close()
 
@@ -298,7 +355,8 @@ def one_rank_job_works(server, token):
 @pytest.mark.parametrize("tcp", [True, False], ids=["tcp", "unix"])
 def test_server_reads_no_large_frame_before_hello(tcp):
     # One stranger announcing a 4 GiB frame used to make the server buffer all it sent.
-    server = B.RendezvousServer(1, tcp=tcp, host="127.0.0.1" if tcp else None, token="secret")
+    server = B.RendezvousServer(1, tcp=tcp, host="127.0.0.1" if tcp else None,
+                                tokens=["secret"])
     server.start()
     try:
         for announced in (0xFFFFFFF0, B.MAX_HELLO_BYTES + 1):
@@ -312,7 +370,7 @@ def test_server_reads_no_large_frame_before_hello(tcp):
 
 @pytest.mark.timeout(30)
 def test_server_drops_connections_that_do_not_say_hello():
-    server = B.RendezvousServer(1, tcp=True, host="127.0.0.1", token="secret", hello_timeout=0.5)
+    server = B.RendezvousServer(1, tcp=True, host="127.0.0.1", tokens=["secret"], hello_timeout=0.5)
     server.start()
     try:
         with raw_connect(server) as silent, raw_connect(server) as partial:
@@ -333,7 +391,7 @@ def test_server_drops_connections_that_do_not_say_hello():
 
 @pytest.mark.timeout(30)
 def test_server_caps_frames_of_an_authenticated_rank():
-    server = B.RendezvousServer(1, tcp=True, host="127.0.0.1", token="secret")
+    server = B.RendezvousServer(1, tcp=True, host="127.0.0.1", tokens=["secret"])
     server.start()
     try:
         with raw_connect(server) as raw:
@@ -363,9 +421,9 @@ def test_server_answers_its_home_rank_last():
     raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # rank 1, reading nothing yet
     try:
         raw.connect("\0" + server.address[1:])
-        raw.sendall(B._frame(("hello", None, 1, 2, os.getpid(), "node")))
+        raw.sendall(B._frame(("hello", server.token(1), 1, 2, os.getpid(), "node")))
         home = B.Bootstrap(rank=0, size=2, kind="mpi", timeout=10,
-                           connect=B._connect_socket(server.address, 10))
+                           connect=B._connect_socket(server.address, 10), token=server.token(0))
         big = b"x" * (8 << 20)                      # far more than a socket buffer holds
         raw.sendall(B._frame(("contrib", "k", [0, 1], 1, big)))
         done = threading.Event()
@@ -559,6 +617,47 @@ def test_a_process_joins_a_launcher_job_once(tmp_path):
     e = expect(E.BootstrapError, B.from_environment)
     assert "already left" in str(e), e
     say(f"ok {bs.rank}")
+    '''
+    result = job(tmp_path, body, 2).check(0)
+    oks(result, range(2))
+
+
+IMPOSTOR = r'''
+from gexmk import bootstrap as B, errors as E
+# sys.argv[1] (tmp_path) only marks this process for the leftover check
+try:
+    B.from_environment()
+except E.BootstrapError as e:
+    print(f"refused: {e}")
+else:
+    print("joined as rank 1")
+'''
+
+
+@pytest.mark.timeout(60)
+def test_launcher_rank_cannot_be_taken_by_another_process(tmp_path):
+    # Before rank 1 joins, a process of the same user with the job's address and rank
+    # 0's secret (all that rank 0 has) claims rank 1: it must be refused, and rank 1 join.
+    (tmp_path / "impostor.py").write_text(IMPOSTOR)
+    body = r'''
+    import subprocess
+    tmp = os.path.dirname(os.path.abspath(__file__))
+    me = int(os.environ["GEXMK_RANK"])
+    if me == 1:
+        while not os.path.exists(os.path.join(tmp, "impostor.done")):
+            time.sleep(0.02)
+    else:
+        env = dict(os.environ, GEXMK_RANK="1", GEXMK_TIMEOUT="5")
+        out = subprocess.run([sys.executable, "-P", os.path.join(tmp, "impostor.py"), tmp],
+                             env=env, capture_output=True, text=True, timeout=30)
+        assert out.stdout.startswith("refused:") and "wrong token for rank 1" in out.stdout, (
+            out.stdout, out.stderr)
+        open(os.path.join(tmp, "impostor.done"), "w").close()
+    bs = B.from_environment()
+    assert bs.pids[me] == os.getpid() and bs.dead_ranks() == []
+    assert bs.exchange("both", [0, 1], me, bytes([me])) == [b"\0", b"\1"]
+    bs.close()
+    say(f"ok {me}")
     '''
     result = job(tmp_path, body, 2).check(0)
     oks(result, range(2))
