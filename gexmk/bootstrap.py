@@ -613,6 +613,7 @@ class RendezvousServer:
         self._to_drop = []
         self._last_msg = self._last_frame = None
         self._exits = []                       # (due time, rank, pid)
+        self._lost_at = {}                     # rank -> monotonic time it vanished without bye
         self._finished = threading.Condition()
         self._stopped = False
         self._thread = None
@@ -646,6 +647,12 @@ class RendezvousServer:
         exited is read first.
         """
         self._call(lambda: self._exits.append((time.monotonic() + 0.5, rank, pid)))
+
+    def lost_at(self, rank: int) -> float | None:
+        """When (``time.monotonic()``) the server saw ``rank``'s connection close without a
+        goodbye, or None.  Thread-safe.  Taken before the other ranks are told the rank
+        is dead, so it comes before any failure that this news causes."""
+        return self._lost_at.get(rank)
 
     @property
     def stopped(self) -> bool:
@@ -884,6 +891,8 @@ class RendezvousServer:
         except (KeyError, ValueError):
             return  # already dropped
         conn.sock.close()
+        if conn.rank is not None and not conn.said_bye and self._rdv.peers.get(conn.rank) is conn:
+            self._lost_at.setdefault(conn.rank, time.monotonic())
         self._rdv.disconnected(conn)
 
 

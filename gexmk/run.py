@@ -45,13 +45,23 @@ Options:
     program is then not the launcher's child and its exit status is whatever
     the prefix returns.
 
+Ranks run as ``python -P ...`` (Python 3.11 and later): neither the script's
+directory nor the working directory goes first on ``sys.path``, so a
+``gexmk/`` folder there (a source checkout) cannot shadow the installed
+package.  A program that imports modules from its own directory names it in
+``PYTHONPATH``.
+
 Supervision: SIGINT, SIGTERM and SIGHUP are forwarded to every rank (a second
 one kills them outright).  When a rank exits non-zero or by a signal, the
-launcher prints ``[gexmk.run] rank R exited with code C`` on stderr and, unless
+launcher prints ``[gexmk.run] rank R exited with code C`` or ``[gexmk.run]
+rank R was killed by SIGNAME (exit status 128+N)`` on stderr and, unless
 ``--keep-going``, stops the others with SIGTERM, then SIGKILL after
-:data:`GRACE` seconds.  Exit status: 0 when every rank succeeded, else the code
-of the first rank that failed (128+signum for a death by signal), 124 on
-``--timeout``.  Each rank leads its own process group, which is killed as a
+:data:`GRACE` seconds; deaths it caused itself are not printed.  Exit status:
+0 when every rank succeeded, else that of the rank that failed first in time
+(128+signum for a death by signal), 124 on ``--timeout``.  A rank failed when
+its process exited, or earlier when the rendezvous saw its connection close
+without a goodbye: a rank that fails because another died (it hears of the
+death from the rendezvous) is never blamed for it.  Each rank leads its own process group, which is killed as a
 whole, and the launcher waits for every rank: nothing is left running, and the
 abstract socket leaves no file behind; if the launcher itself is killed, the
 kernel kills the ranks (Linux parent-death signal).  Rank 0 inherits the
@@ -67,6 +77,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import selectors
 import shlex
 import signal
 import subprocess
@@ -108,7 +119,10 @@ except OSError as exc:
           file=sys.stderr, flush=True)
     os._exit(127)
 """
-_POLL = 0.02  # seconds between checks of the ranks; launching is not latency-critical
+_POLL = 0.02  # seconds between checks for signals and deadlines; exits wake the launcher at once
+
+# No script directory or working directory first on the ranks' sys.path (Python 3.11+).
+_SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 
 
 def _log(text):
@@ -118,6 +132,51 @@ def _log(text):
 def _exit_code(returncode: int) -> int:
     """Popen's returncode (-signum for a signal death) as a shell exit status."""
     return returncode if returncode >= 0 else 128 - returncode
+
+
+def _describe_exit(returncode: int) -> str:
+    """How a rank ended, from Popen's returncode, for the launcher's report."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"was killed by {name} (exit status {_exit_code(returncode)})"
+
+
+class _ExitWaiter:
+    """Sleeps until a rank exits or a timeout passes: one pidfd per rank (Linux 5.3+),
+    so that the launcher notes each exit when it happens; without pidfds it just sleeps."""
+
+    def __init__(self):
+        self._sel = selectors.DefaultSelector()
+        self._fds = {}  # rank -> pidfd
+
+    def add(self, rank, pid):
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            return  # the timeout of wait() paces the checks instead
+        self._fds[rank] = fd
+        self._sel.register(fd, selectors.EVENT_READ)
+
+    def forget(self, rank):
+        fd = self._fds.pop(rank, None)
+        if fd is not None:
+            self._sel.unregister(fd)
+            os.close(fd)
+
+    def wait(self, timeout):
+        if self._fds:
+            self._sel.select(timeout)
+        else:
+            time.sleep(timeout)
+
+    def close(self):
+        for rank in list(self._fds):
+            self.forget(rank)
+        self._sel.close()
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -147,9 +206,10 @@ class _Job:
         self.running = {}        # rank -> Popen, not reaped yet
         self.signals = []        # signals received, to forward (filled by the handler)
         self.forwarded = 0       # how many signals were forwarded
-        self.quiet = False       # deaths from here on are our doing: do not report them
+        self.quiet_since = None  # monotonic time from which deaths are our doing (not reported)
         self.kill_at = None      # monotonic time to escalate SIGTERM to SIGKILL
-        self.first_failure = None
+        self.first_failure = None  # (monotonic time, exit status) of the earliest failure
+        self.waiter = _ExitWaiter()
 
     def run(self) -> int:
         if self.listen is None:
@@ -185,7 +245,7 @@ class _Job:
     def _forward_signals(self):
         while self.signals:
             sig = self.signals.pop(0)
-            self.quiet = True
+            self._go_quiet()
             self.forwarded += 1
             if self.forwarded == 1:
                 self._signal_running(sig)
@@ -201,7 +261,7 @@ class _Job:
         wrapper = [sys.executable, "-I", "-S", "-c", _RANK_WRAPPER, str(os.getpid())]
         for rank in range(self.n):
             prefix = self.prefixes[rank] if self.prefixes is not None else []
-            cmd = [*wrapper, *prefix, sys.executable, *self.argv]
+            cmd = [*wrapper, *prefix, sys.executable, *_SAFE_PATH, *self.argv]
             # The secret binds the rank to this process (and what it execs): it travels
             # in this environment only, which other users cannot read.
             env = dict(base, GEXMK_RANK=str(rank), GEXMK_BOOTSTRAP_TOKEN=server.token(rank))
@@ -215,14 +275,19 @@ class _Job:
             except OSError as exc:
                 raise BootstrapError(f"cannot start rank {rank} ({sys.executable}): {exc}") from exc
             self.procs[rank] = self.running[rank] = proc
+            self.waiter.add(rank, proc.pid)
 
     def _signal_running(self, sig):
         for proc in self.running.values():
             _signal_group(proc.pid, sig)
 
+    def _go_quiet(self):
+        if self.quiet_since is None:
+            self.quiet_since = time.monotonic()
+
     def _terminate(self):
         """Stop every running rank: SIGTERM now, SIGKILL after GRACE seconds."""
-        self.quiet = True
+        self._go_quiet()
         if self.kill_at is None:
             self._signal_running(signal.SIGTERM)
             self.kill_at = time.monotonic() + GRACE
@@ -232,20 +297,25 @@ class _Job:
         timed_out = False
         while self.running:
             self._forward_signals()
-            for rank in sorted(self.running):
-                proc = self.running[rank]
+            seen = time.monotonic()  # every exit found below happened before this
+            failed = []
+            for rank, proc in list(self.running.items()):
                 returncode = proc.poll()
                 if returncode is None:
                     continue
                 del self.running[rank]
+                self.waiter.forget(rank)
                 server.process_exited(rank, proc.pid)
-                if returncode == 0:
-                    continue
-                code = _exit_code(returncode)
-                if not self.quiet:
-                    _log(f"rank {rank} exited with code {code}")
-                if self.first_failure is None:
-                    self.first_failure = code
+                if returncode != 0:
+                    # A rank the rendezvous saw vanish failed then, before any rank that
+                    # failed because it heard so.
+                    lost = server.lost_at(rank)
+                    failed.append((seen if lost is None else min(lost, seen), rank, returncode))
+            for when, rank, returncode in sorted(failed):
+                if self.quiet_since is None or when < self.quiet_since:
+                    _log(f"rank {rank} {_describe_exit(returncode)}")
+                if self.first_failure is None or when < self.first_failure[0]:
+                    self.first_failure = (when, _exit_code(returncode))
                 if not self.keep_going and self.running:
                     self._terminate()
             now = time.monotonic()
@@ -258,8 +328,10 @@ class _Job:
                 self._signal_running(signal.SIGKILL)
                 self.kill_at = float("inf")  # once
             if self.running:
-                time.sleep(_POLL)
-        return TIMEOUT_EXIT if timed_out else (self.first_failure or 0)
+                self.waiter.wait(_POLL)
+        if timed_out:
+            return TIMEOUT_EXIT
+        return 0 if self.first_failure is None else self.first_failure[1]
 
     def _cleanup(self):
         """Leave nothing behind: reap every rank, then empty their process groups."""
@@ -268,6 +340,7 @@ class _Job:
         for proc in self.running.values():
             proc.wait()
         self.running.clear()
+        self.waiter.close()
         # Children a rank started stay in its group after it exited.  A group id
         # cannot be reused while the group has members, so this reaches only ours.
         groups = [p.pid for p in self.procs.values() if _signal_group(p.pid, 0)]
@@ -327,8 +400,8 @@ def launch(n: int, argv, timeout: float | None = None, keep_going: bool = False,
     ``"ip netns exec ns{rank}"``; see the module docstring for what the prefix
     must do to stay supervised.
 
-    Returns 0 when every rank exited 0, else the first failing rank's status
-    (128+signum for a signal).  Blocks until every rank has exited.  Signal
+    Returns 0 when every rank exited 0, else the status of the rank that failed
+    first in time (128+signum for a signal; see the module docstring).  Blocks until every rank has exited.  Signal
     forwarding (SIGINT/SIGTERM/SIGHUP) is installed only when called from the
     main thread, and the previous handlers are restored.  Raises
     :class:`~gexmk.errors.BootstrapError` if a rank cannot be started (the
