@@ -97,6 +97,25 @@ MPI_ENVIRONMENT = (
 # Keys with this prefix are used by the bootstrap itself (barrier); the core must not use them.
 _RESERVED_PREFIX = "bootstrap:"
 
+#: Variables whose presence keeps the crash handlers of libpsm_infinipath
+#: (IPATH_NO_BACKTRACE) and of libpsm2 before 11.2 (HFI_NO_BACKTRACE) out of a process.
+PSM_BACKTRACE_SWITCHES = ("IPATH_NO_BACKTRACE", "HFI_NO_BACKTRACE")
+
+
+def keep_crash_signals(environ) -> None:
+    """Set :data:`PSM_BACKTRACE_SWITCHES` to ``"1"`` in ``environ`` where it has none.
+
+    Debian's libfabric links libpsm_infinipath, whose constructor (it runs when
+    libfabric is loaded, whatever provider the job uses; FI_PROVIDER cannot
+    prevent it) takes over SIGSEGV, SIGBUS, SIGILL, SIGABRT, SIGINT and SIGTERM:
+    it prints a backtrace, writes ``<prog>.80s-<pid>,<host>.btr`` into the
+    working directory and exits with 1, so a crash reads as ``exit 1``.  Call
+    this on ``os.environ`` before libfabric is loaded (``import gexmk`` does), or
+    on the environment of a process to start.  A value the user set is kept.
+    """
+    for name in PSM_BACKTRACE_SWITCHES:
+        environ.setdefault(name, "1")
+
 
 def default_timeout() -> float:
     """The default timeout of blocking bootstrap calls, in seconds: env GEXMK_TIMEOUT, else 300."""

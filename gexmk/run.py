@@ -14,7 +14,11 @@ environment:
 - ``GEXMK_BOOTSTRAP_TOKEN``: this rank's secret, different for every rank: the
   server admits rank R only with R's secret, so no other process, not even
   one of the same user or another rank, can join in R's place;
-- ``GEXMK_JOBID``: an identifier unique to this job.
+- ``GEXMK_JOBID``: an identifier unique to this job;
+- ``IPATH_NO_BACKTRACE=1`` and ``HFI_NO_BACKTRACE=1``, unless set already: they
+  keep the crash handlers of the psm libraries that libfabric loads out of the
+  ranks, so that a rank that crashes is reported killed by its signal
+  (:func:`gexmk.bootstrap.keep_crash_signals`).
 
 Options:
 
@@ -85,7 +89,7 @@ import sys
 import threading
 import time
 
-from gexmk.bootstrap import RendezvousServer
+from gexmk.bootstrap import RendezvousServer, keep_crash_signals
 from gexmk.errors import ArgumentError, BootstrapError
 
 __all__ = ["launch", "main", "GRACE", "TIMEOUT_EXIT"]
@@ -258,6 +262,7 @@ class _Job:
     def _spawn(self, server):
         base = dict(os.environ if self.env is None else self.env)
         base.update(GEXMK_SIZE=str(self.n), GEXMK_BOOTSTRAP=server.address, GEXMK_JOBID=self.jobid)
+        keep_crash_signals(base)  # a rank may load libfabric before (or without) gexmk
         wrapper = [sys.executable, "-I", "-S", "-c", _RANK_WRAPPER, str(os.getpid())]
         for rank in range(self.n):
             prefix = self.prefixes[rank] if self.prefixes is not None else []
