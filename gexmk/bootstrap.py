@@ -287,10 +287,11 @@ class _Rendezvous:
     # waiting for their timeout.
     _FAILED_MEMORY = 4096
 
-    def __init__(self, size: int, send, tokens=None, node_name=None):
+    def __init__(self, size: int, send, tokens=None, node_name=None, admit=None):
         self.size = size
         self.send = send
         self.tokens = tokens              # rank -> that rank's secret; None: no check (in-process)
+        self.admit = admit                # admit(rank, peer) -> None, or why it is refused
         self.node_name = node_name or _node_name()
         self.peers = {}                   # rank -> live _Peer (said hello, still connected)
         self.arrived = set()              # ranks that said hello or exited before it
@@ -362,6 +363,9 @@ class _Rendezvous:
             return self._reject(peer, f"wrong token for rank {rank}: GEXMK_BOOTSTRAP_TOKEN must be "
                                       f"the secret that gexmk.run (or MPI rank 0) gave the process "
                                       f"of that rank")
+        why = self.admit(rank, peer) if self.admit is not None else None
+        if why:
+            return self._reject(peer, why)
         if size != self.size:
             return self._reject(peer, f"client says the job has {size} ranks, the server {self.size}")
         if rank in self.arrived:
@@ -503,11 +507,12 @@ def _linger_at_exit():
 class _Conn(_Peer):
     """A server-side client connection; it is also the protocol's peer."""
 
-    __slots__ = ("sock", "inbuf", "outbuf", "want_write", "closing")
+    __slots__ = ("sock", "pid", "inbuf", "outbuf", "want_write", "closing")
 
-    def __init__(self, sock):
+    def __init__(self, sock, pid=None):
         super().__init__()
         self.sock = sock
+        self.pid = pid        # the connecting process (SO_PEERCRED), on a Unix socket
         self.inbuf = bytearray()
         self.outbuf = bytearray()
         self.want_write = False
@@ -547,7 +552,10 @@ class RendezvousServer:
     which whoever starts rank R must hand to that process alone (the launcher
     puts it in the rank's environment as GEXMK_BOOTSTRAP_TOKEN; MPI rank 0
     scatters it).  The secrets are random (128 bits each) unless ``tokens``
-    gives them: a sequence of ``size`` non-empty str.
+    gives them: a sequence of ``size`` non-empty str.  On the Unix socket,
+    ``admit(rank, pid)`` (optional) is asked too, with the pid of the
+    connecting process from the kernel (SO_PEERCRED); False refuses it.  It
+    runs in the server thread and must be quick.
 
     The listening socket exists when the constructor returns, so clients may be
     started right after; :meth:`start` begins serving.  :meth:`close` stops the
@@ -571,7 +579,7 @@ class RendezvousServer:
     def __init__(self, size: int, *, tcp: bool = False, tokens=None,
                  name: str | None = None, stop_when_finished: bool = False,
                  home_rank: int | None = None, host: str | None = None,
-                 hello_timeout: float | None = None):
+                 hello_timeout: float | None = None, admit=None):
         if not isinstance(size, int) or size < 1:
             raise ArgumentError(f"a job needs at least one rank, got size={size!r}")
         if hello_timeout is None:
@@ -590,6 +598,10 @@ class RendezvousServer:
                 raise ArgumentError(f"tokens must hold one non-empty str per rank ({size}), got "
                                     f"{len(tokens)} item(s)")
         self._tokens = tokens
+        if admit is not None and not callable(admit):
+            raise TypeError(f"admit must be a callable(rank, pid) -> bool, got "
+                            f"{type(admit).__name__}")
+        self._admit_pid = admit
         self._unauthenticated = {}  # _Conn -> monotonic deadline for its hello, oldest first
         self.size = size
         self._stop_when_finished = stop_when_finished
@@ -623,7 +635,7 @@ class RendezvousServer:
             self.address = "@" + name
         self._unix = not tcp
         self._listener.setblocking(False)
-        self._rdv = _Rendezvous(size, self._send, tokens=self._tokens)
+        self._rdv = _Rendezvous(size, self._send, tokens=self._tokens, admit=self._admit)
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -796,23 +808,36 @@ class RendezvousServer:
                 return
             except OSError:
                 return  # e.g. EMFILE: the client sees a failed connect/hello
-            if self._unix and not self._same_user(sock):
-                sock.close()
-                continue
+            pid = None
+            if self._unix:
+                pid = self._same_user_pid(sock)
+                if pid is None:
+                    sock.close()
+                    continue
             sock.setblocking(False)
-            conn = _Conn(sock)
+            conn = _Conn(sock, pid)
             self._sel.register(sock, selectors.EVENT_READ, conn)
             self._unauthenticated[conn] = time.monotonic() + self._hello_timeout
 
     @staticmethod
-    def _same_user(sock) -> bool:
+    def _same_user_pid(sock):
+        """The peer's pid if it runs as our user, else None."""
         # Abstract sockets have no file permissions: check the peer's uid instead.
         try:
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         except OSError:
-            return False
-        _, uid, _ = struct.unpack("3i", creds)
-        return uid == os.getuid()
+            return None
+        pid, uid, _ = struct.unpack("3i", creds)
+        return pid if uid == os.getuid() else None
+
+    def _admit(self, rank, peer):
+        # Called by the protocol for a hello with the right secret; a reason refuses it.
+        if self._admit_pid is None or getattr(peer, "pid", None) is None:
+            return None
+        if self._admit_pid(rank, peer.pid):
+            return None
+        return (f"rank {rank} cannot connect from process {peer.pid}: it is not the process "
+                f"started as rank {rank}, nor a descendant of it")
 
     def _read(self, conn):
         # Before its hello, a connection gets no more buffer than one hello frame.

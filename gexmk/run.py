@@ -149,6 +149,23 @@ def _describe_exit(returncode: int) -> str:
     return f"was killed by {name} (exit status {_exit_code(returncode)})"
 
 
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """True when process ``pid`` is ``ancestor`` or a descendant of it (Linux /proc)."""
+    for _ in range(64):  # bounded: a chain this long is not a rank's
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        # field 4 (ppid) follows the parenthesised command name, which may hold spaces
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return False
+
+
 class _ExitWaiter:
     """Sleeps until a rank exits or a timeout passes: one pidfd per rank (Linux 5.3+),
     so that the launcher notes each exit when it happens; without pidfds it just sleeps."""
@@ -207,6 +224,7 @@ class _Job:
         self.prefixes = prefixes      # rank -> list of words before the interpreter, or None
         self.jobid = f"{os.getpid()}-{secrets.token_hex(4)}"
         self.procs = {}          # rank -> Popen, every rank started
+        self.spawn_lock = threading.Lock()  # held from a rank's fork until procs has it
         self.running = {}        # rank -> Popen, not reaped yet
         self.signals = []        # signals received, to forward (filled by the handler)
         self.forwarded = 0       # how many signals were forwarded
@@ -217,7 +235,12 @@ class _Job:
 
     def run(self) -> int:
         if self.listen is None:
-            server = RendezvousServer(self.n, name=f"gexmk-{self.jobid}")
+            # Without a prefix, a rank is the process we started (it execs in place): the
+            # kernel's word on who connects backs its secret, which a process of the same
+            # user could read in /proc/PID/environ.  A prefix may fork or hand the rank to
+            # another supervisor, so there the secret alone decides.
+            admit = self._is_rank_process if self.prefixes is None else None
+            server = RendezvousServer(self.n, name=f"gexmk-{self.jobid}", admit=admit)
         else:
             server = RendezvousServer(self.n, tcp=True, host=self.listen)
         server.start()
@@ -274,13 +297,21 @@ class _Job:
                 # A new session makes each rank lead a process group that can be killed
                 # whole (its own children included), and keeps terminal signals from
                 # reaching it twice (directly, then forwarded).
-                proc = subprocess.Popen(cmd, env=env,
-                                        stdin=None if rank == 0 else subprocess.DEVNULL,
-                                        start_new_session=True)
+                with self.spawn_lock:
+                    proc = subprocess.Popen(cmd, env=env,
+                                            stdin=None if rank == 0 else subprocess.DEVNULL,
+                                            start_new_session=True)
+                    self.procs[rank] = self.running[rank] = proc
             except OSError as exc:
                 raise BootstrapError(f"cannot start rank {rank} ({sys.executable}): {exc}") from exc
-            self.procs[rank] = self.running[rank] = proc
             self.waiter.add(rank, proc.pid)
+
+    def _is_rank_process(self, rank, pid):
+        # Server thread.  A rank can connect only once its Popen has forked; the lock
+        # makes us wait until that Popen's result is recorded.
+        with self.spawn_lock:
+            proc = self.procs.get(rank)
+        return proc is not None and _descends_from(pid, proc.pid)
 
     def _signal_running(self, sig):
         for proc in self.running.values():

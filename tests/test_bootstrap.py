@@ -305,6 +305,34 @@ def test_a_rank_cannot_join_with_another_ranks_secret(tcp):
         server.close()
 
 
+@pytest.mark.timeout(30)
+def test_unix_server_asks_admit_with_the_connecting_pid():
+    asked = []
+    verdict = {"ok": False}
+
+    def admit(rank, pid):
+        asked.append((rank, pid))
+        return verdict["ok"]
+
+    for tcp in (False, True):
+        server = B.RendezvousServer(1, tcp=tcp, host="127.0.0.1" if tcp else None, admit=admit)
+        server.start()
+        try:
+            connect = B._connect_socket(server.address, 5)
+            if not tcp:   # the kernel's pid of the caller, which admit refuses
+                with pytest.raises(BootstrapError, match=f"from process {os.getpid()}"):
+                    B.Bootstrap(rank=0, size=1, kind="launcher", timeout=5, connect=connect,
+                                token=server.token(0))
+                assert asked == [(0, os.getpid())]
+                verdict["ok"] = True
+            one_rank_job_works(server, server.token(0))
+        finally:
+            server.close()
+    assert asked == [(0, os.getpid())] * 2        # never asked on TCP: no pid to ask about
+    with pytest.raises(TypeError, match="admit"):
+        B.RendezvousServer(1, admit="yes")
+
+
 def test_server_tokens_argument():
     with pytest.raises(ValueError, match="one non-empty str per rank"):
         B.RendezvousServer(2, tokens=["only-one"])
@@ -625,8 +653,11 @@ def test_a_process_joins_a_launcher_job_once(tmp_path):
 
 
 IMPOSTOR = r'''
+import os, sys
 from gexmk import bootstrap as B, errors as E
 # sys.argv[1] (tmp_path) only marks this process for the leftover check
+if len(sys.argv) > 2:
+    os.environ["GEXMK_BOOTSTRAP_TOKEN"] = sys.argv[2]
 try:
     B.from_environment()
 except E.BootstrapError as e:
@@ -638,22 +669,45 @@ else:
 
 @pytest.mark.timeout(60)
 def test_launcher_rank_cannot_be_taken_by_another_process(tmp_path):
-    # Before rank 1 joins, a process of the same user with the job's address and rank
-    # 0's secret (all that rank 0 has) claims rank 1: it must be refused, and rank 1 join.
+    # Before rank 1 joins, a process of the same user with the job's address claims rank
+    # 1 with rank 0's secret, then with rank 1's read from /proc/PID/environ: both must be
+    # refused, and rank 1 join.
     (tmp_path / "impostor.py").write_text(IMPOSTOR)
     body = r'''
     import subprocess
     tmp = os.path.dirname(os.path.abspath(__file__))
     me = int(os.environ["GEXMK_RANK"])
+
+    def impostor(*secret):
+        env = dict(os.environ, GEXMK_RANK="1", GEXMK_TIMEOUT="5")
+        out = subprocess.run([sys.executable, "-P", os.path.join(tmp, "impostor.py"), tmp,
+                              *secret], env=env, capture_output=True, text=True, timeout=30)
+        assert out.stdout.startswith("refused:"), (out.stdout, out.stderr)
+        return out.stdout
+
+    def environ_of_rank(rank):
+        # the launcher's other child with GEXMK_RANK=rank, read as any process of its user can
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) != os.getppid():
+                        continue
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            except (OSError, ValueError):
+                continue
+            if env.get(b"GEXMK_RANK") == str(rank).encode():
+                return env
+        raise AssertionError(f"rank {rank}'s process not found")
+
     if me == 1:
         while not os.path.exists(os.path.join(tmp, "impostor.done")):
             time.sleep(0.02)
     else:
-        env = dict(os.environ, GEXMK_RANK="1", GEXMK_TIMEOUT="5")
-        out = subprocess.run([sys.executable, "-P", os.path.join(tmp, "impostor.py"), tmp],
-                             env=env, capture_output=True, text=True, timeout=30)
-        assert out.stdout.startswith("refused:") and "wrong token for rank 1" in out.stdout, (
-            out.stdout, out.stderr)
+        assert "wrong token for rank 1" in impostor()                      # rank 0's secret
+        stolen = environ_of_rank(1)[b"GEXMK_BOOTSTRAP_TOKEN"].decode()
+        assert stolen != os.environ["GEXMK_BOOTSTRAP_TOKEN"]
+        assert "not the process started as rank 1" in impostor(stolen)    # kernel says who
         open(os.path.join(tmp, "impostor.done"), "w").close()
     bs = B.from_environment()
     assert bs.pids[me] == os.getpid() and bs.dead_ranks() == []
