@@ -125,6 +125,10 @@ except OSError as exc:
 """
 _POLL = 0.02  # seconds between checks for signals and deadlines; exits wake the launcher at once
 
+# Seconds within which a rank whose rendezvous connection closed without a goodbye is
+# expected to be reaped, for that closing to count as the moment it failed.
+_DYING = 1.0
+
 # No script directory or working directory first on the ranks' sys.path (Python 3.11+).
 _SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 
@@ -231,6 +235,7 @@ class _Job:
         self.quiet_since = None  # monotonic time from which deaths are our doing (not reported)
         self.kill_at = None      # monotonic time to escalate SIGTERM to SIGKILL
         self.first_failure = None  # (monotonic time, exit status) of the earliest failure
+        self.failed = []         # (time, rank, returncode) found but not yet reported
         self.waiter = _ExitWaiter()
 
     def run(self) -> int:
@@ -334,7 +339,6 @@ class _Job:
         while self.running:
             self._forward_signals()
             seen = time.monotonic()  # every exit found below happened before this
-            failed = []
             for rank, proc in list(self.running.items()):
                 returncode = proc.poll()
                 if returncode is None:
@@ -343,11 +347,8 @@ class _Job:
                 self.waiter.forget(rank)
                 server.process_exited(rank, proc.pid)
                 if returncode != 0:
-                    # A rank the rendezvous saw vanish failed then, before any rank that
-                    # failed because it heard so.
-                    lost = server.lost_at(rank)
-                    failed.append((seen if lost is None else min(lost, seen), rank, returncode))
-            for when, rank, returncode in sorted(failed):
+                    self.failed.append((self._failure_time(server, rank, seen), rank, returncode))
+            for when, rank, returncode in self._settled_failures(server):
                 if self.quiet_since is None or when < self.quiet_since:
                     _log(f"rank {rank} {_describe_exit(returncode)}")
                 if self.first_failure is None or when < self.first_failure[0]:
@@ -368,6 +369,26 @@ class _Job:
         if timed_out:
             return TIMEOUT_EXIT
         return 0 if self.first_failure is None else self.first_failure[1]
+
+    def _failure_time(self, server, rank, seen):
+        """When a rank found exited at ``seen`` failed: when the rendezvous saw its
+        connection close without a goodbye, if it died right after; else ``seen``.
+        That comes before any failure of a rank that heard of this death."""
+        lost = server.lost_at(rank)
+        return lost if lost is not None and seen - lost < _DYING else seen
+
+    def _settled_failures(self, server):
+        """Pop the failures found so far that no rank still being reaped preceded, oldest
+        first.  A rank whose connection closed without a goodbye in the last _DYING
+        seconds failed then, and its process may not have been reaped yet."""
+        now = time.monotonic()
+        dying = [t for r in self.running
+                 if (t := server.lost_at(r)) is not None and now - t < _DYING]
+        first_dying = min(dying, default=float("inf"))
+        self.failed.sort()
+        settled = [f for f in self.failed if f[0] < first_dying]
+        del self.failed[:len(settled)]
+        return settled
 
     def _cleanup(self):
         """Leave nothing behind: reap every rank, then empty their process groups."""
