@@ -290,7 +290,7 @@ class _Rendezvous:
     def __init__(self, size: int, send, tokens=None, node_name=None, admit=None):
         self.size = size
         self.send = send
-        self.tokens = tokens              # rank -> that rank's secret; None: no check (in-process)
+        self.tokens = tokens              # rank -> its secret; None: no check (in-process)
         self.admit = admit                # admit(rank, peer) -> None, or why it is refused
         self.node_name = node_name or _node_name()
         self.peers = {}                   # rank -> live _Peer (said hello, still connected)
@@ -360,9 +360,9 @@ class _Rendezvous:
         if not 0 <= rank < self.size:
             return self._reject(peer, f"rank {rank} outside 0..{self.size - 1}")
         if self.tokens is not None and not _same_secret(token, self.tokens[rank]):
-            return self._reject(peer, f"wrong token for rank {rank}: GEXMK_BOOTSTRAP_TOKEN must be "
-                                      f"the secret that gexmk.run (or MPI rank 0) gave the process "
-                                      f"of that rank")
+            return self._reject(peer, f"wrong token for rank {rank}: GEXMK_BOOTSTRAP_TOKEN "
+                                      f"must be the secret that gexmk.run (or MPI rank 0) gave "
+                                      f"the process of that rank")
         why = self.admit(rank, peer) if self.admit is not None else None
         if why:
             return self._reject(peer, why)
@@ -841,7 +841,10 @@ class RendezvousServer:
 
     def _read(self, conn):
         # Before its hello, a connection gets no more buffer than one hello frame.
-        want = (1 << 16) if conn.rank is not None else _LEN.size + MAX_HELLO_BYTES - len(conn.inbuf)
+        if conn.rank is not None:
+            want = 1 << 16
+        else:
+            want = _LEN.size + MAX_HELLO_BYTES - len(conn.inbuf)
         try:
             data = conn.sock.recv(max(1, want))
         except (BlockingIOError, InterruptedError):

@@ -12,8 +12,10 @@ environment:
 - ``GEXMK_BOOTSTRAP``: the server address (``@name``, an abstract socket, or
   ``host:port``);
 - ``GEXMK_BOOTSTRAP_TOKEN``: this rank's secret, different for every rank: the
-  server admits rank R only with R's secret, so no other process, not even
-  one of the same user or another rank, can join in R's place;
+  server admits rank R only with R's secret and, on the Unix socket without
+  ``--rank-prefix``, only from the process started as R or a descendant of it
+  (the kernel says which process connects), so neither another rank nor a
+  stray process can join in R's place;
 - ``GEXMK_JOBID``: an identifier unique to this job;
 - ``IPATH_NO_BACKTRACE=1`` and ``HFI_NO_BACKTRACE=1``, unless set already: they
   keep the crash handlers of the psm libraries that libfabric loads out of the
@@ -65,12 +67,12 @@ rank R was killed by SIGNAME (exit status 128+N)`` on stderr and, unless
 (128+signum for a death by signal), 124 on ``--timeout``.  A rank failed when
 its process exited, or earlier when the rendezvous saw its connection close
 without a goodbye: a rank that fails because another died (it hears of the
-death from the rendezvous) is never blamed for it.  Each rank leads its own process group, which is killed as a
-whole, and the launcher waits for every rank: nothing is left running, and the
-abstract socket leaves no file behind; if the launcher itself is killed, the
-kernel kills the ranks (Linux parent-death signal).  Rank 0 inherits the
-launcher's stdin, the other ranks read from /dev/null; stdout and stderr are
-shared.  A process joins a job once: after its bootstrap is closed it cannot
+death from the rendezvous) is never blamed for it.  Each rank leads its own
+process group, which is killed as a whole, and the launcher waits for every
+rank: nothing is left running, and the abstract socket leaves no file behind;
+if the launcher itself is killed, the kernel kills the ranks (Linux
+parent-death signal).  Rank 0 inherits the launcher's stdin, the other ranks
+read from /dev/null; stdout and stderr are shared.  A process joins a job once: after its bootstrap is closed it cannot
 connect again.
 
 From Python: :func:`launch`.
@@ -458,9 +460,10 @@ def launch(n: int, argv, timeout: float | None = None, keep_going: bool = False,
     must do to stay supervised.
 
     Returns 0 when every rank exited 0, else the status of the rank that failed
-    first in time (128+signum for a signal; see the module docstring).  Blocks until every rank has exited.  Signal
-    forwarding (SIGINT/SIGTERM/SIGHUP) is installed only when called from the
-    main thread, and the previous handlers are restored.  Raises
+    first in time (128+signum for a signal; see the module docstring).  Blocks
+    until every rank has exited.  Signal forwarding (SIGINT/SIGTERM/SIGHUP) is
+    installed only when called from the main thread, and the previous handlers
+    are restored.  Raises
     :class:`~gexmk.errors.BootstrapError` if a rank cannot be started (the
     ones already started are killed).
     """
