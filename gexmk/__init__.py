@@ -15,6 +15,10 @@ See README.md for the GASNet-EX → gexmk table, and the docstrings of
 """
 import os as _os
 
+# Before any extension loads libfabric, and with it libpsm_infinipath's crash handlers.
+from gexmk.bootstrap import keep_crash_signals as _keep_crash_signals
+_keep_crash_signals(_os.environ)
+
 from gexmk.errors import *  # noqa: F401,F403 - the exception tree is public API
 from gexmk.errors import __all__ as _errors_all
 from gexmk.memory import HOST, MKClass, MemoryKind, Segment, mk_create

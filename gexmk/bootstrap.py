@@ -10,12 +10,18 @@ Three ways to find the job, picked by :func:`from_environment`:
 ``launcher``
     The process was started by ``python -m gexmk.run``; the rendezvous server
     runs inside the launcher on an abstract-namespace Unix socket (or on TCP,
-    with ``--bootstrap-listen``; the ranks then present GEXMK_BOOTSTRAP_TOKEN).
+    with ``--bootstrap-listen``), and each rank presents the secret the
+    launcher put in its environment (GEXMK_BOOTSTRAP_TOKEN).
 ``mpi``
     The process runs under ``mpiexec``/``srun``; MPI rank 0 runs the
-    rendezvous server in a daemon thread and broadcasts its address once.
+    rendezvous server in a daemon thread and sends each rank, over MPI, the
+    server's address and that rank's secret.
 ``single``
     A lone process (size 1); exchanges between its threads stay in-process.
+
+The server admits rank R only with rank R's secret (a random token per rank,
+compared in constant time), so a process of the same user that is not the
+one started as R cannot take R's place, on a Unix socket or on TCP.
 
 Every mode speaks the same small protocol: a client sends its contribution to
 a *key*; the server answers every contributor with all payloads once the last
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import hmac
 import operator
 import os
 import secrets
@@ -65,6 +72,22 @@ CONNECT_TIMEOUT = 10.0
 #: After a timed-out exchange, seconds to wait for the server to say which members were missing.
 _STATUS_WAIT = 5.0
 
+#: Seconds a new connection may take to present its hello before the server drops it.
+#: A rank sends its hello right after connecting, so only a stranger needs longer.
+HELLO_TIMEOUT = 10.0
+
+#: Largest frame the server reads before the sender has authenticated: a hello is a
+#: token, four numbers and a node name, well under this.
+MAX_HELLO_BYTES = 4096
+
+#: Largest payload one rank may contribute to an exchange (64 MiB); the server drops
+#: an authenticated connection whose frame exceeds :data:`MAX_MESSAGE_BYTES`.
+MAX_PAYLOAD_BYTES = 64 << 20
+
+#: Largest frame the server reads from an authenticated rank: a payload of
+#: :data:`MAX_PAYLOAD_BYTES` plus room for its key and member list.
+MAX_MESSAGE_BYTES = MAX_PAYLOAD_BYTES + (1 << 20)
+
 #: Environment variables that typical MPI launchers (Hydra/MPICH, PMIx, Open MPI) set.
 MPI_ENVIRONMENT = (
     "PMI_RANK", "PMI_SIZE", "PMI_FD", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
@@ -73,6 +96,25 @@ MPI_ENVIRONMENT = (
 
 # Keys with this prefix are used by the bootstrap itself (barrier); the core must not use them.
 _RESERVED_PREFIX = "bootstrap:"
+
+#: Variables whose presence keeps the crash handlers of libpsm_infinipath
+#: (IPATH_NO_BACKTRACE) and of libpsm2 before 11.2 (HFI_NO_BACKTRACE) out of a process.
+PSM_BACKTRACE_SWITCHES = ("IPATH_NO_BACKTRACE", "HFI_NO_BACKTRACE")
+
+
+def keep_crash_signals(environ) -> None:
+    """Set :data:`PSM_BACKTRACE_SWITCHES` to ``"1"`` in ``environ`` where it has none.
+
+    Debian's libfabric links libpsm_infinipath, whose constructor (it runs when
+    libfabric is loaded, whatever provider the job uses; FI_PROVIDER cannot
+    prevent it) takes over SIGSEGV, SIGBUS, SIGILL, SIGABRT, SIGINT and SIGTERM:
+    it prints a backtrace, writes ``<prog>.80s-<pid>,<host>.btr`` into the
+    working directory and exits with 1, so a crash reads as ``exit 1``.  Call
+    this on ``os.environ`` before libfabric is loaded (``import gexmk`` does), or
+    on the environment of a process to start.  A value the user set is kept.
+    """
+    for name in PSM_BACKTRACE_SWITCHES:
+        environ.setdefault(name, "1")
 
 
 def default_timeout() -> float:
@@ -145,12 +187,14 @@ def _encode(obj, out: bytearray) -> None:
         raise TypeError(f"cannot encode {type(obj).__name__} in a bootstrap message")
 
 
-def _frame(msg) -> bytearray:
+def _frame(msg, limit: int = _MAX_FRAME) -> bytearray:
     out = bytearray(_LEN.size)
     _encode(msg, out)
-    if len(out) - _LEN.size > _MAX_FRAME:
-        raise ArgumentError("bootstrap message larger than 4 GiB")
-    _LEN.pack_into(out, 0, len(out) - _LEN.size)
+    n = len(out) - _LEN.size
+    if n > limit:
+        raise ArgumentError(f"a bootstrap {msg[0]!r} message of {n} bytes is larger than the "
+                            f"{limit} bytes the rendezvous server accepts")
+    _LEN.pack_into(out, 0, n)
     return out
 
 
@@ -243,10 +287,11 @@ class _Rendezvous:
     # waiting for their timeout.
     _FAILED_MEMORY = 4096
 
-    def __init__(self, size: int, send, token=None, node_name=None):
+    def __init__(self, size: int, send, tokens=None, node_name=None, admit=None):
         self.size = size
         self.send = send
-        self.token = token
+        self.tokens = tokens              # rank -> its secret; None: no check (in-process)
+        self.admit = admit                # admit(rank, peer) -> None, or why it is refused
         self.node_name = node_name or _node_name()
         self.peers = {}                   # rank -> live _Peer (said hello, still connected)
         self.arrived = set()              # ranks that said hello or exited before it
@@ -310,14 +355,19 @@ class _Rendezvous:
             _, token, rank, size, pid, node = msg
         except ValueError:
             raise _ProtocolError("malformed hello") from None
-        if not (isinstance(pid, int) and isinstance(node, str)):
+        if not (isinstance(rank, int) and isinstance(pid, int) and isinstance(node, str)):
             raise _ProtocolError("malformed hello")
-        if token != self.token:
-            return self._reject(peer, "wrong job token")
+        if not 0 <= rank < self.size:
+            return self._reject(peer, f"rank {rank} outside 0..{self.size - 1}")
+        if self.tokens is not None and not _same_secret(token, self.tokens[rank]):
+            return self._reject(peer, f"wrong token for rank {rank}: GEXMK_BOOTSTRAP_TOKEN "
+                                      f"must be the secret that gexmk.run (or MPI rank 0) gave "
+                                      f"the process of that rank")
+        why = self.admit(rank, peer) if self.admit is not None else None
+        if why:
+            return self._reject(peer, why)
         if size != self.size:
             return self._reject(peer, f"client says the job has {size} ranks, the server {self.size}")
-        if not isinstance(rank, int) or not 0 <= rank < self.size:
-            return self._reject(peer, f"rank {rank!r} outside 0..{self.size - 1}")
         if rank in self.arrived:
             why = {"left": "it already left the job (closed its bootstrap); a process joins a job "
                            "once", "dead": "its process was reported dead"}.get(
@@ -426,6 +476,11 @@ class _Rendezvous:
                 self._fail(key, st.contributors(), how, rank, _gone_text(rank, how, key))
 
 
+def _same_secret(given, expected: str) -> bool:
+    # Constant time, so that the answer's timing says nothing about how much was right.
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
+
+
 def _gone_text(rank, how, key):
     if how == "dead":
         return f"rank {rank} died before contributing to exchange {key!r}"
@@ -452,11 +507,12 @@ def _linger_at_exit():
 class _Conn(_Peer):
     """A server-side client connection; it is also the protocol's peer."""
 
-    __slots__ = ("sock", "inbuf", "outbuf", "want_write", "closing")
+    __slots__ = ("sock", "pid", "inbuf", "outbuf", "want_write", "closing")
 
-    def __init__(self, sock):
+    def __init__(self, sock, pid=None):
         super().__init__()
         self.sock = sock
+        self.pid = pid        # the connecting process (SO_PEERCRED), on a Unix socket
         self.inbuf = bytearray()
         self.outbuf = bytearray()
         self.want_write = False
@@ -487,10 +543,19 @@ class RendezvousServer:
     ``size`` is the number of ranks of the job.  With ``tcp=False`` (default) it
     listens on an abstract-namespace Unix socket (nothing on disk; only processes
     of the same user and network namespace may connect); with ``tcp=True`` on
-    TCP, port chosen by the kernel, and clients must present ``token``: on all
-    interfaces (address ``hostname:port``), or on ``host`` alone (an address or
-    name of this machine; address ``host:port``).  :attr:`address` is the
-    string clients pass to connect (GEXMK_BOOTSTRAP).
+    TCP, port chosen by the kernel: on all interfaces (address
+    ``hostname:port``), or on ``host`` alone (an address or name of this
+    machine; address ``host:port``).  :attr:`address` is the string clients
+    pass to connect (GEXMK_BOOTSTRAP).
+
+    Either way rank R is admitted only with rank R's secret, :meth:`token`,
+    which whoever starts rank R must hand to that process alone (the launcher
+    puts it in the rank's environment as GEXMK_BOOTSTRAP_TOKEN; MPI rank 0
+    scatters it).  The secrets are random (128 bits each) unless ``tokens``
+    gives them: a sequence of ``size`` non-empty str.  On the Unix socket,
+    ``admit(rank, pid)`` (optional) is asked too, with the pid of the
+    connecting process from the kernel (SO_PEERCRED); False refuses it.  It
+    runs in the server thread and must be quick.
 
     The listening socket exists when the constructor returns, so clients may be
     started right after; :meth:`start` begins serving.  :meth:`close` stops the
@@ -502,13 +567,42 @@ class RendezvousServer:
     Replies to it are held back until every other client's output has left,
     so that once it has its answer it may block in a call that keeps the GIL
     (the server thread then cannot run) without starving the others.
+
+    Nothing a connection sends is kept before it has authenticated: its first
+    frame must be a hello of at most :data:`MAX_HELLO_BYTES` bytes, and come
+    within ``hello_timeout`` seconds (default :data:`HELLO_TIMEOUT`), or the
+    connection is dropped.  An authenticated rank's frames are limited to
+    :data:`MAX_MESSAGE_BYTES`; a rank that sends a larger one is dropped (and
+    reported dead to the others).
     """
 
-    def __init__(self, size: int, *, tcp: bool = False, token: str | None = None,
+    def __init__(self, size: int, *, tcp: bool = False, tokens=None,
                  name: str | None = None, stop_when_finished: bool = False,
-                 home_rank: int | None = None, host: str | None = None):
+                 home_rank: int | None = None, host: str | None = None,
+                 hello_timeout: float | None = None, admit=None):
         if not isinstance(size, int) or size < 1:
             raise ArgumentError(f"a job needs at least one rank, got size={size!r}")
+        if hello_timeout is None:
+            hello_timeout = HELLO_TIMEOUT
+        if not hello_timeout > 0:  # also rejects NaN
+            raise ArgumentError(f"hello_timeout must be a positive number of seconds, got "
+                                f"{hello_timeout!r}")
+        self._hello_timeout = float(hello_timeout)
+        if tokens is None:
+            tokens = [secrets.token_hex(16) for _ in range(size)]
+        elif isinstance(tokens, str):
+            raise TypeError("tokens must be a sequence of one secret per rank, not one str")
+        else:
+            tokens = list(tokens)
+            if len(tokens) != size or not all(isinstance(t, str) and t for t in tokens):
+                raise ArgumentError(f"tokens must hold one non-empty str per rank ({size}), got "
+                                    f"{len(tokens)} item(s)")
+        self._tokens = tokens
+        if admit is not None and not callable(admit):
+            raise TypeError(f"admit must be a callable(rank, pid) -> bool, got "
+                            f"{type(admit).__name__}")
+        self._admit_pid = admit
+        self._unauthenticated = {}  # _Conn -> monotonic deadline for its hello, oldest first
         self.size = size
         self._stop_when_finished = stop_when_finished
         self._home_rank = home_rank
@@ -541,7 +635,7 @@ class RendezvousServer:
             self.address = "@" + name
         self._unix = not tcp
         self._listener.setblocking(False)
-        self._rdv = _Rendezvous(size, self._send, token=token)
+        self._rdv = _Rendezvous(size, self._send, tokens=self._tokens, admit=self._admit)
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -550,6 +644,7 @@ class RendezvousServer:
         self._to_drop = []
         self._last_msg = self._last_frame = None
         self._exits = []                       # (due time, rank, pid)
+        self._lost_at = {}                     # rank -> monotonic time it vanished without bye
         self._finished = threading.Condition()
         self._stopped = False
         self._thread = None
@@ -557,6 +652,13 @@ class RendezvousServer:
 
     def __repr__(self):
         return f"<RendezvousServer {self.address} size={self.size}>"
+
+    def token(self, rank: int) -> str:
+        """The secret ``rank`` must present to join; give it to that rank's process only."""
+        rank = operator.index(rank)
+        if not 0 <= rank < self.size:
+            raise RankError(f"rank {rank} is not a rank of this job (0..{self.size - 1})")
+        return self._tokens[rank]
 
     def start(self) -> None:
         """Start serving in a daemon thread."""
@@ -576,6 +678,12 @@ class RendezvousServer:
         exited is read first.
         """
         self._call(lambda: self._exits.append((time.monotonic() + 0.5, rank, pid)))
+
+    def lost_at(self, rank: int) -> float | None:
+        """When (``time.monotonic()``) the server saw ``rank``'s connection close without a
+        goodbye, or None.  Thread-safe.  Taken before the other ranks are told the rank
+        is dead, so it comes before any failure that this news causes."""
+        return self._lost_at.get(rank)
 
     @property
     def stopped(self) -> bool:
@@ -610,9 +718,10 @@ class RendezvousServer:
     def _serve(self):
         try:
             while True:
-                timeout = None
-                if self._exits:
-                    timeout = max(0.0, min(t for t, _, _ in self._exits) - time.monotonic())
+                due = [t for t, _, _ in self._exits]
+                if self._unauthenticated:
+                    due.append(next(iter(self._unauthenticated.values())))
+                timeout = max(0.0, min(due) - time.monotonic()) if due else None
                 for key, mask in self._sel.select(timeout):
                     if key.data == "listen":
                         self._accept()
@@ -626,6 +735,7 @@ class RendezvousServer:
                         if mask & selectors.EVENT_WRITE:
                             self._flush(conn)
                 self._apply_exits()
+                self._expire_hellos()
                 for conn in self._to_drop:
                     self._drop(conn)
                 self._to_drop.clear()
@@ -679,6 +789,17 @@ class RendezvousServer:
             for _, rank, pid in due:
                 self._rdv.process_exited(rank, pid)
 
+    def _expire_hellos(self):
+        now = time.monotonic()
+        for conn, deadline in list(self._unauthenticated.items()):
+            if deadline > now:
+                break  # deadlines are in accept order
+            del self._unauthenticated[conn]
+            if not conn.closing:
+                print(f"[gexmk.bootstrap] dropping a connection that did not say hello within "
+                      f"{self._hello_timeout:g} s", file=sys.stderr)
+            self._to_drop.append(conn)
+
     def _accept(self):
         while True:
             try:
@@ -687,26 +808,45 @@ class RendezvousServer:
                 return
             except OSError:
                 return  # e.g. EMFILE: the client sees a failed connect/hello
-            if self._unix and not self._same_user(sock):
-                sock.close()
-                continue
+            pid = None
+            if self._unix:
+                pid = self._same_user_pid(sock)
+                if pid is None:
+                    sock.close()
+                    continue
             sock.setblocking(False)
-            conn = _Conn(sock)
+            conn = _Conn(sock, pid)
             self._sel.register(sock, selectors.EVENT_READ, conn)
+            self._unauthenticated[conn] = time.monotonic() + self._hello_timeout
 
     @staticmethod
-    def _same_user(sock) -> bool:
+    def _same_user_pid(sock):
+        """The peer's pid if it runs as our user, else None."""
         # Abstract sockets have no file permissions: check the peer's uid instead.
         try:
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         except OSError:
-            return False
-        _, uid, _ = struct.unpack("3i", creds)
-        return uid == os.getuid()
+            return None
+        pid, uid, _ = struct.unpack("3i", creds)
+        return pid if uid == os.getuid() else None
+
+    def _admit(self, rank, peer):
+        # Called by the protocol for a hello with the right secret; a reason refuses it.
+        if self._admit_pid is None or getattr(peer, "pid", None) is None:
+            return None
+        if self._admit_pid(rank, peer.pid):
+            return None
+        return (f"rank {rank} cannot connect from process {peer.pid}: it is not the process "
+                f"started as rank {rank}, nor a descendant of it")
 
     def _read(self, conn):
+        # Before its hello, a connection gets no more buffer than one hello frame.
+        if conn.rank is not None:
+            want = 1 << 16
+        else:
+            want = _LEN.size + MAX_HELLO_BYTES - len(conn.inbuf)
         try:
-            data = conn.sock.recv(1 << 16)
+            data = conn.sock.recv(max(1, want))
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -714,12 +854,19 @@ class RendezvousServer:
         if not data:
             self._to_drop.append(conn)
             return
+        if conn.closing:
+            return  # answered and about to be closed: nothing more is read from it
         conn.inbuf += data
         view = memoryview(conn.inbuf)
         pos = 0
         try:
             while len(view) - pos >= _LEN.size and not conn.closing:
                 (n,) = _LEN.unpack_from(view, pos)
+                limit = MAX_MESSAGE_BYTES if conn.rank is not None else MAX_HELLO_BYTES
+                if n > limit:
+                    raise _ProtocolError(
+                        f"it announced a frame of {n} bytes, more than the {limit} accepted "
+                        f"{'from a rank' if conn.rank is not None else 'before its hello'}")
                 if len(view) - pos - _LEN.size < n:
                     break
                 msg = _decode_frame(view[pos + _LEN.size:pos + _LEN.size + n])
@@ -728,6 +875,8 @@ class RendezvousServer:
                     conn.closing = True
                     if not conn.outbuf:
                         self._to_drop.append(conn)
+                if conn.rank is not None:
+                    self._unauthenticated.pop(conn, None)
         except _ProtocolError as exc:
             print(f"[gexmk.bootstrap] dropping a client (rank {conn.rank}): {exc}", file=sys.stderr)
             self._to_drop.append(conn)
@@ -780,6 +929,7 @@ class RendezvousServer:
             self._to_drop.append(conn)
 
     def _drop(self, conn):
+        self._unauthenticated.pop(conn, None)
         self._backlog.discard(conn)
         if conn is self._home:
             self._home = None
@@ -788,6 +938,8 @@ class RendezvousServer:
         except (KeyError, ValueError):
             return  # already dropped
         conn.sock.close()
+        if conn.rank is not None and not conn.said_bye and self._rdv.peers.get(conn.rank) is conn:
+            self._lost_at.setdefault(conn.rank, time.monotonic())
         self._rdv.disconnected(conn)
 
 
@@ -822,7 +974,7 @@ class _SocketTransport:
         self._reader.start()
 
     def send(self, msg):
-        frame = _frame(msg)
+        frame = _frame(msg, MAX_MESSAGE_BYTES)  # the server would drop us for a larger one
         with self._send_lock:
             self._sock.sendall(frame)
 
@@ -914,7 +1066,7 @@ class Bootstrap:
 
     def __init__(self, *, rank, size, kind, timeout, connect, token=None):
         # Internal: use from_environment().  ``connect(deliver, lost)`` returns a transport;
-        # ``token`` is the job secret the server expects in the hello (TCP only).
+        # ``token`` is this rank's secret, which the server expects in the hello.
         self.rank = rank
         self.size = size
         self.kind = kind
@@ -978,7 +1130,8 @@ class Bootstrap:
         must be this rank).  ``key`` (str) names the collective; every
         participant passes the same key and members, and a key must not be
         reused in the job (keys starting with ``"bootstrap:"`` are reserved).
-        ``payload`` is any bytes-like object (copied before the call returns).
+        ``payload`` is any bytes-like object (copied before the call returns) of
+        at most :data:`MAX_PAYLOAD_BYTES` (64 MiB).
 
         Thread-safe: several threads may wait at once, on different keys or on
         different indices of one key.  Blocks, without holding the GIL, for at
@@ -1114,6 +1267,10 @@ class Bootstrap:
             payload = bytes(memoryview(payload))
         except TypeError:
             raise TypeError(f"payload must be bytes-like, got {type(payload).__name__}") from None
+        if len(payload) > MAX_PAYLOAD_BYTES:
+            raise ArgumentError(f"exchange {key!r}: a payload of {len(payload)} bytes is larger "
+                                f"than the {MAX_PAYLOAD_BYTES} bytes (MAX_PAYLOAD_BYTES) a rank "
+                                f"may contribute")
         if timeout is None:
             timeout = self.timeout
         elif not timeout >= 0:
@@ -1270,8 +1427,12 @@ def _from_launcher(address: str) -> Bootstrap:
     if not 0 <= rank < size:
         raise BootstrapError(f"GEXMK_RANK={rank} is outside 0..GEXMK_SIZE-1 ({size - 1})")
     timeout = default_timeout()
-    # A TCP server (gexmk.run --bootstrap-listen) asks for the job's token.
-    token = os.environ.get("GEXMK_BOOTSTRAP_TOKEN") or None
+    # The launcher gave this rank, and no other, its secret.
+    token = os.environ.get("GEXMK_BOOTSTRAP_TOKEN")
+    if not token:
+        raise BootstrapError("GEXMK_BOOTSTRAP is set but GEXMK_BOOTSTRAP_TOKEN is not: the "
+                             "rendezvous admits a rank only with the secret gexmk.run gave it; "
+                             "start the job with python -m gexmk.run")
     return Bootstrap(rank=rank, size=size, kind="launcher", timeout=timeout,
                      connect=_connect_socket(address, timeout), token=token)
 
@@ -1287,17 +1448,20 @@ def _from_mpi(comm, force_tcp: bool = False) -> Bootstrap:
         hosts = comm.allgather(socket.gethostname())
         tcp = force_tcp or len(set(hosts)) > 1
         server = None
-        info = None
+        infos = None
         if comm.Get_rank() == 0:
+            size = comm.Get_size()
             try:
-                token = secrets.token_hex(16) if tcp else None
-                server = RendezvousServer(comm.Get_size(), tcp=tcp, token=token,
-                                          stop_when_finished=True, home_rank=0)
+                server = RendezvousServer(size, tcp=tcp, stop_when_finished=True, home_rank=0)
                 server.start()
-                info = (server.address, token, None)
+                # Each rank gets its own secret, point to point: no rank learns another's.
+                infos = [(server.address, server.token(r), None) for r in range(size)]
             except Exception as exc:  # the others must learn about it, not hang
-                info = (None, None, f"{type(exc).__name__}: {exc}")
-        address, token, error = comm.bcast(info, root=0)
+                if server is not None:
+                    server.close()
+                    server = None
+                infos = [(None, None, f"{type(exc).__name__}: {exc}")] * size
+        address, token, error = comm.scatter(infos, root=0)
         if error:
             raise BootstrapError(f"MPI rank 0 could not start the rendezvous server: {error}")
         rank, size = comm.Get_rank(), comm.Get_size()

@@ -11,8 +11,16 @@ environment:
 - ``GEXMK_SIZE``: N;
 - ``GEXMK_BOOTSTRAP``: the server address (``@name``, an abstract socket, or
   ``host:port``);
-- ``GEXMK_BOOTSTRAP_TOKEN``: the job secret a TCP server asks for (TCP only);
-- ``GEXMK_JOBID``: an identifier unique to this job.
+- ``GEXMK_BOOTSTRAP_TOKEN``: this rank's secret, different for every rank: the
+  server admits rank R only with R's secret and, on the Unix socket without
+  ``--rank-prefix``, only from the process started as R or a descendant of it
+  (the kernel says which process connects), so neither another rank nor a
+  stray process can join in R's place;
+- ``GEXMK_JOBID``: an identifier unique to this job;
+- ``IPATH_NO_BACKTRACE=1`` and ``HFI_NO_BACKTRACE=1``, unless set already: they
+  keep the crash handlers of the psm libraries that libfabric loads out of the
+  ranks, so that a rank that crashes is reported killed by its signal
+  (:func:`gexmk.bootstrap.keep_crash_signals`).
 
 Options:
 
@@ -26,7 +34,8 @@ Options:
     Serve the rendezvous on TCP ``HOST``, port chosen by the kernel, instead of
     the abstract Unix socket, which only processes of the launcher's network
     namespace can reach.  ``HOST`` is an address (or name) of this machine that
-    every rank can connect to; ranks must present the job's random token.
+    every rank can connect to; as on the Unix socket, a rank is admitted only
+    with its own secret.
 ``--rank-prefix 'CMD ARGS...'``
     Run each rank as ``CMD ARGS... python prog.py ...``.  The text is split
     like a shell would (:func:`shlex.split`, no expansion), then ``{rank}`` and
@@ -42,18 +51,28 @@ Options:
     program is then not the launcher's child and its exit status is whatever
     the prefix returns.
 
+Ranks run as ``python -P ...`` (Python 3.11 and later): neither the script's
+directory nor the working directory goes first on ``sys.path``, so a
+``gexmk/`` folder there (a source checkout) cannot shadow the installed
+package.  A program that imports modules from its own directory names it in
+``PYTHONPATH``.
+
 Supervision: SIGINT, SIGTERM and SIGHUP are forwarded to every rank (a second
 one kills them outright).  When a rank exits non-zero or by a signal, the
-launcher prints ``[gexmk.run] rank R exited with code C`` on stderr and, unless
+launcher prints ``[gexmk.run] rank R exited with code C`` or ``[gexmk.run]
+rank R was killed by SIGNAME (exit status 128+N)`` on stderr and, unless
 ``--keep-going``, stops the others with SIGTERM, then SIGKILL after
-:data:`GRACE` seconds.  Exit status: 0 when every rank succeeded, else the code
-of the first rank that failed (128+signum for a death by signal), 124 on
-``--timeout``.  Each rank leads its own process group, which is killed as a
-whole, and the launcher waits for every rank: nothing is left running, and the
-abstract socket leaves no file behind; if the launcher itself is killed, the
-kernel kills the ranks (Linux parent-death signal).  Rank 0 inherits the
-launcher's stdin, the other ranks read from /dev/null; stdout and stderr are
-shared.  A process joins a job once: after its bootstrap is closed it cannot
+:data:`GRACE` seconds; deaths it caused itself are not printed.  Exit status:
+0 when every rank succeeded, else that of the rank that failed first in time
+(128+signum for a death by signal), 124 on ``--timeout``.  A rank failed when
+its process exited, or earlier when the rendezvous saw its connection close
+without a goodbye: a rank that fails because another died (it hears of the
+death from the rendezvous) is never blamed for it.  Each rank leads its own
+process group, which is killed as a whole, and the launcher waits for every
+rank: nothing is left running, and the abstract socket leaves no file behind;
+if the launcher itself is killed, the kernel kills the ranks (Linux
+parent-death signal).  Rank 0 inherits the launcher's stdin, the other ranks
+read from /dev/null; stdout and stderr are shared.  A process joins a job once: after its bootstrap is closed it cannot
 connect again.
 
 From Python: :func:`launch`.
@@ -64,6 +83,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import selectors
 import shlex
 import signal
 import subprocess
@@ -71,7 +91,7 @@ import sys
 import threading
 import time
 
-from gexmk.bootstrap import RendezvousServer
+from gexmk.bootstrap import RendezvousServer, keep_crash_signals
 from gexmk.errors import ArgumentError, BootstrapError
 
 __all__ = ["launch", "main", "GRACE", "TIMEOUT_EXIT"]
@@ -105,7 +125,14 @@ except OSError as exc:
           file=sys.stderr, flush=True)
     os._exit(127)
 """
-_POLL = 0.02  # seconds between checks of the ranks; launching is not latency-critical
+_POLL = 0.02  # seconds between checks for signals and deadlines; exits wake the launcher at once
+
+# Seconds within which a rank whose rendezvous connection closed without a goodbye is
+# expected to be reaped, for that closing to count as the moment it failed.
+_DYING = 1.0
+
+# No script directory or working directory first on the ranks' sys.path (Python 3.11+).
+_SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 
 
 def _log(text):
@@ -115,6 +142,68 @@ def _log(text):
 def _exit_code(returncode: int) -> int:
     """Popen's returncode (-signum for a signal death) as a shell exit status."""
     return returncode if returncode >= 0 else 128 - returncode
+
+
+def _describe_exit(returncode: int) -> str:
+    """How a rank ended, from Popen's returncode, for the launcher's report."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"was killed by {name} (exit status {_exit_code(returncode)})"
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """True when process ``pid`` is ``ancestor`` or a descendant of it (Linux /proc)."""
+    for _ in range(64):  # bounded: a chain this long is not a rank's
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        # field 4 (ppid) follows the parenthesised command name, which may hold spaces
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return False
+
+
+class _ExitWaiter:
+    """Sleeps until a rank exits or a timeout passes: one pidfd per rank (Linux 5.3+),
+    so that the launcher notes each exit when it happens; without pidfds it just sleeps."""
+
+    def __init__(self):
+        self._sel = selectors.DefaultSelector()
+        self._fds = {}  # rank -> pidfd
+
+    def add(self, rank, pid):
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            return  # the timeout of wait() paces the checks instead
+        self._fds[rank] = fd
+        self._sel.register(fd, selectors.EVENT_READ)
+
+    def forget(self, rank):
+        fd = self._fds.pop(rank, None)
+        if fd is not None:
+            self._sel.unregister(fd)
+            os.close(fd)
+
+    def wait(self, timeout):
+        if self._fds:
+            self._sel.select(timeout)
+        else:
+            time.sleep(timeout)
+
+    def close(self):
+        for rank in list(self._fds):
+            self.forget(rank)
+        self._sel.close()
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -141,25 +230,30 @@ class _Job:
         self.prefixes = prefixes      # rank -> list of words before the interpreter, or None
         self.jobid = f"{os.getpid()}-{secrets.token_hex(4)}"
         self.procs = {}          # rank -> Popen, every rank started
+        self.spawn_lock = threading.Lock()  # held from a rank's fork until procs has it
         self.running = {}        # rank -> Popen, not reaped yet
         self.signals = []        # signals received, to forward (filled by the handler)
         self.forwarded = 0       # how many signals were forwarded
-        self.quiet = False       # deaths from here on are our doing: do not report them
+        self.quiet_since = None  # monotonic time from which deaths are our doing (not reported)
         self.kill_at = None      # monotonic time to escalate SIGTERM to SIGKILL
-        self.first_failure = None
+        self.first_failure = None  # (monotonic time, exit status) of the earliest failure
+        self.failed = []         # (time, rank, returncode) found but not yet reported
+        self.waiter = _ExitWaiter()
 
     def run(self) -> int:
         if self.listen is None:
-            token = None
-            server = RendezvousServer(self.n, name=f"gexmk-{self.jobid}")
+            # Without a prefix, a rank is the process we started (it execs in place): the
+            # kernel's word on who connects backs its secret, which a process of the same
+            # user could read in /proc/PID/environ.  A prefix may fork or hand the rank to
+            # another supervisor, so there the secret alone decides.
+            admit = self._is_rank_process if self.prefixes is None else None
+            server = RendezvousServer(self.n, name=f"gexmk-{self.jobid}", admit=admit)
         else:
-            # Reachable from the network: only processes given the token may join.
-            token = secrets.token_hex(16)
-            server = RendezvousServer(self.n, tcp=True, host=self.listen, token=token)
+            server = RendezvousServer(self.n, tcp=True, host=self.listen)
         server.start()
         saved = self._install_handlers()
         try:
-            self._spawn(server.address, token)
+            self._spawn(server)
             return self._supervise(server)
         finally:
             self._cleanup()
@@ -185,7 +279,7 @@ class _Job:
     def _forward_signals(self):
         while self.signals:
             sig = self.signals.pop(0)
-            self.quiet = True
+            self._go_quiet()
             self.forwarded += 1
             if self.forwarded == 1:
                 self._signal_running(sig)
@@ -195,35 +289,48 @@ class _Job:
 
     # -- ranks ----------------------------------------------------------------------------
 
-    def _spawn(self, address, token):
+    def _spawn(self, server):
         base = dict(os.environ if self.env is None else self.env)
-        base.update(GEXMK_SIZE=str(self.n), GEXMK_BOOTSTRAP=address, GEXMK_JOBID=self.jobid)
-        base.pop("GEXMK_BOOTSTRAP_TOKEN", None)  # never one of an outer job
-        if token is not None:
-            base["GEXMK_BOOTSTRAP_TOKEN"] = token
+        base.update(GEXMK_SIZE=str(self.n), GEXMK_BOOTSTRAP=server.address, GEXMK_JOBID=self.jobid)
+        keep_crash_signals(base)  # a rank may load libfabric before (or without) gexmk
         wrapper = [sys.executable, "-I", "-S", "-c", _RANK_WRAPPER, str(os.getpid())]
         for rank in range(self.n):
             prefix = self.prefixes[rank] if self.prefixes is not None else []
-            cmd = [*wrapper, *prefix, sys.executable, *self.argv]
-            env = dict(base, GEXMK_RANK=str(rank))
+            cmd = [*wrapper, *prefix, sys.executable, *_SAFE_PATH, *self.argv]
+            # The secret binds the rank to this process (and what it execs): it travels
+            # in this environment only, which other users cannot read.
+            env = dict(base, GEXMK_RANK=str(rank), GEXMK_BOOTSTRAP_TOKEN=server.token(rank))
             try:
                 # A new session makes each rank lead a process group that can be killed
                 # whole (its own children included), and keeps terminal signals from
                 # reaching it twice (directly, then forwarded).
-                proc = subprocess.Popen(cmd, env=env,
-                                        stdin=None if rank == 0 else subprocess.DEVNULL,
-                                        start_new_session=True)
+                with self.spawn_lock:
+                    proc = subprocess.Popen(cmd, env=env,
+                                            stdin=None if rank == 0 else subprocess.DEVNULL,
+                                            start_new_session=True)
+                    self.procs[rank] = self.running[rank] = proc
             except OSError as exc:
                 raise BootstrapError(f"cannot start rank {rank} ({sys.executable}): {exc}") from exc
-            self.procs[rank] = self.running[rank] = proc
+            self.waiter.add(rank, proc.pid)
+
+    def _is_rank_process(self, rank, pid):
+        # Server thread.  A rank can connect only once its Popen has forked; the lock
+        # makes us wait until that Popen's result is recorded.
+        with self.spawn_lock:
+            proc = self.procs.get(rank)
+        return proc is not None and _descends_from(pid, proc.pid)
 
     def _signal_running(self, sig):
         for proc in self.running.values():
             _signal_group(proc.pid, sig)
 
+    def _go_quiet(self):
+        if self.quiet_since is None:
+            self.quiet_since = time.monotonic()
+
     def _terminate(self):
         """Stop every running rank: SIGTERM now, SIGKILL after GRACE seconds."""
-        self.quiet = True
+        self._go_quiet()
         if self.kill_at is None:
             self._signal_running(signal.SIGTERM)
             self.kill_at = time.monotonic() + GRACE
@@ -233,20 +340,21 @@ class _Job:
         timed_out = False
         while self.running:
             self._forward_signals()
-            for rank in sorted(self.running):
-                proc = self.running[rank]
+            seen = time.monotonic()  # every exit found below happened before this
+            for rank, proc in list(self.running.items()):
                 returncode = proc.poll()
                 if returncode is None:
                     continue
                 del self.running[rank]
+                self.waiter.forget(rank)
                 server.process_exited(rank, proc.pid)
-                if returncode == 0:
-                    continue
-                code = _exit_code(returncode)
-                if not self.quiet:
-                    _log(f"rank {rank} exited with code {code}")
-                if self.first_failure is None:
-                    self.first_failure = code
+                if returncode != 0:
+                    self.failed.append((self._failure_time(server, rank, seen), rank, returncode))
+            for when, rank, returncode in self._settled_failures(server):
+                if self.quiet_since is None or when < self.quiet_since:
+                    _log(f"rank {rank} {_describe_exit(returncode)}")
+                if self.first_failure is None or when < self.first_failure[0]:
+                    self.first_failure = (when, _exit_code(returncode))
                 if not self.keep_going and self.running:
                     self._terminate()
             now = time.monotonic()
@@ -259,8 +367,30 @@ class _Job:
                 self._signal_running(signal.SIGKILL)
                 self.kill_at = float("inf")  # once
             if self.running:
-                time.sleep(_POLL)
-        return TIMEOUT_EXIT if timed_out else (self.first_failure or 0)
+                self.waiter.wait(_POLL)
+        if timed_out:
+            return TIMEOUT_EXIT
+        return 0 if self.first_failure is None else self.first_failure[1]
+
+    def _failure_time(self, server, rank, seen):
+        """When a rank found exited at ``seen`` failed: when the rendezvous saw its
+        connection close without a goodbye, if it died right after; else ``seen``.
+        That comes before any failure of a rank that heard of this death."""
+        lost = server.lost_at(rank)
+        return lost if lost is not None and seen - lost < _DYING else seen
+
+    def _settled_failures(self, server):
+        """Pop the failures found so far that no rank still being reaped preceded, oldest
+        first.  A rank whose connection closed without a goodbye in the last _DYING
+        seconds failed then, and its process may not have been reaped yet."""
+        now = time.monotonic()
+        dying = [t for r in self.running
+                 if (t := server.lost_at(r)) is not None and now - t < _DYING]
+        first_dying = min(dying, default=float("inf"))
+        self.failed.sort()
+        settled = [f for f in self.failed if f[0] < first_dying]
+        del self.failed[:len(settled)]
+        return settled
 
     def _cleanup(self):
         """Leave nothing behind: reap every rank, then empty their process groups."""
@@ -269,6 +399,7 @@ class _Job:
         for proc in self.running.values():
             proc.wait()
         self.running.clear()
+        self.waiter.close()
         # Children a rank started stay in its group after it exited.  A group id
         # cannot be reused while the group has members, so this reaches only ours.
         groups = [p.pid for p in self.procs.values() if _signal_group(p.pid, 0)]
@@ -328,10 +459,11 @@ def launch(n: int, argv, timeout: float | None = None, keep_going: bool = False,
     ``"ip netns exec ns{rank}"``; see the module docstring for what the prefix
     must do to stay supervised.
 
-    Returns 0 when every rank exited 0, else the first failing rank's status
-    (128+signum for a signal).  Blocks until every rank has exited.  Signal
-    forwarding (SIGINT/SIGTERM/SIGHUP) is installed only when called from the
-    main thread, and the previous handlers are restored.  Raises
+    Returns 0 when every rank exited 0, else the status of the rank that failed
+    first in time (128+signum for a signal; see the module docstring).  Blocks
+    until every rank has exited.  Signal forwarding (SIGINT/SIGTERM/SIGHUP) is
+    installed only when called from the main thread, and the previous handlers
+    are restored.  Raises
     :class:`~gexmk.errors.BootstrapError` if a rank cannot be started (the
     ones already started are killed).
     """
@@ -369,8 +501,8 @@ def _parser():
                         help="when a rank fails, let the others run on (they see a dead peer)")
     parser.add_argument("--bootstrap-listen", metavar="HOST",
                         help="serve the rendezvous on TCP HOST (port picked by the kernel; "
-                             "ranks present a random job token) instead of an abstract Unix "
-                             "socket, which ranks in other network namespaces cannot reach")
+                             "each rank presents its own random secret) instead of an abstract "
+                             "Unix socket, which ranks in other network namespaces cannot reach")
     parser.add_argument("--rank-prefix", metavar="'CMD ...'",
                         help="command words put before each rank's interpreter, split like a "
                              "shell does; {rank} and {size} are replaced ({{ }} for braces). "

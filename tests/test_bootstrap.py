@@ -8,6 +8,7 @@ Workers import only ``gexmk.bootstrap``, assert, print ``ok <rank>`` and exit
 import os
 import shutil
 import socket
+import struct
 import sys
 import textwrap
 import threading
@@ -190,6 +191,10 @@ def test_bad_environment_raises_bootstrap_error(monkeypatch):
     monkeypatch.setenv("GEXMK_BOOTSTRAP", "@gexmk-test-nobody-listens-here")
     monkeypatch.setenv("GEXMK_RANK", "0")
     monkeypatch.setenv("GEXMK_SIZE", "2")
+    monkeypatch.delenv("GEXMK_BOOTSTRAP_TOKEN", raising=False)
+    with pytest.raises(BootstrapError, match="GEXMK_BOOTSTRAP_TOKEN"):
+        B.from_environment()                            # no secret: not started by gexmk.run
+    monkeypatch.setenv("GEXMK_BOOTSTRAP_TOKEN", "x" * 32)
     t0 = time.monotonic()
     with pytest.raises(BootstrapError, match="gexmk-test-nobody-listens-here"):
         B.from_environment()
@@ -217,7 +222,8 @@ def test_server_fails_exchange_with_mismatched_members(monkeypatch):
 
         def connect(r):
             clients[r] = B.Bootstrap(rank=r, size=2, kind="launcher", timeout=10,
-                                     connect=B._connect_socket(server.address, 10))
+                                     connect=B._connect_socket(server.address, 10),
+                                     token=server.token(r))
 
         threads = [threading.Thread(target=connect, args=(r,)) for r in range(2)]
         for t in threads:
@@ -248,18 +254,191 @@ def test_server_fails_exchange_with_mismatched_members(monkeypatch):
 
 
 @pytest.mark.timeout(30)
-def test_tcp_server_wants_the_job_token():
-    server = B.RendezvousServer(1, tcp=True, token="secret")
+def test_tcp_server_wants_the_rank_token():
+    server = B.RendezvousServer(1, tcp=True, tokens=["secret"])
     server.start()
     try:
-        connect = B._connect_socket(server.address, 5)
-        with pytest.raises(BootstrapError, match="wrong job token"):
-            B.Bootstrap(rank=0, size=1, kind="mpi", timeout=5, connect=connect, token="guess")
+        assert server.token(0) == "secret"
+        for guess in ("guess", None, "secret\0"):
+            connect = B._connect_socket(server.address, 5)
+            with pytest.raises(BootstrapError, match="wrong token for rank 0"):
+                B.Bootstrap(rank=0, size=1, kind="mpi", timeout=5, connect=connect, token=guess)
         with B.Bootstrap(rank=0, size=1, kind="mpi", timeout=5,
                          connect=B._connect_socket(server.address, 5), token="secret") as bs:
             assert bs.exchange("k", [0], 0, b"tcp") == [b"tcp"]
     finally:
         server.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("tcp", [False, True], ids=["unix", "tcp"])
+def test_a_rank_cannot_join_with_another_ranks_secret(tcp):
+    # A process of the same user (here: this one) knows the address and rank 0's secret;
+    # it must not take rank 1's place before rank 1 arrives.
+    server = B.RendezvousServer(2, tcp=tcp, host="127.0.0.1" if tcp else None)
+    server.start()
+    try:
+        tokens = [server.token(r) for r in range(2)]
+        assert len(set(tokens)) == 2 and all(len(t) >= 32 for t in tokens)
+        for guess in (tokens[0], None, ""):
+            with pytest.raises(BootstrapError, match="wrong token for rank 1"):
+                B.Bootstrap(rank=1, size=2, kind="launcher", timeout=5,
+                            connect=B._connect_socket(server.address, 5), token=guess)
+        clients = {}
+
+        def join(r):
+            clients[r] = B.Bootstrap(rank=r, size=2, kind="launcher", timeout=10,
+                                     connect=B._connect_socket(server.address, 10),
+                                     token=tokens[r])
+
+        threads = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        assert sorted(clients) == [0, 1]          # the real rank 1 was not shut out
+        assert clients[1].dead_ranks() == [] and clients[1].pids[1] == os.getpid()
+        for c in clients.values():
+            c.close()
+        assert server.wait_finished(5)
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(30)
+def test_unix_server_asks_admit_with_the_connecting_pid():
+    asked = []
+    verdict = {"ok": False}
+
+    def admit(rank, pid):
+        asked.append((rank, pid))
+        return verdict["ok"]
+
+    for tcp in (False, True):
+        server = B.RendezvousServer(1, tcp=tcp, host="127.0.0.1" if tcp else None, admit=admit)
+        server.start()
+        try:
+            connect = B._connect_socket(server.address, 5)
+            if not tcp:   # the kernel's pid of the caller, which admit refuses
+                with pytest.raises(BootstrapError, match=f"from process {os.getpid()}"):
+                    B.Bootstrap(rank=0, size=1, kind="launcher", timeout=5, connect=connect,
+                                token=server.token(0))
+                assert asked == [(0, os.getpid())]
+                verdict["ok"] = True
+            one_rank_job_works(server, server.token(0))
+        finally:
+            server.close()
+    assert asked == [(0, os.getpid())] * 2        # never asked on TCP: no pid to ask about
+    with pytest.raises(TypeError, match="admit"):
+        B.RendezvousServer(1, admit="yes")
+
+
+def test_server_tokens_argument():
+    with pytest.raises(ValueError, match="one non-empty str per rank"):
+        B.RendezvousServer(2, tokens=["only-one"])
+    with pytest.raises(ValueError, match="one non-empty str per rank"):
+        B.RendezvousServer(1, tokens=[""])
+    with pytest.raises(TypeError, match="not one str"):
+        B.RendezvousServer(1, tokens="shared")
+    server = B.RendezvousServer(1)
+    try:
+        with pytest.raises(RankError):
+            server.token(1)
+    finally:
+        server.close()
+
+def raw_connect(server):
+    """A plain socket connected to ``server`` (Unix or TCP), speaking no protocol yet."""
+    if server.address.startswith("@"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect("\0" + server.address[1:])
+        return sock
+    host, _, port = server.address.rpartition(":")
+    return socket.create_connection((host.strip("[]"), int(port)), timeout=10)
+
+
+def closed_by_server(sock, within):
+    """True when the server closes ``sock`` within ``within`` seconds (reading what it sends)."""
+    end = time.monotonic() + within
+    try:
+        while time.monotonic() < end:
+            sock.settimeout(max(0.01, end - time.monotonic()))
+            if not sock.recv(1 << 16):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        pass
+    return False
+
+
+def one_rank_job_works(server, token):
+    """The real rank still joins ``server`` (a job of one) and exchanges."""
+    with B.Bootstrap(rank=0, size=1, kind="launcher", timeout=10,
+                     connect=B._connect_socket(server.address, 10), token=token) as bs:
+        assert bs.exchange("still-works", [0], 0, b"ok") == [b"ok"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("tcp", [True, False], ids=["tcp", "unix"])
+def test_server_reads_no_large_frame_before_hello(tcp):
+    # One stranger announcing a 4 GiB frame used to make the server buffer all it sent.
+    server = B.RendezvousServer(1, tcp=tcp, host="127.0.0.1" if tcp else None,
+                                tokens=["secret"])
+    server.start()
+    try:
+        for announced in (0xFFFFFFF0, B.MAX_HELLO_BYTES + 1):
+            with raw_connect(server) as raw:
+                raw.sendall(struct.pack("!I", announced) + b"\0" * 4096)
+                assert closed_by_server(raw, 5), f"a {announced}-byte frame before hello was read"
+        one_rank_job_works(server, "secret")
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(30)
+def test_server_drops_connections_that_do_not_say_hello():
+    server = B.RendezvousServer(1, tcp=True, host="127.0.0.1", tokens=["secret"], hello_timeout=0.5)
+    server.start()
+    try:
+        with raw_connect(server) as silent, raw_connect(server) as partial:
+            partial.sendall(struct.pack("!I", 100) + b"l")   # a hello that never completes
+            t0 = time.monotonic()
+            assert closed_by_server(silent, 5) and closed_by_server(partial, 5)
+            assert time.monotonic() - t0 < 4
+        # an authenticated rank may stay quiet as long as it likes
+        with B.Bootstrap(rank=0, size=1, kind="launcher", timeout=10,
+                         connect=B._connect_socket(server.address, 10), token="secret") as bs:
+            time.sleep(1.0)
+            assert bs.exchange("after-a-pause", [0], 0, b"x") == [b"x"]
+    finally:
+        server.close()
+    with pytest.raises(ValueError, match="hello_timeout"):
+        B.RendezvousServer(1, hello_timeout=0)
+
+
+@pytest.mark.timeout(30)
+def test_server_caps_frames_of_an_authenticated_rank():
+    server = B.RendezvousServer(1, tcp=True, host="127.0.0.1", tokens=["secret"])
+    server.start()
+    try:
+        with raw_connect(server) as raw:
+            raw.sendall(B._frame(("hello", "secret", 0, 1, os.getpid(), "node")))
+            raw.settimeout(5)
+            welcome = raw.recv(1 << 16)
+            assert b"welcome" in welcome, welcome       # authenticated
+            raw.sendall(struct.pack("!I", B.MAX_MESSAGE_BYTES + 1) + b"l")
+            assert closed_by_server(raw, 5), "an over-long frame of a rank was read"
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(30)
+def test_exchange_refuses_a_payload_over_the_limit(single):
+    with pytest.raises(ValueError, match="MAX_PAYLOAD_BYTES"):
+        single.exchange("huge", [0], 0, bytes(B.MAX_PAYLOAD_BYTES + 1))
+    assert single.exchange("fine", [0], 0, b"x") == [b"x"]   # nothing was left waiting
+
 
 @pytest.mark.timeout(30)
 def test_server_answers_its_home_rank_last():
@@ -270,9 +449,9 @@ def test_server_answers_its_home_rank_last():
     raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # rank 1, reading nothing yet
     try:
         raw.connect("\0" + server.address[1:])
-        raw.sendall(B._frame(("hello", None, 1, 2, os.getpid(), "node")))
+        raw.sendall(B._frame(("hello", server.token(1), 1, 2, os.getpid(), "node")))
         home = B.Bootstrap(rank=0, size=2, kind="mpi", timeout=10,
-                           connect=B._connect_socket(server.address, 10))
+                           connect=B._connect_socket(server.address, 10), token=server.token(0))
         big = b"x" * (8 << 20)                      # far more than a socket buffer holds
         raw.sendall(B._frame(("contrib", "k", [0, 1], 1, big)))
         done = threading.Event()
@@ -381,12 +560,14 @@ say(f"ok {me}")
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("how, code", [("exit", 7), ("kill", 128 + 9), ("raise", 1)])
-def test_death_is_reported_to_survivors(tmp_path, how, code):
+@pytest.mark.parametrize("how, code, report", [
+    ("exit", 7, "exited with code 7"), ("kill", 128 + 9, "was killed by SIGKILL (exit status 137)"),
+    ("raise", 1, "exited with code 1")])
+def test_death_is_reported_to_survivors(tmp_path, how, code, report):
     result = job(tmp_path, DEATH, 3, keep_going=True, args=[how])
     result.check(code)
     oks(result, [0, 2])
-    assert f"rank 1 exited with code {code}" in result.stderr
+    assert f"rank 1 {report}" in result.stderr
 
 
 @pytest.mark.timeout(60)
@@ -466,6 +647,73 @@ def test_a_process_joins_a_launcher_job_once(tmp_path):
     e = expect(E.BootstrapError, B.from_environment)
     assert "already left" in str(e), e
     say(f"ok {bs.rank}")
+    '''
+    result = job(tmp_path, body, 2).check(0)
+    oks(result, range(2))
+
+
+IMPOSTOR = r'''
+import os, sys
+from gexmk import bootstrap as B, errors as E
+# sys.argv[1] (tmp_path) only marks this process for the leftover check
+if len(sys.argv) > 2:
+    os.environ["GEXMK_BOOTSTRAP_TOKEN"] = sys.argv[2]
+try:
+    B.from_environment()
+except E.BootstrapError as e:
+    print(f"refused: {e}")
+else:
+    print("joined as rank 1")
+'''
+
+
+@pytest.mark.timeout(60)
+def test_launcher_rank_cannot_be_taken_by_another_process(tmp_path):
+    # Before rank 1 joins, a process of the same user with the job's address claims rank
+    # 1 with rank 0's secret, then with rank 1's read from /proc/PID/environ: both must be
+    # refused, and rank 1 join.
+    (tmp_path / "impostor.py").write_text(IMPOSTOR)
+    body = r'''
+    import subprocess
+    tmp = os.path.dirname(os.path.abspath(__file__))
+    me = int(os.environ["GEXMK_RANK"])
+
+    def impostor(*secret):
+        env = dict(os.environ, GEXMK_RANK="1", GEXMK_TIMEOUT="5")
+        out = subprocess.run([sys.executable, "-P", os.path.join(tmp, "impostor.py"), tmp,
+                              *secret], env=env, capture_output=True, text=True, timeout=30)
+        assert out.stdout.startswith("refused:"), (out.stdout, out.stderr)
+        return out.stdout
+
+    def environ_of_rank(rank):
+        # the launcher's other child with GEXMK_RANK=rank, read as any process of its user can
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) != os.getppid():
+                        continue
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            except (OSError, ValueError):
+                continue
+            if env.get(b"GEXMK_RANK") == str(rank).encode():
+                return env
+        raise AssertionError(f"rank {rank}'s process not found")
+
+    if me == 1:
+        while not os.path.exists(os.path.join(tmp, "impostor.done")):
+            time.sleep(0.02)
+    else:
+        assert "wrong token for rank 1" in impostor()                      # rank 0's secret
+        stolen = environ_of_rank(1)[b"GEXMK_BOOTSTRAP_TOKEN"].decode()
+        assert stolen != os.environ["GEXMK_BOOTSTRAP_TOKEN"]
+        assert "not the process started as rank 1" in impostor(stolen)    # kernel says who
+        open(os.path.join(tmp, "impostor.done"), "w").close()
+    bs = B.from_environment()
+    assert bs.pids[me] == os.getpid() and bs.dead_ranks() == []
+    assert bs.exchange("both", [0, 1], me, bytes([me])) == [b"\0", b"\1"]
+    bs.close()
+    say(f"ok {me}")
     '''
     result = job(tmp_path, body, 2).check(0)
     oks(result, range(2))

@@ -143,7 +143,64 @@ def test_signal_death_exit_code(tmp_path):
         os.kill(os.getpid(), signal.SIGKILL)
     ''')
     result = launcher(tmp_path, "-n", 2, prog).check(128 + signal.SIGKILL)
-    assert f"rank 0 exited with code {128 + signal.SIGKILL}" in result.stderr
+    assert f"rank 0 was killed by SIGKILL (exit status {128 + signal.SIGKILL})" in result.stderr
+
+
+# Rank 1 is killed; rank 0 exits 3 the moment the rendezvous tells it so.  The launcher
+# used to find both gone in one sweep and blame rank 0, the lower rank.
+KILLED_AND_FOLLOWER = r'''
+import os, signal, time
+from gexmk import bootstrap as B
+bs = B.from_environment()
+bs.on_peer_death(lambda rank: os._exit(3))
+bs.barrier()
+if bs.rank == 1:
+    time.sleep(0.2)
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(30)
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("keep_going", [False, True], ids=["stop", "keep-going"])
+def test_the_first_failure_in_time_is_blamed(tmp_path, keep_going):
+    prog = script(tmp_path, KILLED_AND_FOLLOWER)
+    for _ in range(3):
+        result = launcher(tmp_path, "-n", 2, *(["--keep-going"] if keep_going else []), prog)
+        result.check(128 + signal.SIGKILL)
+        reports = [line for line in result.stderr.splitlines() if line.startswith("[gexmk.run]")]
+        assert reports and reports[0] == (f"[gexmk.run] rank 1 was killed by SIGKILL (exit status "
+                                          f"{128 + signal.SIGKILL})"), result.report()
+        if keep_going:   # rank 0 failed on its own, after rank 1: reported second
+            assert reports[1:] == ["[gexmk.run] rank 0 exited with code 3"], result.report()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="python -P needs Python 3.11")
+def test_a_local_gexmk_folder_does_not_shadow_the_installed_package(tmp_path):
+    # A source checkout: the script's directory and the working directory hold gexmk/.
+    (tmp_path / "gexmk").mkdir()
+    (tmp_path / "gexmk" / "__init__.py").write_text(
+        "raise ImportError('the local gexmk/ folder shadowed the installed package')\n")
+    (tmp_path / "mods").mkdir()
+    prog = r'''
+    import os, sys
+    import gexmk.bootstrap
+    here = os.path.dirname(os.path.abspath(gexmk.bootstrap.__file__))
+    os.write(1, f"{os.environ['GEXMK_RANK']} {here}\n".encode())
+    '''
+    script(tmp_path, prog)
+    script(tmp_path / "mods", prog, name="shadow_probe.py")
+    pythonpath = os.pathsep.join(p for p in [str(tmp_path / "mods"), env().get("PYTHONPATH", "")]
+                                 if p)
+    for args in (["prog.py"], ["-m", "shadow_probe", str(tmp_path)]):
+        # the launcher itself runs with -P too, as ./dev does
+        cmd = [sys.executable, "-P", "-m", "gexmk.run", "-n", "2", *args]
+        result = mp_util.run_command(cmd, timeout=40, env=env(PYTHONPATH=pythonpath),
+                                     cwd=str(tmp_path)).check(0)
+        rows = sorted(line.split(" ", 1) for line in result.stdout.splitlines())
+        assert [r for r, _ in rows] == ["0", "1"], result.report()
+        assert all(not here.startswith(str(tmp_path)) for _, here in rows), result.report()
 
 
 @pytest.mark.timeout(60)
