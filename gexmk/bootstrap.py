@@ -50,6 +50,7 @@ import time
 import traceback
 import warnings
 
+from gexmk import config
 from gexmk.errors import (
     ArgumentError,
     BootstrapError,
@@ -62,7 +63,7 @@ from gexmk.errors import (
 __all__ = ["Bootstrap", "RendezvousServer", "from_environment", "default_timeout"]
 
 #: Seconds a blocking bootstrap call waits when neither the call nor GEXMK_TIMEOUT says otherwise.
-DEFAULT_TIMEOUT = 300.0
+DEFAULT_TIMEOUT = config.DEFAULT_TIMEOUT
 
 #: At most this many seconds are spent retrying a refused connection to the server:
 #: the server is always listening before clients start, so a refusal that lasts
@@ -118,17 +119,12 @@ def keep_crash_signals(environ) -> None:
 
 
 def default_timeout() -> float:
-    """The default timeout of blocking bootstrap calls, in seconds: env GEXMK_TIMEOUT, else 300."""
-    text = os.environ.get("GEXMK_TIMEOUT", "").strip()
-    if not text:
-        return DEFAULT_TIMEOUT
+    """The default timeout of blocking bootstrap calls, in seconds: env GEXMK_TIMEOUT, else 300
+    (parsed by :func:`gexmk.config.timeout`, the one parser of the setting)."""
     try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:  # also rejects NaN
-        raise BootstrapError(f"GEXMK_TIMEOUT must be a positive number of seconds, got {text!r}")
-    return value
+        return config.timeout()
+    except ArgumentError as e:
+        raise BootstrapError(str(e)) from None
 
 
 def _node_name() -> str:
