@@ -33,6 +33,11 @@ from gexmk.core import (
     OP_FMAX,
 )
 
+#: Memory kind classes (GASNet-EX GEX_MK_CLASS_*), for client.mk_create(cls, device).
+CUDA_UVA = MKClass.CUDA_UVA
+HIP = MKClass.HIP
+ZE = MKClass.ZE
+
 __version__ = "0.1.0"
 
 
@@ -45,7 +50,7 @@ def get_include():
 
 __all__ = [
     "init", "Client", "Endpoint", "Team", "Event", "LeafEvent", "AtomicDomain", "BoundSegment",
-    "Segment", "MemoryKind", "MKClass", "HOST", "mk_create", "EVENT_DONE",
+    "Segment", "MemoryKind", "MKClass", "HOST", "CUDA_UVA", "HIP", "ZE", "mk_create", "EVENT_DONE",
     "wait_all", "wait_some", "test_all", "test_some", "nbi_wait", "nbi_test", "nbi_access_region",
     "fence", "quiet", "get_include",
 ] + list(_errors_all)

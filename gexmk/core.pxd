@@ -21,6 +21,7 @@ cdef class Client:
     cdef list _nodes
     cdef list _pids
     cdef list _retired                     # destroyed segments whose memory peers may still reach
+    cdef list _kinds                       # memory kinds made by mk_create, closed last
     cdef bint finalized
     cdef int _inflight                     # GIL-free copies in progress
     cdef object __weakref__

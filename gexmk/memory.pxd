@@ -4,6 +4,7 @@ from cpython.buffer cimport Py_buffer
 cdef class MemoryKind:
     cdef readonly int cls          # GX_MK_* class
     cdef readonly int device       # device ordinal (-1 for host)
+    cdef readonly object impl      # the kind module's object (gexmk.kinds.cuda.CudaKind), or None
 
 cdef class Segment:
     cdef char* addr                # first byte
@@ -16,6 +17,8 @@ cdef class Segment:
     cdef readonly object client    # strong reference to the owning Client
     cdef Py_buffer view            # client-allocated: the buffer held until destroy
     cdef bint has_view
+    cdef readonly object allocation   # device memory: the kind's Allocation (library or adopted)
+    cdef object owner              # a client-allocated device array, kept alive
     cdef int exports               # live buffer-protocol exports (numpy views)
     cdef bint destroyed
     cdef bint keep_address         # freeing leaves the address range reserved (peers may still aim at it)

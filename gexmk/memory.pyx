@@ -14,6 +14,7 @@ from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE,
                              PyBUF_WRITABLE, PyBUF_ANY_CONTIGUOUS, PyBUF_FORMAT,
                              PyBUF_ND, PyBUF_STRIDES)
 from libc.string cimport memset
+from libc.stdint cimport uintptr_t
 from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED
 from posix.unistd cimport close, ftruncate, sysconf, _SC_PAGESIZE
 from libc.errno cimport errno
@@ -52,6 +53,12 @@ cdef class MemoryKind:
             return "gexmk.HOST"
         return f"MemoryKind({self.name}, device={self.device})"
 
+    def close(self):
+        """Release what the kind holds (its context, streams); idempotent.
+        Segments of the kind must be destroyed first."""
+        if self.impl is not None:
+            self.impl.close()
+
     def __eq__(self, other):
         return (isinstance(other, MemoryKind) and (<MemoryKind>other).cls == self.cls
                 and (<MemoryKind>other).device == self.device)
@@ -83,11 +90,13 @@ def describe_kind(int cls, int device):
     return _make_kind(cls, device)
 
 
-def mk_create(cls, device=0):
+def mk_create(cls, device=0, context=None):
     """Create a memory kind of class ``cls`` (an :class:`MKClass` or its name)
-    on ``device``.  ``HOST`` returns :data:`HOST`; device classes raise
-    :class:`~gexmk.errors.UnsupportedError` naming why this build or machine
-    cannot serve them."""
+    on ``device``.  ``HOST`` returns :data:`HOST`.  ``CUDA_UVA``: the
+    device's primary context, or ``context`` (a CUcontext as an int, or a
+    cuda.bindings CUcontext) which must belong to that device.  A class this
+    build or machine cannot serve raises :class:`~gexmk.errors.UnsupportedError`
+    naming why (``python -m gexmk.info`` says more)."""
     if isinstance(cls, str):
         try:
             cls = MKClass[cls.upper()]
@@ -107,17 +116,47 @@ def mk_create(cls, device=0):
             from gexmk.kinds import cuda
         except ImportError as e:
             raise UnsupportedError(f"CUDA memory kind unsupported on this build: {e}") from None
-        probe = cuda.probe()
-        if not probe.get("driver_loaded") or not probe.get("device_count"):
-            raise UnsupportedError(probe.get("reason") or "CUDA kind unsupported on this machine")
-        if device >= probe.get("device_count", 0):
-            raise ArgumentError(f"CUDA device {device} does not exist "
-                                f"(this machine has {probe.get('device_count', 0)})")
-        raise UnsupportedError("CUDA memory kind: device segments are not in this build of gexmk yet "
-                               "(host memory only); the driver and device were found")
+        mk = _make_kind(GX_MK_CUDA_UVA, device)
+        mk.impl = cuda.CudaKind(device, context)      # raises what the machine lacks
+        return mk
     runtime = {MKClass.HIP: "HIP (libamdhip64)", MKClass.ZE: "Level Zero (libze_loader)"}[cls]
     raise UnsupportedError(f"{cls.name} memory kind unsupported on this build: "
                            f"gexmk was built without {runtime} support")
+
+
+def device_range(object obj, str what):
+    """(pointer, nbytes) of a contiguous device array: a CUDA array interface
+    (v2/v3) or DLPack object, or a (pointer, nbytes) tuple."""
+    if type(obj) is tuple:
+        if len(obj) != 2 or not all(isinstance(v, int) for v in obj) or obj[0] <= 0 or obj[1] < 0:
+            raise ArgumentError(f"{what}: a (pointer, nbytes) tuple of non-negative ints with a "
+                                f"non-NULL pointer, got {obj!r}")
+        return obj
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        shape = tuple(cai["shape"])
+        itemsize = int(cai["typestr"][2:])
+        n = itemsize
+        for d in shape:
+            n *= d
+        strides = cai.get("strides")
+        if strides is not None:
+            expect = itemsize
+            for d, st in zip(reversed(shape), reversed(strides)):
+                if d > 1 and st != expect:
+                    raise ArgumentError(f"{what}: the device array is not C-contiguous "
+                                        f"(shape {shape}, strides {tuple(strides)})")
+                expect *= d
+        ptr = cai["data"][0]
+        if cai["data"][1]:
+            raise ArgumentError(f"{what}: the device array is read-only")
+        return ptr, n
+    if hasattr(obj, "__dlpack__"):
+        raise UnsupportedError(f"{what}: DLPack-only objects are not taken yet; pass an object "
+                               "with __cuda_array_interface__ (CuPy, PyTorch, Numba) or "
+                               "(pointer, nbytes)")
+    raise TypeError(f"{what}: expected a device array (__cuda_array_interface__) or "
+                    f"(pointer, nbytes), got {type(obj).__name__}")
 
 
 cdef int host_buffer(object obj, Py_buffer* view, bint writable, const char* what) except -1:
@@ -206,10 +245,86 @@ cdef class Segment:
         s.size = <size_t>s.view.len
         return s
 
+    @staticmethod
+    def _device(client, MemoryKind kind, size_t size, size_t reserve):
+        """Library-allocated device memory of ``kind`` (VMM: grows in place
+        up to ``reserve`` bytes)."""
+        cdef Segment s = Segment.__new__(Segment)
+        s.fd = -1
+        s.client = client
+        s.kind = kind
+        s.library_allocated = True
+        s.token = ""
+        s.allocation = kind.impl.alloc(size, reserve)
+        s.addr = <char*><uintptr_t>s.allocation.addr
+        s.size = size
+        return s
+
+    @staticmethod
+    def _device_client(client, MemoryKind kind, object obj):
+        """Client-allocated device memory: a CUDA array interface or DLPack
+        object, or (pointer, nbytes); its attributes are checked by the kind
+        (device, context, not managed), and ``obj`` is kept alive."""
+        cdef Segment s = Segment.__new__(Segment)
+        ptr, nbytes = device_range(obj, "segment buffer")
+        s.fd = -1
+        s.client = client
+        s.kind = kind
+        s.library_allocated = False
+        s.token = ""
+        s.allocation = kind.impl.adopt(ptr, nbytes)
+        s.owner = obj
+        s.addr = <char*><uintptr_t>ptr
+        s.size = nbytes
+        return s
+
     cdef int check_alive(self) except -1:
         if self.destroyed:
             raise StateError("segment has been destroyed")
         return 0
+
+    def grow(self, size_t size):
+        """Grow a library-allocated device segment in place to ``size`` bytes
+        (its address does not move; at most the range reserved at creation).
+        Endpoints of this process see the new size at once, peers at the next
+        publication."""
+        self.check_alive()
+        if self.allocation is None or not self.library_allocated:
+            raise UnsupportedError("grow: only library-allocated device segments grow in place")
+        if size < self.size:
+            raise ArgumentError(f"grow: {size} bytes is smaller than the segment ({self.size})")
+        self.allocation.grow(size)
+        self.size = size
+        regrow = getattr(self.client, "_segment_grown", None)
+        if regrow is not None:
+            regrow(self)
+
+    @property
+    def __cuda_array_interface__(self):
+        """CUDA array interface v3 of a device segment (1-D uint8, zero-copy)."""
+        if self.allocation is None:
+            raise AttributeError("a host segment has no __cuda_array_interface__ "
+                                 "(use the buffer protocol: numpy.asarray(seg))")
+        self.check_alive()
+        from gexmk.kinds import cuda
+        return cuda.cuda_array_interface(<uintptr_t>self.addr, self.size, self.kind.device)
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        """DLPack capsule of a device segment (1-D uint8, zero-copy; keeps the
+        segment alive while the consumer holds it)."""
+        if self.allocation is None:
+            raise AttributeError("a host segment exports the buffer protocol, not DLPack")
+        self.check_alive()
+        if copy:
+            raise BufferError("gexmk segments export zero-copy views only (copy=True refused)")
+        from gexmk.kinds import cuda
+        return cuda.dlpack_capsule(<uintptr_t>self.addr, self.size, self.kind.device, self)
+
+    def __dlpack_device__(self):
+        if self.allocation is None:
+            raise AttributeError("a host segment exports the buffer protocol, not DLPack")
+        from gexmk.kinds import cuda
+        return cuda.dlpack_device(self.kind.device)
 
     cdef void _free(self) noexcept:
         # Touches C fields only: safe from __dealloc__.
@@ -280,6 +395,9 @@ cdef class Segment:
         unbind = getattr(self.client, "_segment_destroyed", None)
         retained = unbind(self) if unbind is not None else False
         self.destroyed = True
+        if self.allocation is not None and not retained:
+            self.allocation.release()
+            self.owner = None
         if self.exports == 0 and not retained:
             self._free()
 
@@ -292,6 +410,9 @@ cdef class Segment:
     def __getbuffer__(self, Py_buffer* buffer, int flags):
         if self.destroyed:
             raise StateError("segment has been destroyed")
+        if self.allocation is not None:
+            raise BufferError(f"a {self.kind.name} segment is device memory: use its "
+                              "__cuda_array_interface__ or DLPack (cupy.asarray, torch.from_dlpack)")
         buffer.buf = self.addr
         buffer.obj = self
         buffer.len = self.size

@@ -86,6 +86,7 @@ cdef class Client:
         self._teams = weakref.WeakSet()
         self._pending = weakref.WeakSet()
         self._retired = []
+        self._kinds = []
         self.transports = {}
         self._order = []
         job = registry.Job(self.rank, self.size, list(self._nodes), list(self._pids), cfg)
@@ -236,12 +237,17 @@ cdef class Client:
 
     # -- memory kinds and segments --
 
-    def mk_create(self, cls, device=0):
-        """A memory kind (GASNet-EX ``gex_MK_Create``); see :func:`gexmk.memory.mk_create`."""
+    def mk_create(self, cls, device=0, context=None):
+        """A memory kind (GASNet-EX ``gex_MK_Create``); see
+        :func:`gexmk.memory.mk_create`.  The client closes it at finalize,
+        after its segments."""
         self.check_alive()
-        return _mk_create(cls, device)
+        mk = _mk_create(cls, device, context)
+        if mk is not HOST:
+            self._kinds.append(mk)
+        return mk
 
-    def segment_create(self, size=None, *, buffer=None, kind=None):
+    def segment_create(self, size=None, *, buffer=None, kind=None, reserve=None):
         """Create a segment (GASNet-EX ``gex_Segment_Create``), not yet bound.
 
         ``segment_create(size)``: library-allocated, zero-filled, in shared
@@ -249,24 +255,47 @@ cdef class Client:
         ``segment_create(buffer=obj)``: client-allocated from any writable,
         contiguous PEP 3118 object, which the segment keeps alive; peers on
         this node reach it by address (the transports say how: ``tm.paths``).
+        ``kind=`` a device kind (``client.mk_create(gexmk.CUDA_UVA, device)``):
+        library-allocated device memory (``reserve``: bytes of address space
+        kept for ``seg.grow``), or ``buffer=`` a device array of that kind
+        (CUDA array interface, or (pointer, nbytes)).
         """
         self.check_alive()
-        if kind is not None and kind != HOST:
-            if isinstance(kind, MemoryKind):
-                raise UnsupportedError(f"segments of kind {kind!r} are not in this build (host memory only)")
+        if kind is not None and not isinstance(kind, MemoryKind):
             raise TypeError(f"kind must be a gexmk.MemoryKind, got {type(kind).__name__}")
         if (size is None) == (buffer is None):
             raise ArgumentError("give exactly one of size (library-allocated) or buffer= (client-allocated)")
-        if buffer is not None:
-            seg = Segment._client_buffer(self, buffer)
-        else:
+        if size is not None:
             if not isinstance(size, int) or isinstance(size, bool):
                 raise TypeError(f"size must be an int, got {type(size).__name__}")
             if size <= 0:
                 raise ArgumentError(f"segment size must be positive, got {size}")
+        if reserve is not None and (kind is None or kind == HOST or buffer is not None):
+            raise ArgumentError("reserve= applies to library-allocated device segments only")
+        if kind is not None and kind != HOST:
+            if (<MemoryKind>kind).impl is None:
+                raise UnsupportedError(f"{kind!r} describes a peer's memory; create a kind of this "
+                                       "process with client.mk_create()")
+            if buffer is not None:
+                seg = Segment._device_client(self, kind, buffer)
+            else:
+                r = size if reserve is None else reserve
+                if not isinstance(r, int) or r < size:
+                    raise ArgumentError(f"reserve must be an int >= size ({size}), got {reserve!r}")
+                seg = Segment._device(self, kind, size, r)
+        elif buffer is not None:
+            seg = Segment._client_buffer(self, buffer)
+        else:
             seg = Segment._library(self, size)
         self._segments.add(seg)
         return seg
+
+    def _segment_grown(self, Segment seg):
+        """A bound segment grew: this process's targets see the new size now."""
+        for e in self._eps:
+            if e is not None and (<Endpoint>e).segment is seg:
+                self.target(self.rank, (<Endpoint>e).index).t.size = seg.size
+                (<Endpoint>e)._rebind()
 
     def segment_attach(self, size):
         """Create a library-allocated segment, bind it to the primordial EP and
@@ -343,12 +372,14 @@ cdef class Client:
     # -- teardown --
 
     def finalize(self):
-        """Leave the job: a barrier over the primordial team (skipped when a peer
-        has died), then release every segment, mapping and endpoint.  Idempotent."""
+        """Leave the job: a barrier over every process of the job (the
+        bootstrap's own, so it never matches a team barrier; skipped when a
+        peer has died), then release every segment, mapping and endpoint.
+        Idempotent."""
         if self.finalized:
             return
         try:
-            self.tm.barrier()
+            self.bootstrap.barrier()
         except PeerDeadError:
             pass
         finally:
@@ -388,6 +419,9 @@ cdef class Client:
                 (<Segment>s)._free()
         self._retired = []
         self._close_transports()
+        for mk in self._kinds:
+            mk.close()
+        self._kinds = []
         self.bootstrap.close()
         if _client is self:
             _client = None

@@ -27,7 +27,9 @@ from libc.string cimport memcpy
 from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED
 from posix.unistd cimport close, sysconf, _SC_PAGESIZE
 
+from cpython.pycapsule cimport PyCapsule_GetPointer
 from gexmk.lib.gx cimport *
+from gexmk.kinds.kind cimport gx_kind_ops
 from gexmk.lib.linux cimport iovec, process_vm_readv, process_vm_writev
 from gexmk.memory cimport Segment
 
@@ -45,6 +47,24 @@ cdef struct lp_peer:
     char* local_base           # nbrhd: the mapping of the target's first byte; pvm: NULL
 
 
+# A memory kind as the data plane uses it: its table, context and atomics.
+ctypedef int (*kind_atomic_fn)(void* kctx, void* stream, uintptr_t addr, int dt, int op,
+                               gx_val a, gx_val b, void* result) except -1 nogil
+
+cdef struct lp_kind:
+    const gx_kind_ops* ops     # NULL: host memory
+    void* kctx
+    kind_atomic_fn atomic      # device atomics (NULL where the kind has none)
+
+
+cdef struct lp_ep:             # an endpoint's context: the kind of its bound segment
+    lp_kind k
+
+
+cdef struct lp_dev:            # a device segment of this process: its kind
+    lp_kind k
+
+
 # ---- data plane ---------------------------------------------------------------
 
 cdef inline char* _mapped(gx_xfer* x) noexcept nogil:
@@ -57,15 +77,51 @@ cdef inline char* _mapped(gx_xfer* x) noexcept nogil:
 
 
 cdef int _mapped_put(gx_xfer* x) except -1 nogil:
-    memcpy(_mapped(x), x.local, x.n)
+    cdef lp_ep* ep = <lp_ep*>x.ep
+    if x.local_kind != GX_MK_HOST:
+        # from the endpoint's device segment: the copy engine of its kind
+        ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>_mapped(x), <uintptr_t>x.local, x.n)
+    else:
+        memcpy(_mapped(x), x.local, x.n)
     gx_mem_fence()
     _done(x)
     return 0
 
 
 cdef int _mapped_get(gx_xfer* x) except -1 nogil:
+    cdef lp_ep* ep = <lp_ep*>x.ep
     gx_mem_fence()
-    memcpy(x.local, _mapped(x), x.n)
+    if x.local_kind != GX_MK_HOST:
+        ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>x.local, <uintptr_t>_mapped(x), x.n)
+    else:
+        memcpy(x.local, _mapped(x), x.n)
+    _done(x)
+    return 0
+
+
+# ---- device segments of this process (loopback through the copy engine) ----------
+
+cdef int _dev_put(gx_xfer* x) except -1 nogil:
+    cdef lp_dev* d = <lp_dev*>x.peer
+    d.k.ops.copy(d.k.kctx, NULL, x.remote, <uintptr_t>x.local, x.n)
+    _done(x)
+    return 0
+
+
+cdef int _dev_get(gx_xfer* x) except -1 nogil:
+    cdef lp_dev* d = <lp_dev*>x.peer
+    d.k.ops.copy(d.k.kctx, NULL, <uintptr_t>x.local, x.remote, x.n)
+    _done(x)
+    return 0
+
+
+cdef int _dev_atomic(gx_xfer* x) except -1 nogil:
+    cdef lp_dev* d = <lp_dev*>x.peer
+    if x.remote & (gx_dt_size(x.dt) - 1):
+        with gil:
+            from gexmk.errors import BoundsError
+            raise BoundsError(f"atomic: address 0x{x.remote:x} is not aligned to {gx_dt_size(x.dt)} bytes")
+    d.k.atomic(d.k.kctx, NULL, x.remote, x.dt, x.op, x.a, x.b, x.result)
     _done(x)
     return 0
 
@@ -165,7 +221,7 @@ cdef int _nbi_test(void* ep, int categories) except -1 nogil:
     return 1
 
 
-cdef gx_tr_ops _SELF, _NBRHD, _PVM
+cdef gx_tr_ops _SELF, _NBRHD, _PVM, _SELF_DEV
 
 
 cdef void _fill(gx_tr_ops* t, const char* name, gx_tr_xfer_fn put, gx_tr_xfer_fn get,
@@ -184,17 +240,37 @@ cdef void _fill(gx_tr_ops* t, const char* name, gx_tr_xfer_fn put, gx_tr_xfer_fn
 _fill(&_SELF, b"self", _mapped_put, _mapped_get, _mapped_atomic)
 _fill(&_NBRHD, b"nbrhd", _mapped_put, _mapped_get, _mapped_atomic)
 _fill(&_PVM, b"pvm", _pvm_put, _pvm_get, _pvm_atomic)
+_fill(&_SELF_DEV, b"self", _dev_put, _dev_get, _dev_atomic)
+
+
+cdef int _set_kind(lp_kind* k, object mk) except -1:
+    """The data-plane view of a memory kind object (gexmk.MemoryKind)."""
+    k.ops = NULL
+    k.kctx = NULL
+    k.atomic = NULL
+    impl = mk.impl
+    if impl is None:
+        return 0
+    k.ops = <const gx_kind_ops*>PyCapsule_GetPointer(impl.ops_capsule(), b"gexmk.kind_ops")
+    k.kctx = <void*><uintptr_t>impl.handle
+    if hasattr(impl, "atomic_capsule"):
+        k.atomic = <kind_atomic_fn>PyCapsule_GetPointer(impl.atomic_capsule(), b"gexmk.cuda_atomic")
+    return 0
 
 
 # ---- control plane ---------------------------------------------------------------
 
 cdef class _EndpointContext:
-    """Nothing per endpoint: the local paths complete every op at issue."""
+    """Per endpoint: the kind of its bound segment (a device buffer of the
+    endpoint goes through that kind's copy engine).  Every op completes at issue."""
+    cdef lp_ep c
+    cdef LocalTransport tr
     cdef readonly bint closed
+    cdef object seg
 
     @property
     def handle(self):
-        return 0
+        return <uintptr_t>&self.c
 
     @property
     def ops(self):
@@ -202,16 +278,36 @@ cdef class _EndpointContext:
 
     def bind(self, Segment seg not None):
         """A library-allocated host segment publishes its memfd (fd number and
-        name) for peers of this node to map; other segments publish nothing."""
+        name) for peers of this node to map; other segments publish nothing
+        (yet: device segments of peers are reached over a network transport)."""
+        _set_kind(&self.c.k, seg.kind)
+        self.seg = seg
+        if seg.kind.cls != GX_MK_HOST:
+            self.tr._device_bound(seg)
         if seg.fd >= 0 and seg.kind.cls == GX_MK_HOST:
             return pickle.dumps((seg.fd, seg.token))
         return None
 
     def unbind(self):
-        pass
+        if self.seg is not None:
+            self.tr._device_unbound(self.seg)
+        self.seg = None
+        self.c.k.ops = NULL
 
     def close(self):
+        self.unbind()
         self.closed = True
+
+
+cdef class _DeviceContext:
+    """A device segment of this process, as a target: its kind."""
+    cdef lp_dev c
+    cdef object kind
+    cdef int refs
+
+    @property
+    def handle(self):
+        return <uintptr_t>&self.c
 
 
 cdef class _PeerContext:
@@ -232,6 +328,8 @@ cdef class LocalTransport:
     cdef str force                 # GEXMK_TRANSPORT
     cdef dict _peers               # (jobrank, ep_index) -> _PeerContext
     cdef dict _maps                # (jobrank, token) -> [addr, maplen, refs]
+    cdef dict _devsegs             # address of a bound device segment of this process -> _DeviceContext
+    cdef list _retired             # contexts of unbound device segments, kept until close
     cdef readonly bint closed
 
     def __init__(self, job):
@@ -240,9 +338,30 @@ cdef class LocalTransport:
         self.force = job.config.transport
         self._peers = {}
         self._maps = {}
+        self._devsegs = {}
+        self._retired = []
 
     def open_endpoint(self, int index):
-        return _EndpointContext()
+        cdef _EndpointContext ctx = _EndpointContext()
+        ctx.tr = self
+        return ctx
+
+    def _device_bound(self, Segment seg):
+        cdef _DeviceContext d = self._devsegs.get(seg.address)
+        if d is None:
+            d = _DeviceContext()
+            _set_kind(&d.c.k, seg.kind)
+            d.kind = seg.kind
+            self._devsegs[seg.address] = d
+        d.refs += 1
+
+    def _device_unbound(self, Segment seg):
+        cdef _DeviceContext d = self._devsegs.get(<uintptr_t>seg.addr)
+        if d is not None:
+            d.refs -= 1
+            if d.refs == 0:
+                # routes may still point at it until they are chosen again: keep it
+                self._retired.append(self._devsegs.pop(<uintptr_t>seg.addr))
 
     def apply(self, peer, blob):
         """A peer of this node published (or withdrew) a host segment: map its
@@ -271,10 +390,15 @@ cdef class LocalTransport:
 
     def reach(self, epctx, peer, ctx):
         cdef _PeerContext pc
+        cdef _DeviceContext d
         if peer.same_process:
-            if peer.kind != GX_MK_HOST:
+            if peer.kind == GX_MK_HOST:
+                return Reach("self", SELF_SCORE, SELF_SCORE, <uintptr_t>&_SELF, 0, peer.base)
+            d = self._devsegs.get(peer.base)
+            if d is None or d.c.k.ops == NULL:
                 return None
-            return Reach("self", SELF_SCORE, SELF_SCORE, <uintptr_t>&_SELF, 0, peer.base)
+            return Reach("self", SELF_SCORE, SELF_SCORE if d.c.k.atomic != NULL else 0,
+                         <uintptr_t>&_SELF_DEV, d.handle, 0)
         if ctx is None:
             return None
         pc = ctx
