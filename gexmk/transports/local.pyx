@@ -279,18 +279,24 @@ cdef class _EndpointContext:
     def bind(self, Segment seg not None):
         """A library-allocated host segment publishes its memfd (fd number and
         name) for peers of this node to map; other segments publish nothing
-        (yet: device segments of peers are reached over a network transport)."""
+        (yet: device segments of peers are reached over a network transport).
+        Host segments are pinned with the driver of a device kind of this
+        process, so copies between them and device memory run at DMA speed."""
         _set_kind(&self.c.k, seg.kind)
         self.seg = seg
         if seg.kind.cls != GX_MK_HOST:
             self.tr._device_bound(seg)
+        else:
+            self.tr._host_bound(seg)
         if seg.fd >= 0 and seg.kind.cls == GX_MK_HOST:
             return pickle.dumps((seg.fd, seg.token))
         return None
 
     def unbind(self):
-        if self.seg is not None:
+        if self.seg is not None and (<Segment>self.seg).kind.cls != GX_MK_HOST:
             self.tr._device_unbound(self.seg)
+        elif self.seg is not None:
+            self.tr._host_unbound(self.seg)
         self.seg = None
         self.c.k.ops = NULL
 
@@ -330,6 +336,7 @@ cdef class LocalTransport:
     cdef dict _maps                # (jobrank, token) -> [addr, maplen, refs]
     cdef dict _devsegs             # address of a bound device segment of this process -> _DeviceContext
     cdef list _retired             # contexts of unbound device segments, kept until close
+    cdef dict _hosts               # address of a bound host segment -> [segment, pinning _DeviceContext]
     cdef readonly bint closed
 
     def __init__(self, job):
@@ -340,6 +347,7 @@ cdef class LocalTransport:
         self._maps = {}
         self._devsegs = {}
         self._retired = []
+        self._hosts = {}
 
     def open_endpoint(self, int index):
         cdef _EndpointContext ctx = _EndpointContext()
@@ -354,6 +362,33 @@ cdef class LocalTransport:
             d.kind = seg.kind
             self._devsegs[seg.address] = d
         d.refs += 1
+        for entry in self._hosts.values():
+            if entry[1] is None:
+                self._pin(entry, d)
+
+    def _host_bound(self, Segment seg):
+        entry = self._hosts[<uintptr_t>seg.addr] = [seg, None]
+        for d in self._devsegs.values():
+            self._pin(entry, d)
+            break
+
+    def _pin(self, list entry, _DeviceContext d):
+        cdef Segment seg = entry[0]
+        try:
+            d.c.k.ops.host_register(d.c.k.kctx, seg.addr, seg.size, 1)
+        except Exception:       # noqa: BLE001 - pinning is an optimisation: copies work unpinned
+            return
+        entry[1] = d
+
+    def _host_unbound(self, Segment seg):
+        cdef _DeviceContext d
+        entry = self._hosts.pop(<uintptr_t>seg.addr, None)
+        if entry is not None and entry[1] is not None:
+            d = entry[1]
+            try:
+                d.c.k.ops.host_register(d.c.k.kctx, seg.addr, seg.size, 0)
+            except Exception:   # noqa: BLE001 - the kind may be closed already
+                pass
 
     def _device_unbound(self, Segment seg):
         cdef _DeviceContext d = self._devsegs.get(<uintptr_t>seg.addr)
@@ -415,6 +450,8 @@ cdef class LocalTransport:
         if self.closed:
             return
         self.closed = True
+        for entry in list(self._hosts.values()):
+            self._host_unbound(entry[0])
         for m in self._maps.values():
             munmap(<void*><uintptr_t>m[0], <size_t>m[1])
         self._maps.clear()

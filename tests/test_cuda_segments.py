@@ -1,0 +1,237 @@
+"""Device segments of the CUDA_UVA kind through the whole stack: kinds from
+the client, library- and client-allocated device segments, endpoints bound to
+them, the loopback paths between host and device memory in one process
+(GASNet-EX testcudauva's four cases), device atomics, growth, CAI/DLPack
+export.  GPU tests carry the ``gpu`` marker and skip cleanly without a
+driver; the CPU tests check the errors a GPU-less machine gives."""
+import threading
+
+import numpy as np
+import pytest
+
+import gexmk
+from gexmk import errors as E
+
+
+def _cuda_probe():
+    try:
+        from gexmk.kinds import cuda
+    except ImportError:
+        return {}
+    try:
+        return cuda.probe()
+    except Exception:           # noqa: BLE001 - any failure means: no usable GPU
+        return {}
+
+
+PROBE = _cuda_probe()
+HAVE_GPU = bool(PROBE.get("driver_loaded") and PROBE.get("device_count"))
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no NVIDIA driver or device on this machine")
+MiB = 1 << 20
+
+
+@pytest.fixture
+def client():
+    c = gexmk.init()
+    try:
+        yield c
+    finally:
+        c._teardown()
+
+
+# ---- CPU: what a machine without a GPU says ---------------------------------------
+
+@pytest.mark.skipif(HAVE_GPU, reason="checks the no-GPU errors")
+def test_mk_create_without_gpu_is_a_clear_error(client):
+    with pytest.raises(E.UnsupportedError, match="(?i)cuda"):
+        client.mk_create(gexmk.CUDA_UVA, 0)
+    with pytest.raises(E.UnsupportedError, match="HIP"):
+        client.mk_create(gexmk.HIP, 0)
+
+
+def test_remote_kind_descriptions_cannot_allocate(client):
+    from gexmk import memory
+    desc = memory.describe_kind(int(gexmk.CUDA_UVA), 0)
+    with pytest.raises(E.UnsupportedError, match="client.mk_create"):
+        client.segment_create(4096, kind=desc)
+    with pytest.raises(E.ArgumentError, match="reserve"):
+        client.segment_create(4096, reserve=8192)
+
+
+def test_host_segment_has_no_device_exports(client):
+    seg = client.segment_create(4096)
+    assert not hasattr(seg, "__cuda_array_interface__")
+    with pytest.raises(AttributeError):
+        seg.__dlpack__()
+
+
+# ---- GPU ------------------------------------------------------------------------------
+
+@gpu
+@needs_gpu
+def test_bad_device_ordinal(client):
+    with pytest.raises(E.ArgumentError, match="device"):
+        client.mk_create(gexmk.CUDA_UVA, PROBE["device_count"] + 3)
+
+
+def _setup(client, n=8 * MiB):
+    mk = client.mk_create(gexmk.CUDA_UVA, 0)
+    hseg = client.segment_attach(2 * n)               # EP 0: host
+    ep1, ep2 = client.ep_create(), client.ep_create()
+    d1 = client.segment_create(n, kind=mk)
+    d2 = client.segment_create(n, kind=mk)
+    ep1.bind_segment(d1)
+    ep2.bind_segment(d2)
+    return mk, hseg, ep1, ep2, d1, d2
+
+
+@gpu
+@needs_gpu
+def test_testcudauva_four_cases_loopback(client):
+    """GASNet-EX testcudauva at 8 MiB in one process with two device endpoints."""
+    n = 8 * MiB
+    mk, hseg, ep1, ep2, d1, d2 = _setup(client, n)
+    to_d1 = client.ep(0).pair(1)                      # host EP -> EP 1's device segment
+    assert to_d1.paths(0) == {"rma": "self", "atomic": "self"}
+    src = np.random.default_rng(1).integers(0, 256, n, dtype=np.uint8)
+    # 1. host -> GPU, NBI with LC_DEFER-like grouping
+    to_d1.put_nbi(0, d1.address, src, lc=gexmk.LC_GROUP)
+    gexmk.nbi_wait()
+    back = np.zeros(n, np.uint8)
+    # 2. GPU -> host, NB + wait_all
+    gexmk.wait_all([to_d1.get_nb(back, 0, d1.address)])
+    assert (back == src).all()
+    # 3. GPU -> GPU between two device endpoints, blocking (local buffer in EP 2's segment)
+    from_d2 = ep2.pair(1)
+    from_d2.put(0, d1.address + 0, (d2.address, 0))   # zero bytes: fine
+    to_d2 = client.ep(0).pair(2)
+    to_d2.put(0, d2.address, src[::-1].copy())
+    from_d2.put(0, d1.address, (d2.address, n))
+    back[:] = 0
+    to_d1.get(back, 0, d1.address)
+    assert (back == src[::-1]).all()
+    # 4. remote GPU -> local GPU, blocking get into EP 2's segment
+    to_d1.put(0, d1.address, src)
+    from_d2.get((d2.address, n), 0, d1.address)
+    back[:] = 0
+    to_d2.get(back, 0, d2.address)
+    assert (back == src).all()
+    # bounds are the device segment's
+    with pytest.raises(E.BoundsError):
+        to_d1.put(0, d1.address + n - 4, np.zeros(8, np.uint8))
+
+
+@gpu
+@needs_gpu
+def test_device_atomics_exact_under_contention(client):
+    mk, hseg, ep1, ep2, d1, d2 = _setup(client, MiB)
+    to_d1 = client.ep(0).pair(1)
+    ad = to_d1.ad_create(gexmk.DT_I64, gexmk.OP_FADD | gexmk.OP_GET | gexmk.OP_CAS | gexmk.OP_SET)
+    a = d1.address + 64
+    ad.op(0, a, gexmk.OP_SET, 0)
+    per, nthreads = 200, 4
+
+    def work():
+        for _ in range(per):
+            ad.op(0, a, gexmk.OP_FADD, 1)
+    ts = [threading.Thread(target=work) for _ in range(nthreads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert ad.op(0, a, gexmk.OP_GET) == per * nthreads
+    ad.op(0, a, gexmk.OP_CAS, per * nthreads, -5)
+    assert ad.op(0, a, gexmk.OP_GET) == -5
+    with pytest.raises(E.BoundsError, match="aligned"):
+        ad.op(0, a + 4, gexmk.OP_FADD, 1)
+
+
+@gpu
+@needs_gpu
+def test_device_segment_grows_in_place(client):
+    mk = client.mk_create(gexmk.CUDA_UVA, 0)
+    g = mk.impl.granularity
+    seg = client.segment_create(g, kind=mk, reserve=4 * g)
+    ep = client.ep_create()
+    ep.bind_segment(seg)
+    t = client.ep(0).pair(ep.index)
+    addr = seg.address
+    with pytest.raises(E.BoundsError):
+        t.put(0, addr + 2 * g, b"tail")
+    seg.grow(3 * g)
+    assert seg.address == addr and seg.size == 3 * g
+    t.put(0, addr + 2 * g, b"tail")
+    out = bytearray(4)
+    t.get(out, 0, addr + 2 * g)
+    assert out == b"tail"
+    with pytest.raises(E.GexmkError):
+        seg.grow(8 * g)                               # past the reservation
+
+
+@gpu
+@needs_gpu
+def test_cai_and_dlpack_are_zero_copy(client):
+    cupy = pytest.importorskip("cupy")
+    mk = client.mk_create(gexmk.CUDA_UVA, 0)
+    seg = client.segment_create(MiB, kind=mk)
+    ep = client.ep_create()
+    ep.bind_segment(seg)
+    t = client.ep(0).pair(ep.index)
+    t.put(0, seg.address + 8, np.arange(4, dtype=np.uint8) + 1)
+    view = cupy.asarray(seg)
+    assert view.data.ptr == seg.address and view.size == MiB
+    assert view[8:12].get().tolist() == [1, 2, 3, 4]
+    view[100] = 77                                    # written on the device, read by a get
+    cupy.cuda.runtime.deviceSynchronize()
+    assert t.get_val(0, seg.address + 100, 1) == 77
+    try:
+        import torch
+    except ImportError:
+        return
+    tt = torch.from_dlpack(seg)
+    assert tt.data_ptr() == seg.address and tt.device.type == "cuda"
+    with pytest.raises(BufferError):
+        memoryview(seg)
+
+
+@gpu
+@needs_gpu
+def test_client_allocated_device_segment(client):
+    cupy = pytest.importorskip("cupy")
+    arr = cupy.zeros(1 << 16, dtype=cupy.uint8)
+    mk = client.mk_create(gexmk.CUDA_UVA, 0)
+    seg = client.segment_create(buffer=arr, kind=mk)
+    assert seg.address == arr.data.ptr and not seg.library_allocated
+    ep = client.ep_create()
+    ep.bind_segment(seg)
+    client.ep(0).pair(ep.index).put(0, seg.address + 3, b"\x05\x06")
+    assert arr[3:5].get().tolist() == [5, 6]
+    # host memory is not device memory of this kind
+    host = np.zeros(4096, np.uint8)
+    with pytest.raises(E.GexmkError):
+        client.segment_create(buffer=(host.ctypes.data, host.nbytes), kind=mk)
+
+
+@gpu
+@needs_gpu
+def test_managed_memory_is_refused(client):
+    cupy = pytest.importorskip("cupy")
+    mk = client.mk_create(gexmk.CUDA_UVA, 0)
+    mem = cupy.cuda.malloc_managed(1 << 16)           # small: the card's free memory is not at risk
+    with pytest.raises(E.GexmkError, match="(?i)managed"):
+        client.segment_create(buffer=(mem.ptr, 1 << 16), kind=mk)
+
+
+@gpu
+@needs_gpu
+def test_destroyed_device_segment(client):
+    mk = client.mk_create(gexmk.CUDA_UVA, 0)
+    seg = client.segment_create(MiB, kind=mk)
+    ep = client.ep_create()
+    ep.bind_segment(seg)
+    t = client.ep(0).pair(ep.index)
+    a = seg.address
+    seg.destroy()
+    with pytest.raises(E.SegmentError):
+        t.put(0, a, b"x")
