@@ -13,7 +13,7 @@ cdef struct DLDataType:
     uint16_t lanes
 
 cdef struct DLTensor:
-    void* data                  # 256-byte aligned for CUDA: the rest goes in byte_offset
+    void* data                  # the first byte (byte_offset stays 0: consumers refuse others)
     DLDevice device
     int32_t ndim
     DLDataType dtype
@@ -85,8 +85,11 @@ def dlpack_capsule(addr, nbytes, device, owner):
     if h == NULL:
         raise MemoryError()
     h.shape[0] = n
-    h.t.dl_tensor.data = <void*>(a & ~(<uintptr_t>255))
-    h.t.dl_tensor.byte_offset = a & 255
+    # The data pointer itself, byte_offset 0: PyTorch and CuPy refuse a
+    # non-zero byte_offset (the spec's 256-byte alignment is advisory; both
+    # hand out unaligned data pointers for views themselves).
+    h.t.dl_tensor.data = <void*>a
+    h.t.dl_tensor.byte_offset = 0
     h.t.dl_tensor.device.device_type = kDLCUDA
     h.t.dl_tensor.device.device_id = dev
     h.t.dl_tensor.ndim = 1
