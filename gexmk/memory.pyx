@@ -59,6 +59,42 @@ cdef class MemoryKind:
         if self.impl is not None:
             self.impl.close()
 
+    def view(self, uintptr_t addr, size_t nbytes, owner):
+        """A zero-copy array over ``nbytes`` of this kind's memory at ``addr``
+        (CUDA array interface and DLPack), keeping ``owner`` alive."""
+        if self.cls != GX_MK_CUDA_UVA:
+            raise UnsupportedError(f"{self.name} memory has no device array view in this build")
+        return DeviceView(addr, nbytes, self.device, owner)
+
+
+class DeviceView:
+    """A 1-D uint8 device array over memory gexmk maps (a peer's segment):
+    ``__cuda_array_interface__`` (v3) and ``__dlpack__``; holds ``owner``."""
+
+    def __init__(self, addr, nbytes, device, owner):
+        self.address = addr
+        self.nbytes = nbytes
+        self.device = device
+        self._owner = owner
+
+    @property
+    def __cuda_array_interface__(self):
+        from gexmk.kinds import cuda
+        return cuda.cuda_array_interface(self.address, self.nbytes, self.device)
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        from gexmk.kinds import cuda
+        if copy:
+            raise BufferError("a peer view is zero-copy (copy=True refused)")
+        return cuda.dlpack_capsule(self.address, self.nbytes, self.device, self)
+
+    def __dlpack_device__(self):
+        from gexmk.kinds import cuda
+        return cuda.dlpack_device(self.device)
+
+    def __repr__(self):
+        return f"<gexmk.DeviceView {self.nbytes} B at 0x{self.address:x} on device {self.device}>"
+
     def __eq__(self, other):
         return (isinstance(other, MemoryKind) and (<MemoryKind>other).cls == self.cls
                 and (<MemoryKind>other).device == self.device)

@@ -235,3 +235,108 @@ def test_destroyed_device_segment(client):
     seg.destroy()
     with pytest.raises(E.SegmentError):
         t.put(0, a, b"x")
+
+
+# ---- two processes on one GPU: the nbrhd device path --------------------------------
+
+try:
+    from . import mp_util
+except ImportError:
+    import mp_util
+
+TWO_RANK_WORKER = r'''
+import threading
+c = gexmk.init()
+tm = c.tm
+me, peer = tm.rank, 1 - tm.rank
+n = 8 << 20
+mk = c.mk_create(gexmk.CUDA_UVA, 0)
+hseg = c.segment_attach(2 * n)                       # EP 0: host, published
+ep1 = c.ep_create()
+dseg = c.segment_create(n, kind=mk)
+ep1.bind_segment(dseg)
+t0 = time.perf_counter()
+tm.publish_bound_segment([ep1])
+log(f"publication of an {n >> 20} MiB device segment: {(time.perf_counter() - t0) * 1e3:.2f} ms")
+dev = c.ep(0).pair(1)                                # host EP -> each process's device EP
+assert dev.paths(peer) == {"rma": "nbrhd", "atomic": "nbrhd"}, dev.paths(peer)
+assert dev.paths(me) == {"rma": "self", "atomic": "self"}, dev.paths(me)
+mine = ep1.pair(1)                                   # device EP -> device EPs
+src = pattern(n, me, 1)
+back = np.zeros(n, np.uint8)
+# 1. host -> remote GPU, NBI
+dev.put_nbi(peer, dev.addr(peer), src, lc=gexmk.LC_GROUP)
+gexmk.nbi_wait()
+tm.barrier()
+dev.get(back, me, dev.addr(me))                      # the owner reads its own device memory
+assert (back == pattern(n, peer, 1)).all(), "case 1"
+# 2. remote GPU -> host, NB + wait_all
+back[:] = 0
+gexmk.wait_all([dev.get_nb(back, peer, dev.addr(peer))])
+assert (back == pattern(n, me, 1)).all(), "case 2"
+tm.barrier()
+# 3. GPU -> remote GPU, crossed between the device endpoints, blocking
+dev.put(me, dev.addr(me), pattern(n, me, 3))         # my device segment holds my pattern
+tm.barrier()
+mine.put(peer, mine.addr(peer), (dseg.address, n))   # ... which I copy into the peer's
+tm.barrier()
+dev.get(back, me, dev.addr(me))
+assert (back == pattern(n, peer, 3)).all(), "case 3"
+tm.barrier()
+# 4. remote GPU -> local GPU, blocking
+mine.get((dseg.address, n), peer, mine.addr(peer))
+dev.get(back, me, dev.addr(me))
+assert (back == pattern(n, me, 3)).all(), "case 4"
+tm.barrier()
+# device atomics on rank 0's device word from both processes (and two threads each)
+ad = dev.ad_create(gexmk.DT_I64, gexmk.OP_FADD | gexmk.OP_GET | gexmk.OP_SET)
+word = dev.addr(0, 128)
+if me == 0:
+    ad.op(0, word, gexmk.OP_SET, 0)
+tm.barrier()
+def bump():
+    for _ in range(300):
+        ad.op(0, word, gexmk.OP_FADD, 1)
+ts = [threading.Thread(target=bump) for _ in range(2)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+tm.barrier()
+assert ad.op(0, word, gexmk.OP_GET) == 1200, ad.op(0, word, gexmk.OP_GET)
+# a peer view written by a kernel of this process, read by the owner
+try:
+    import cupy
+except ImportError:
+    cupy = None
+if cupy is not None:
+    view = cupy.asarray(dev.peer_view(peer))
+    view[4096:4100] = cupy.arange(4, dtype=cupy.uint8) + 10 * (me + 1)
+    cupy.cuda.runtime.deviceSynchronize()
+tm.barrier()
+if cupy is not None:
+    assert dev.get_val(me, dev.addr(me, 4096), 4) == int.from_bytes(
+        bytes([10 * (peer + 1) + i for i in range(4)]), "little"), "peer view"
+# bounds, and a destroyed segment republished as nothing
+e = expect_raises(E.BoundsError, dev.put, peer, dev.addr(peer) + n - 2, b"1234")
+tm.barrier()
+dseg.destroy()
+tm.publish_bound_segment([ep1])
+expect_raises(E.SegmentError, dev.put, peer, 4096, b"x")
+c.finalize()
+print("OK", me, flush=True)
+'''
+
+
+@gpu
+@needs_gpu
+@pytest.mark.timeout(180)
+def test_two_processes_one_gpu_testcudauva(tmp_path):
+    """testcudauva's four cases at 8 MiB between two processes on one GPU
+    (device segments exported as VMM POSIX FDs, passed with SCM_RIGHTS,
+    imported and mapped), device atomics across the processes, a peer view
+    written by a kernel, bounds and a withdrawn segment."""
+    res = mp_util.run_job(tmp_path, TWO_RANK_WORKER, 2, launcher_timeout=120,
+                          env={"GEXMK_TRANSPORT": None})
+    print(res.stderr)
+    assert not res.timed_out, res.report()
+    res.check()
+    assert res.stdout.count("OK") == 2, res.report()

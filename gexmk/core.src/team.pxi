@@ -110,6 +110,24 @@ cdef class Team:
         cdef _Route rt = self._route_objs[rank]
         return {"rma": rt.rma_name, "atomic": rt.amo_name}
 
+    def peer_view(self, int rank):
+        """A zero-copy device array (CUDA array interface v3, DLPack; 1-D
+        uint8) over team rank ``rank``'s device segment as mapped in this
+        process (NVSHMEM ``nvshmem_ptr``): kernels of this process (CuPy,
+        Numba, Triton, PyTorch) load and store through it directly.  Valid
+        until that rank publishes again or this client is finalized.  Raises
+        UnsupportedError where no such mapping exists (host segments, other
+        nodes, peers reached by copies only)."""
+        self._check_rank(rank)
+        cdef _Route rt = self._route_objs[rank]
+        cdef gx_target* t = rt.target.t
+        if t.size == 0:
+            _raise_rc(&self.c, rank, 0, 0, GX_ERANGE, "peer_view")
+        if not rt.view or t.kind == GX_MK_HOST:
+            raise UnsupportedError(f"peer_view: team rank {rank}'s segment is not device memory "
+                                   f"mapped in this process (path {rt.rma_name})")
+        return _describe_kind(t.kind, t.device).view(rt.view, t.size, self)
+
     def addr(self, int rank, size_t offset=0):
         """Remote address of byte ``offset`` of team rank ``rank``'s bound segment."""
         self._check_rank(rank)

@@ -56,8 +56,10 @@ Job.multi_node = property(lambda self: len(set(self.nodes)) > 1)
 Peer = namedtuple("Peer", "jobrank ep_index pid node same_process same_node base size kind device "
                           "target")
 
-#: A transport's answer to ``reach``: path name, scores, table, peer handle, CPU base.
-Reach = namedtuple("Reach", "name rma amo ops peer local_base")
+#: A transport's answer to ``reach``: path name, scores, table, peer handle, CPU base,
+#: and ``view``: the address of a device mapping of the target in this process that
+#: kernels may load from and store to (NVSHMEM's nvshmem_ptr), else 0.
+Reach = namedtuple("Reach", "name rma amo ops peer local_base view", defaults=(0,))
 
 
 def _always(job):

@@ -21,6 +21,8 @@ tables here serve what it declines.
 import os
 import pickle
 
+from gexmk.transports import fdpass
+
 from libc.errno cimport errno, EPERM, ESRCH, EFAULT
 from libc.stdint cimport uintptr_t
 from libc.string cimport memcpy
@@ -61,8 +63,9 @@ cdef struct lp_ep:             # an endpoint's context: the kind of its bound se
     lp_kind k
 
 
-cdef struct lp_dev:            # a device segment of this process: its kind
+cdef struct lp_dev:            # a device segment reached here: its kind and mapping
     lp_kind k
+    char* local_base           # nbrhd: the import of a peer's segment; self: NULL (same addresses)
 
 
 # ---- data plane ---------------------------------------------------------------
@@ -101,16 +104,25 @@ cdef int _mapped_get(gx_xfer* x) except -1 nogil:
 
 # ---- device segments of this process (loopback through the copy engine) ----------
 
+cdef inline uintptr_t _dev_addr(gx_xfer* x) noexcept nogil:
+    """Where x.remote is in this process: the same address (self) or the
+    import of the peer's segment (nbrhd)."""
+    cdef lp_dev* d = <lp_dev*>x.peer
+    if d.local_base == NULL:
+        return x.remote
+    return <uintptr_t>d.local_base + (x.remote - x.t.remote_base)
+
+
 cdef int _dev_put(gx_xfer* x) except -1 nogil:
     cdef lp_dev* d = <lp_dev*>x.peer
-    d.k.ops.copy(d.k.kctx, NULL, x.remote, <uintptr_t>x.local, x.n)
+    d.k.ops.copy(d.k.kctx, NULL, _dev_addr(x), <uintptr_t>x.local, x.n)
     _done(x)
     return 0
 
 
 cdef int _dev_get(gx_xfer* x) except -1 nogil:
     cdef lp_dev* d = <lp_dev*>x.peer
-    d.k.ops.copy(d.k.kctx, NULL, <uintptr_t>x.local, x.remote, x.n)
+    d.k.ops.copy(d.k.kctx, NULL, <uintptr_t>x.local, _dev_addr(x), x.n)
     _done(x)
     return 0
 
@@ -121,7 +133,7 @@ cdef int _dev_atomic(gx_xfer* x) except -1 nogil:
         with gil:
             from gexmk.errors import BoundsError
             raise BoundsError(f"atomic: address 0x{x.remote:x} is not aligned to {gx_dt_size(x.dt)} bytes")
-    d.k.atomic(d.k.kctx, NULL, x.remote, x.dt, x.op, x.a, x.b, x.result)
+    d.k.atomic(d.k.kctx, NULL, _dev_addr(x), x.dt, x.op, x.a, x.b, x.result)
     _done(x)
     return 0
 
@@ -221,7 +233,7 @@ cdef int _nbi_test(void* ep, int categories) except -1 nogil:
     return 1
 
 
-cdef gx_tr_ops _SELF, _NBRHD, _PVM, _SELF_DEV
+cdef gx_tr_ops _SELF, _NBRHD, _PVM, _SELF_DEV, _NBRHD_DEV
 
 
 cdef void _fill(gx_tr_ops* t, const char* name, gx_tr_xfer_fn put, gx_tr_xfer_fn get,
@@ -241,6 +253,7 @@ _fill(&_SELF, b"self", _mapped_put, _mapped_get, _mapped_atomic)
 _fill(&_NBRHD, b"nbrhd", _mapped_put, _mapped_get, _mapped_atomic)
 _fill(&_PVM, b"pvm", _pvm_put, _pvm_get, _pvm_atomic)
 _fill(&_SELF_DEV, b"self", _dev_put, _dev_get, _dev_atomic)
+_fill(&_NBRHD_DEV, b"nbrhd", _dev_put, _dev_get, _dev_atomic)
 
 
 cdef int _set_kind(lp_kind* k, object mk) except -1:
@@ -267,6 +280,7 @@ cdef class _EndpointContext:
     cdef LocalTransport tr
     cdef readonly bint closed
     cdef object seg
+    cdef object offered            # the fd server's key of the bound device segment's export
 
     @property
     def handle(self):
@@ -286,13 +300,16 @@ cdef class _EndpointContext:
         self.seg = seg
         if seg.kind.cls != GX_MK_HOST:
             self.tr._device_bound(seg)
-        else:
-            self.tr._host_bound(seg)
-        if seg.fd >= 0 and seg.kind.cls == GX_MK_HOST:
-            return pickle.dumps((seg.fd, seg.token))
+            return self.tr._offer_device(self, seg)
+        self.tr._host_bound(seg)
+        if seg.fd >= 0:
+            return pickle.dumps(("host", seg.fd, seg.token))
         return None
 
     def unbind(self):
+        if self.offered is not None:
+            fdpass.process_server().withdraw(self.offered)
+            self.offered = None
         if self.seg is not None and (<Segment>self.seg).kind.cls != GX_MK_HOST:
             self.tr._device_unbound(self.seg)
         elif self.seg is not None:
@@ -306,10 +323,19 @@ cdef class _EndpointContext:
 
 
 cdef class _DeviceContext:
-    """A device segment of this process, as a target: its kind."""
+    """A device segment reached from this process, as a target: its kind, and
+    for a peer's segment the import (mapped for this kind's device only)."""
     cdef lp_dev c
     cdef object kind
     cdef int refs
+    cdef object imported           # nbrhd: the kind's Allocation of the import
+    cdef object key                # nbrhd: (fd server address, key) it came from
+
+    def unmap(self):
+        self.c.local_base = NULL
+        if self.imported is not None:
+            self.imported.unmap()
+            self.imported = None
 
     @property
     def handle(self):
@@ -337,6 +363,8 @@ cdef class LocalTransport:
     cdef dict _devsegs             # address of a bound device segment of this process -> _DeviceContext
     cdef list _retired             # contexts of unbound device segments, kept until close
     cdef dict _hosts               # address of a bound host segment -> [segment, pinning _DeviceContext]
+    cdef dict _kinds               # (class, device) -> a kind made here to import peers' segments
+    cdef long _gen                 # numbers the device exports offered
     cdef readonly bint closed
 
     def __init__(self, job):
@@ -348,6 +376,8 @@ cdef class LocalTransport:
         self._devsegs = {}
         self._retired = []
         self._hosts = {}
+        self._kinds = {}
+        self._gen = 0
 
     def open_endpoint(self, int index):
         cdef _EndpointContext ctx = _EndpointContext()
@@ -402,11 +432,13 @@ cdef class LocalTransport:
         """A peer of this node published (or withdrew) a host segment: map its
         memfd (nbrhd) where allowed and possible, else reach it by address (pvm)."""
         key = (peer.jobrank, peer.ep_index)
+        if peer.kind != GX_MK_HOST or isinstance(self._peers.get(key), _DeviceContext):
+            return self._apply_device(key, peer, blob)
         cdef _PeerContext pc = self._peers.pop(key, None)
         wanted = (peer.size != 0 and not peer.same_process and peer.same_node
                   and self.force != "ofi" and peer.kind == GX_MK_HOST)
-        fd, token = pickle.loads(blob) if (wanted and blob is not None
-                                           and self.force != "pvm") else (-1, None)
+        fd, token = pickle.loads(blob)[1:] if (wanted and blob is not None
+                                               and self.force != "pvm") else (-1, None)
         map_key = (peer.jobrank, token) if token is not None else None
         if pc is not None and (not wanted or pc.map_key != map_key):
             self._unmap(pc)
@@ -423,6 +455,71 @@ cdef class LocalTransport:
         self._peers[key] = pc
         return pc
 
+    def _offer_device(self, _EndpointContext ctx, Segment seg):
+        """Export a bound device segment for peers of this node: its file
+        descriptors go to the process's fd server (SCM_RIGHTS after a peer
+        credential check), its blob and the server's address are published."""
+        alloc = seg.allocation
+        if alloc is None or not alloc.exportable or self.job.size == 1:
+            return None
+        fds, kblob = alloc.export()
+        self._gen += 1
+        name = f"segment-{self._gen}"
+        server = fdpass.process_server()
+        try:
+            server.offer(name, fds, allowed_pids=set(self.job.pids))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        ctx.offered = name
+        return pickle.dumps(("device", server.address, name, kblob))
+
+    def _apply_device(self, key, peer, blob):
+        """A peer of this node published (or withdrew) a device segment: fetch
+        its file descriptors and import it with a kind of this process for
+        that device (made on first use); None where this process cannot."""
+        cdef _DeviceContext d = self._peers.pop(key, None)
+        desc = pickle.loads(blob) if blob is not None else None
+        wanted = (peer.size != 0 and not peer.same_process and peer.same_node
+                  and self.force not in ("ofi", "pvm") and desc is not None
+                  and desc[0] == "device")
+        if d is not None and (not wanted or d.key != (desc[1], desc[2])):
+            d.unmap()
+            self._retired.append(d)
+            d = None
+        if not wanted:
+            return None
+        if d is None:
+            mk = self._kind_for(peer.kind, peer.device)
+            if mk is None:
+                return None
+            fds = fdpass.fetch(desc[1], desc[2], self.job.config.timeout)
+            d = _DeviceContext()
+            d.kind = mk
+            _set_kind(&d.c.k, mk)
+            d.imported = mk.impl.import_(fds, desc[3], peer.size)
+            d.c.local_base = <char*><uintptr_t>d.imported.addr
+            d.key = (desc[1], desc[2])
+        self._peers[key] = d
+        return d
+
+    def _kind_for(self, int cls, int device):
+        """A memory kind of this process for (class, device): one bound here,
+        else one made for importing (None where this process has no such device)."""
+        cdef _DeviceContext d
+        for d in self._devsegs.values():
+            if d.kind.cls == cls and d.kind.device == device:
+                return d.kind
+        mk = self._kinds.get((cls, device))
+        if mk is None:
+            from gexmk import memory
+            try:
+                mk = memory.mk_create(cls, device)
+            except Exception:       # noqa: BLE001 - no such device or driver here: unreachable
+                return None
+            self._kinds[(cls, device)] = mk
+        return mk
+
     def reach(self, epctx, peer, ctx):
         cdef _PeerContext pc
         cdef _DeviceContext d
@@ -433,9 +530,13 @@ cdef class LocalTransport:
             if d is None or d.c.k.ops == NULL:
                 return None
             return Reach("self", SELF_SCORE, SELF_SCORE if d.c.k.atomic != NULL else 0,
-                         <uintptr_t>&_SELF_DEV, d.handle, 0)
+                         <uintptr_t>&_SELF_DEV, d.handle, 0, peer.base)
         if ctx is None:
             return None
+        if isinstance(ctx, _DeviceContext):
+            d = ctx
+            return Reach("nbrhd", NBRHD_SCORE, NBRHD_SCORE if d.c.k.atomic != NULL else 0,
+                         <uintptr_t>&_NBRHD_DEV, d.handle, 0, <uintptr_t>d.c.local_base)
         pc = ctx
         if pc.c.local_base != NULL:
             return Reach("nbrhd", NBRHD_SCORE, NBRHD_SCORE, <uintptr_t>&_NBRHD, pc.handle,
@@ -452,6 +553,12 @@ cdef class LocalTransport:
         self.closed = True
         for entry in list(self._hosts.values()):
             self._host_unbound(entry[0])
+        for p in list(self._peers.values()) + self._retired:
+            if isinstance(p, _DeviceContext):
+                (<_DeviceContext>p).unmap()
+        for mk in self._kinds.values():
+            mk.close()
+        self._kinds.clear()
         for m in self._maps.values():
             munmap(<void*><uintptr_t>m[0], <size_t>m[1])
         self._maps.clear()
