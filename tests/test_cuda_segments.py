@@ -253,7 +253,7 @@ n = 8 << 20
 mk = c.mk_create(gexmk.CUDA_UVA, 0)
 hseg = c.segment_attach(2 * n)                       # EP 0: host, published
 ep1 = c.ep_create()
-dseg = c.segment_create(n, kind=mk)
+dseg = c.segment_create(2 * n, kind=mk)
 ep1.bind_segment(dseg)
 t0 = time.perf_counter()
 tm.publish_bound_segment([ep1])
@@ -275,18 +275,21 @@ back[:] = 0
 gexmk.wait_all([dev.get_nb(back, peer, dev.addr(peer))])
 assert (back == pattern(n, me, 1)).all(), "case 2"
 tm.barrier()
-# 3. GPU -> remote GPU, crossed between the device endpoints, blocking
-dev.put(me, dev.addr(me), pattern(n, me, 3))         # my device segment holds my pattern
+# 3. GPU -> remote GPU, crossed between the device endpoints, blocking: each
+#    copies the upper half of its device segment into the peer's lower half
+up = dseg.address + n
+dev.put(me, dev.addr(me, n), pattern(n, me, 3))
 tm.barrier()
-mine.put(peer, mine.addr(peer), (dseg.address, n))   # ... which I copy into the peer's
+mine.put(peer, mine.addr(peer), (up, n))
 tm.barrier()
 dev.get(back, me, dev.addr(me))
 assert (back == pattern(n, peer, 3)).all(), "case 3"
 tm.barrier()
-# 4. remote GPU -> local GPU, blocking
-mine.get((dseg.address, n), peer, mine.addr(peer))
+# 4. remote GPU -> local GPU, blocking: the peer's upper half into my lower half
+dev.put(me, dev.addr(me), np.zeros(n, np.uint8))
+mine.get((dseg.address, n), peer, mine.addr(peer, n))
 dev.get(back, me, dev.addr(me))
-assert (back == pattern(n, me, 3)).all(), "case 4"
+assert (back == pattern(n, peer, 3)).all(), "case 4"
 tm.barrier()
 # device atomics on rank 0's device word from both processes (and two threads each)
 ad = dev.ad_create(gexmk.DT_I64, gexmk.OP_FADD | gexmk.OP_GET | gexmk.OP_SET)
@@ -316,7 +319,7 @@ if cupy is not None:
     assert dev.get_val(me, dev.addr(me, 4096), 4) == int.from_bytes(
         bytes([10 * (peer + 1) + i for i in range(4)]), "little"), "peer view"
 # bounds, and a destroyed segment republished as nothing
-e = expect_raises(E.BoundsError, dev.put, peer, dev.addr(peer) + n - 2, b"1234")
+e = expect_raises(E.BoundsError, dev.put, peer, dev.addr(peer) + 2 * n - 2, b"1234")
 tm.barrier()
 dseg.destroy()
 tm.publish_bound_segment([ep1])
