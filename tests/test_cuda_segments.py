@@ -343,3 +343,46 @@ def test_two_processes_one_gpu_testcudauva(tmp_path):
     assert not res.timed_out, res.report()
     res.check()
     assert res.stdout.count("OK") == 2, res.report()
+
+
+GPU_LESS_WORKER = r'''
+if os.environ.get("GEXMK_RANK") == "1":
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""          # this rank sees no GPU
+c = gexmk.init()
+tm = c.tm
+me = tm.rank
+hseg = c.segment_attach(1 << 20)
+ep1 = c.ep_create()
+if me == 0:
+    mk = c.mk_create(gexmk.CUDA_UVA, 0)
+    dseg = c.segment_create(1 << 20, kind=mk)
+    ep1.bind_segment(dseg)
+    tm.publish_bound_segment([ep1])
+else:
+    expect_raises(E.UnsupportedError, c.mk_create, gexmk.CUDA_UVA, 0)
+    tm.publish_bound_segment([])                     # zero device endpoints
+dev = c.ep(0).pair(1)
+if me == 1:
+    bs = tm.query_bound_segment_nb(0)                # host EP 0 of rank 0: fine
+    assert dev.paths(0)["rma"] == "none", dev.paths(0)
+    e = expect_raises(E.UnsupportedError, dev.put, 0, dev.addr(0), b"x")
+    assert "cuda_uva" in str(e), e
+    desc = dev.query_bound_segment_nb(0).wait()
+    assert desc.kind.name == "cuda_uva" and desc.kind.device == 0, desc
+    tm.put(0, tm.addr(0, 8), b"host ok")             # host traffic still flows
+tm.barrier()
+if me == 0:
+    assert bytes(np.asarray(hseg)[8:15]) == b"host ok"
+c.finalize()
+print("OK", me, flush=True)
+'''
+
+
+@gpu
+@needs_gpu
+@pytest.mark.timeout(120)
+def test_rank_without_gpu_publishes_nothing_and_gets_clear_errors(tmp_path):
+    res = mp_util.run_job(tmp_path, GPU_LESS_WORKER, 2, launcher_timeout=90)
+    assert not res.timed_out, res.report()
+    res.check()
+    assert res.stdout.count("OK") == 2, res.report()
