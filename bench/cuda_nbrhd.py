@@ -53,6 +53,8 @@ def both(name, a, b, iters, nbytes=None, rounds=5):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=400)
+    ap.add_argument("--gpu-per-rank", action="store_true",
+                    help="rank r on device r (two GPUs: the NVLink path) instead of all on device 0")
     args = ap.parse_args(argv)
     from cuda.bindings import driver as cu
     import numpy as np
@@ -60,7 +62,7 @@ def main(argv=None):
     n = 64 << 20
     with gexmk.init() as c:
         tm = c.tm
-        mk = c.mk_create(gexmk.CUDA_UVA, 0)
+        mk = c.mk_create(gexmk.CUDA_UVA, tm.rank if args.gpu_per_rank else 0)
         ep1 = c.ep_create()
         dseg = c.segment_create(n, kind=mk)
         ep1.bind_segment(dseg)

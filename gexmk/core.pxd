@@ -41,7 +41,7 @@ cdef class _Route:
     cdef int ep_index
     cdef str rma_name                      # the chosen paths' names, for users
     cdef str amo_name
-    cdef object view                       # a device mapping of the target here (peer view), or 0
+    cdef object view                       # (address, device) of a device mapping here, or None
     cdef tuple keep                        # the chosen contexts, alive while the route uses them
 
 cdef class Endpoint:

@@ -75,12 +75,13 @@ def test_bad_device_ordinal(client):
         client.mk_create(gexmk.CUDA_UVA, PROBE["device_count"] + 3)
 
 
-def _setup(client, n=8 * MiB):
-    mk = client.mk_create(gexmk.CUDA_UVA, 0)
+def _setup(client, n=8 * MiB, devices=(0, 0)):
+    mk = client.mk_create(gexmk.CUDA_UVA, devices[0])
+    mk2 = mk if devices[1] == devices[0] else client.mk_create(gexmk.CUDA_UVA, devices[1])
     hseg = client.segment_attach(2 * n)               # EP 0: host
     ep1, ep2 = client.ep_create(), client.ep_create()
     d1 = client.segment_create(n, kind=mk)
-    d2 = client.segment_create(n, kind=mk)
+    d2 = client.segment_create(n, kind=mk2)
     ep1.bind_segment(d1)
     ep2.bind_segment(d2)
     return mk, hseg, ep1, ep2, d1, d2
@@ -88,10 +89,14 @@ def _setup(client, n=8 * MiB):
 
 @gpu
 @needs_gpu
-def test_testcudauva_four_cases_loopback(client):
-    """GASNet-EX testcudauva at 8 MiB in one process with two device endpoints."""
+@pytest.mark.parametrize("devices", [(0, 0), (0, 1)], ids=["one_gpu", "two_gpus"])
+def test_testcudauva_four_cases_loopback(client, devices):
+    """GASNet-EX testcudauva at 8 MiB in one process with two device
+    endpoints, on one GPU or on two (loopback across devices)."""
+    if max(devices) >= PROBE.get("device_count", 0):
+        pytest.skip("needs two GPUs")
     n = 8 * MiB
-    mk, hseg, ep1, ep2, d1, d2 = _setup(client, n)
+    mk, hseg, ep1, ep2, d1, d2 = _setup(client, n, devices)
     to_d1 = client.ep(0).pair(1)                      # host EP -> EP 1's device segment
     assert to_d1.paths(0) == {"rma": "self", "atomic": "self"}
     src = np.random.default_rng(1).integers(0, 256, n, dtype=np.uint8)
@@ -250,7 +255,8 @@ c = gexmk.init()
 tm = c.tm
 me, peer = tm.rank, 1 - tm.rank
 n = 8 << 20
-mk = c.mk_create(gexmk.CUDA_UVA, 0)
+device = me if os.environ.get("GX_TEST_TWO_GPUS") else 0
+mk = c.mk_create(gexmk.CUDA_UVA, device)
 hseg = c.segment_attach(2 * n)                       # EP 0: host, published
 ep1 = c.ep_create()
 dseg = c.segment_create(2 * n, kind=mk)
@@ -311,9 +317,12 @@ try:
 except ImportError:
     cupy = None
 if cupy is not None:
-    view = cupy.asarray(dev.peer_view(peer))
-    view[4096:4100] = cupy.arange(4, dtype=cupy.uint8) + 10 * (me + 1)
-    cupy.cuda.runtime.deviceSynchronize()
+    pv = dev.peer_view(peer)
+    assert pv.device == device, (pv, device)         # mapped for this process's own GPU
+    with cupy.cuda.Device(device):
+        view = cupy.asarray(pv)
+        view[4096:4100] = cupy.arange(4, dtype=cupy.uint8) + 10 * (me + 1)
+        cupy.cuda.runtime.deviceSynchronize()
 tm.barrier()
 if cupy is not None:
     assert dev.get_val(me, dev.addr(me, 4096), 4) == int.from_bytes(
@@ -332,13 +341,17 @@ print("OK", me, flush=True)
 @gpu
 @needs_gpu
 @pytest.mark.timeout(180)
-def test_two_processes_one_gpu_testcudauva(tmp_path):
-    """testcudauva's four cases at 8 MiB between two processes on one GPU
-    (device segments exported as VMM POSIX FDs, passed with SCM_RIGHTS,
-    imported and mapped), device atomics across the processes, a peer view
-    written by a kernel, bounds and a withdrawn segment."""
+@pytest.mark.parametrize("gpus", [1, 2], ids=["one_gpu", "two_gpus"])
+def test_two_processes_testcudauva(tmp_path, gpus):
+    """testcudauva's four cases at 8 MiB between two processes, on one GPU or
+    one GPU each (device segments exported as VMM POSIX FDs, passed with
+    SCM_RIGHTS, imported and mapped for the importer's own device), device
+    atomics across the processes, a peer view written by a kernel, bounds and
+    a withdrawn segment."""
+    if gpus > PROBE.get("device_count", 0):
+        pytest.skip(f"needs {gpus} GPUs")
     res = mp_util.run_job(tmp_path, TWO_RANK_WORKER, 2, launcher_timeout=120,
-                          env={"GEXMK_TRANSPORT": None})
+                          env={"GEXMK_TRANSPORT": None, "GX_TEST_TWO_GPUS": "1" if gpus == 2 else None})
     print(res.stderr)
     assert not res.timed_out, res.report()
     res.check()

@@ -189,7 +189,7 @@ cdef class Client:
                     best_amo = (reach, ep.contexts[tr.name])
         _set_path(&r.rma, best_rma)
         _set_path(&r.amo, best_amo)
-        rt.view = best_rma[0].view if best_rma is not None else 0
+        rt.view = best_rma[0].view if best_rma is not None else None
         rt.rma_name = best_rma[0].name if best_rma is not None else "none"
         rt.amo_name = best_amo[0].name if best_amo is not None else "none"
         rt.keep = (best_rma, best_amo, rt.target.ctx.copy())

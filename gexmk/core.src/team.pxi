@@ -123,10 +123,11 @@ cdef class Team:
         cdef gx_target* t = rt.target.t
         if t.size == 0:
             _raise_rc(&self.c, rank, 0, 0, GX_ERANGE, "peer_view")
-        if not rt.view or t.kind == GX_MK_HOST:
+        if rt.view is None or t.kind == GX_MK_HOST:
             raise UnsupportedError(f"peer_view: team rank {rank}'s segment is not device memory "
                                    f"mapped in this process (path {rt.rma_name})")
-        return _describe_kind(t.kind, t.device).view(rt.view, t.size, self)
+        addr, device = rt.view            # the device the mapping was given access for
+        return _describe_kind(t.kind, device).view(addr, t.size, self)
 
     def addr(self, int rank, size_t offset=0):
         """Remote address of byte ``offset`` of team rank ``rank``'s bound segment."""

@@ -57,9 +57,9 @@ Peer = namedtuple("Peer", "jobrank ep_index pid node same_process same_node base
                           "target")
 
 #: A transport's answer to ``reach``: path name, scores, table, peer handle, CPU base,
-#: and ``view``: the address of a device mapping of the target in this process that
-#: kernels may load from and store to (NVSHMEM's nvshmem_ptr), else 0.
-Reach = namedtuple("Reach", "name rma amo ops peer local_base view", defaults=(0,))
+#: and ``view``: (address, device) of a device mapping of the target in this process
+#: that kernels on that device may load from and store to (NVSHMEM's nvshmem_ptr), or None.
+Reach = namedtuple("Reach", "name rma amo ops peer local_base view", defaults=(None,))
 
 
 def _always(job):

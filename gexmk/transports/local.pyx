@@ -504,12 +504,21 @@ cdef class LocalTransport:
         return d
 
     def _kind_for(self, int cls, int device):
-        """A memory kind of this process for (class, device): one bound here,
-        else one made for importing (None where this process has no such device)."""
+        """The memory kind of this process that imports a peer's segment on
+        ``device``: one of this process's bound device segments (the same
+        device first; else its own device, so the mapping is given access for
+        the device this process computes on and copies run from it, over
+        NVLink between GPUs), else one made for ``device`` (None where this
+        process has no such device)."""
         cdef _DeviceContext d
+        other = None
         for d in self._devsegs.values():
             if d.kind.cls == cls and d.kind.device == device:
                 return d.kind
+            if d.kind.cls == cls and other is None:
+                other = d.kind
+        if other is not None:
+            return other
         mk = self._kinds.get((cls, device))
         if mk is None:
             from gexmk import memory
@@ -530,13 +539,14 @@ cdef class LocalTransport:
             if d is None or d.c.k.ops == NULL:
                 return None
             return Reach("self", SELF_SCORE, SELF_SCORE if d.c.k.atomic != NULL else 0,
-                         <uintptr_t>&_SELF_DEV, d.handle, 0, peer.base)
+                         <uintptr_t>&_SELF_DEV, d.handle, 0, (peer.base, peer.device))
         if ctx is None:
             return None
         if isinstance(ctx, _DeviceContext):
             d = ctx
             return Reach("nbrhd", NBRHD_SCORE, NBRHD_SCORE if d.c.k.atomic != NULL else 0,
-                         <uintptr_t>&_NBRHD_DEV, d.handle, 0, <uintptr_t>d.c.local_base)
+                         <uintptr_t>&_NBRHD_DEV, d.handle, 0,
+                         (<uintptr_t>d.c.local_base, d.kind.device))
         pc = ctx
         if pc.c.local_base != NULL:
             return Reach("nbrhd", NBRHD_SCORE, NBRHD_SCORE, <uintptr_t>&_NBRHD, pc.handle,
