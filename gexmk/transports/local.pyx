@@ -329,6 +329,7 @@ cdef class _DeviceContext:
     cdef object kind
     cdef int refs
     cdef object imported           # nbrhd: the kind's Allocation of the import
+    cdef object seg                # self: the bound segment
     cdef object key                # nbrhd: (fd server address, key) it came from
 
     def unmap(self):
@@ -386,10 +387,21 @@ cdef class LocalTransport:
 
     def _device_bound(self, Segment seg):
         cdef _DeviceContext d = self._devsegs.get(seg.address)
+        cdef _DeviceContext o
         if d is None:
             d = _DeviceContext()
             _set_kind(&d.c.k, seg.kind)
             d.kind = seg.kind
+            d.seg = seg
+            # Device segments of this process on other devices: each side's
+            # copy engine must reach the other (VMM access is per device).
+            for o in self._devsegs.values():
+                if o.kind.device != seg.kind.device and o.seg is not None:
+                    for a, dev in ((seg.allocation, o.kind.device), (o.seg.allocation, seg.kind.device)):
+                        try:
+                            a.grant(dev)
+                        except Exception:   # noqa: BLE001 - not VMM: the copy reports it
+                            pass
             self._devsegs[seg.address] = d
         d.refs += 1
         for entry in self._hosts.values():

@@ -10,11 +10,7 @@ cdef int _raise_cuda(const char* call, CUresult rc) except -1 with gil:
     cydriver.cuGetErrorString(rc, &text)
     pyname = name.decode() if name != NULL else "CUDA_ERROR_UNKNOWN"
     pytext = text.decode() if text != NULL else "unrecognized error code"
-    err = CUDAError(f"{call.decode()} failed: {pyname} ({<int>rc}): {pytext}")
-    err.call = call.decode()
-    err.code = <int>rc
-    err.name = pyname
-    raise err
+    raise CUDAError(call.decode(), <int>rc, pytext, pyname)
 
 
 cdef inline int check(const char* call, CUresult rc) except -1 nogil:

@@ -421,6 +421,28 @@ cdef class Allocation:
         with nogil:
             _cu_grow(k, &self.mem, n)
 
+    def grant(self, int device):
+        """Give device ``device`` of this process read-write access to the
+        allocation's mapped range too (``cuMemSetAccess``; VMM memory only):
+        for copies between devices in one process, whose copy engine must
+        reach both sides.  No cuCtxEnablePeerAccess."""
+        cdef CudaCtx* k = self._live()
+        cdef CuMem* m = <CuMem*>self.mem.priv
+        cdef CUmemAccessDesc desc
+        if m.type not in (CU_MEM_VMM, CU_MEM_VMM_IMPORT):
+            raise UnsupportedError("grant: only VMM allocations and imports take per-device access")
+        memset(&desc, 0, sizeof(desc))
+        desc.location.type = cydriver.CU_MEM_LOCATION_TYPE_DEVICE
+        desc.location.id = device
+        desc.flags = cydriver.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        with nogil:
+            _push(k)
+            try:
+                check("cuMemSetAccess", cydriver.cuMemSetAccess(<CUdeviceptr>self.mem.addr,
+                                                                 self.mem.size, &desc, 1))
+            finally:
+                _pop(k)
+
     def export(self) -> tuple:
         """``(fds, blob)`` for :meth:`CudaKind.import_` in a peer process on
         this node: a list of POSIX file descriptors (VMM: one per chunk;
