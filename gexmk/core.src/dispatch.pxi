@@ -224,3 +224,52 @@ _NO_PATH.nbi_test = _none_nbi_test
 
 cdef str _kind_name(int cls):
     return _describe_kind(cls, -1).name if cls != GX_MK_HOST else "host"
+
+
+# ---- stream-ordered operations ----------------------------------------------------
+
+cdef uintptr_t _stream_handle(object stream) except? 0:
+    """A CUDA stream handle from an int, a ``__cuda_stream__`` object
+    (cuda.core), a CuPy stream (``.ptr``) or a PyTorch stream (``.cuda_stream``)."""
+    h = None
+    if hasattr(stream, "__cuda_stream__"):
+        h = stream.__cuda_stream__()[1]
+    elif hasattr(stream, "cuda_stream"):
+        h = stream.cuda_stream
+    elif hasattr(stream, "ptr") and not isinstance(stream, int):
+        h = stream.ptr
+    elif isinstance(stream, int) and not isinstance(stream, bool):
+        h = stream
+    if h is None or not isinstance(h, int) or h < 0:
+        raise TypeError(f"stream must be a CUDA stream (an int handle, a __cuda_stream__ object, "
+                        f"a CuPy or PyTorch stream), got {type(stream).__name__}")
+    if h == 0:
+        raise ArgumentError("stream: the legacy default stream (0) is not taken; pass a stream "
+                            "you created (operations on it are ordered only with that stream)")
+    return <uintptr_t>h
+
+
+cdef int _rma_on_stream(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* local,
+                        size_t n, void* stream) except -1 nogil:
+    """Enqueue a put/get on ``stream``: it runs when the stream reaches it, after
+    the work enqueued before (the kernels that produced the data), with no host
+    synchronisation; the route's transport raises where it cannot order on a
+    stream."""
+    cdef gx_route* r
+    cdef char* p
+    cdef gx_xfer x
+    cdef int rc = gx_locate(tm, rank, remote, n, &p, &r)
+    if rc == GX_OK:
+        rc = GX_NOT_MAPPED
+    if rc != GX_NOT_MAPPED:
+        if is_put:
+            return _raise_rc(tm, rank, remote, n, rc, "put_on_stream")
+        return _raise_rc(tm, rank, remote, n, rc, "get_on_stream")
+    _xfer_init(&x, &r.rma, r.t, remote, local, n, GX_NBI)
+    x.stream = stream
+    if gx_in_dev(tm, local, n):
+        x.local_kind = tm.ep.seg_kind
+        x.local_device = tm.ep.seg_device
+    if is_put:
+        return r.rma.ops.put(&x)
+    return r.rma.ops.get(&x)

@@ -81,6 +81,8 @@ cdef inline char* _mapped(gx_xfer* x) noexcept nogil:
 
 cdef int _mapped_put(gx_xfer* x) except -1 nogil:
     cdef lp_ep* ep = <lp_ep*>x.ep
+    if x.stream != NULL:
+        return _mapped_on_stream(x, True)
     if x.local_kind != GX_MK_HOST:
         # from the endpoint's device segment: the copy engine of its kind
         ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>_mapped(x), <uintptr_t>x.local, x.n)
@@ -93,12 +95,30 @@ cdef int _mapped_put(gx_xfer* x) except -1 nogil:
 
 cdef int _mapped_get(gx_xfer* x) except -1 nogil:
     cdef lp_ep* ep = <lp_ep*>x.ep
+    if x.stream != NULL:
+        return _mapped_on_stream(x, False)
     gx_mem_fence()
     if x.local_kind != GX_MK_HOST:
         ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>x.local, <uintptr_t>_mapped(x), x.n)
     else:
         memcpy(x.local, _mapped(x), x.n)
     _done(x)
+    return 0
+
+
+cdef int _mapped_on_stream(gx_xfer* x, bint put) except -1 nogil:
+    """A host target, stream-ordered: the copy engine of the endpoint's device
+    kind enqueues it (host memory mapped here is addressable by the device)."""
+    cdef lp_ep* ep = <lp_ep*>x.ep
+    if ep.k.ops == NULL:
+        with gil:
+            raise UnsupportedError("stream-ordered RMA to a host segment needs the initiating "
+                                   "endpoint to have a device segment bound (its kind's copy "
+                                   "engine does the copy)")
+    if put:
+        ep.k.ops.copy(ep.k.kctx, x.stream, <uintptr_t>_mapped(x), <uintptr_t>x.local, x.n)
+    else:
+        ep.k.ops.copy(ep.k.kctx, x.stream, <uintptr_t>x.local, <uintptr_t>_mapped(x), x.n)
     return 0
 
 
@@ -115,14 +135,14 @@ cdef inline uintptr_t _dev_addr(gx_xfer* x) noexcept nogil:
 
 cdef int _dev_put(gx_xfer* x) except -1 nogil:
     cdef lp_dev* d = <lp_dev*>x.peer
-    d.k.ops.copy(d.k.kctx, NULL, _dev_addr(x), <uintptr_t>x.local, x.n)
+    d.k.ops.copy(d.k.kctx, x.stream, _dev_addr(x), <uintptr_t>x.local, x.n)   # x.stream NULL: synchronous
     _done(x)
     return 0
 
 
 cdef int _dev_get(gx_xfer* x) except -1 nogil:
     cdef lp_dev* d = <lp_dev*>x.peer
-    d.k.ops.copy(d.k.kctx, NULL, <uintptr_t>x.local, _dev_addr(x), x.n)
+    d.k.ops.copy(d.k.kctx, x.stream, <uintptr_t>x.local, _dev_addr(x), x.n)
     _done(x)
     return 0
 
@@ -174,6 +194,10 @@ cdef int _pvm_error(gx_target* t, int err, str what) except -1 with gil:
 cdef int _pvm(gx_xfer* x, bint write) except -1 nogil:
     """Cross-process copy into/out of a peer's segment, by address."""
     cdef iovec liov, riov
+    if x.stream != NULL or x.local_kind != GX_MK_HOST:
+        with gil:
+            raise UnsupportedError("pvm: process_vm copies host memory on the calling thread; it "
+                                   "cannot read device buffers or order on a stream")
     cdef ssize_t got
     cdef size_t n = x.n
     cdef char* local = <char*>x.local

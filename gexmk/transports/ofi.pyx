@@ -162,21 +162,21 @@ include "ofi.src/endpoint.pxi"
 # ---- the table handed to the core ------------------------------------------------
 
 cdef int ofi_put(gx_xfer* x) except -1 nogil:
-    if x.local_kind != GX_MK_HOST:
+    if x.local_kind != GX_MK_HOST or x.stream != NULL:
         return _no_device(x, "put")
     return net_put(x.ep, <ofi_peer*>x.peer, x.remote, x.local, x.n, x.mode, x.handle)
 
 
 cdef int ofi_get(gx_xfer* x) except -1 nogil:
-    if x.local_kind != GX_MK_HOST:
+    if x.local_kind != GX_MK_HOST or x.stream != NULL:
         return _no_device(x, "get")
     return net_get(x.ep, <ofi_peer*>x.peer, x.remote, x.local, x.n, x.mode, x.handle)
 
 
 cdef int _no_device(gx_xfer* x, const char* what) except -1 with gil:
-    raise UnsupportedError(f"ofi {what.decode()}: the local buffer is device memory; this build "
-                           "registers host memory only with libfabric (no FI_HMEM, no staged path "
-                           "yet)")
+    raise UnsupportedError(f"ofi {what.decode()}: device buffers and stream-ordered operations "
+                           "are not in this build's ofi transport (host memory only: no FI_HMEM, "
+                           "no staged path yet)")
 
 
 cdef int ofi_atomic(gx_xfer* x) except -1 nogil:
