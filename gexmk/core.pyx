@@ -21,6 +21,7 @@ to plain puts or local stores to it.
 import atexit
 import hashlib
 import importlib
+import numbers
 import os
 import pickle
 import struct
@@ -113,6 +114,7 @@ cdef size_t _NOGIL_BYTES = 64 * 1024
 cdef object _client = None     # the one live Client of this process
 
 
+include "core.src/args.pxi"
 include "core.src/event.pxi"
 include "core.src/dispatch.pxi"
 include "core.src/client.pxi"
