@@ -158,17 +158,22 @@ _DONE._lc = _DONE
 EVENT_DONE = _DONE
 
 
-cdef int _lc_mode(object lc) except -1:
-    """Check an lc option; 1 when the source must be reusable on return (LC_NOW)."""
+cdef int _lc_mode(object lc, str fn) except -1:
+    """Check an lc option; 1 when the source must be reusable on return (LC_NOW).
+    An option, not a number: anything but the three constants (numpy
+    integers included) or a LeafEvent is refused, floats and bools too."""
     if lc is None or lc is LC_NOW:
         return 1
     if isinstance(lc, LeafEvent):
         return 0
-    if lc == LC_NOW:
-        return 1
-    if lc == LC_DEFER or lc == LC_GROUP:
-        return 0
-    raise ArgumentError(f"lc must be LC_NOW, LC_DEFER, LC_GROUP or a gexmk.LeafEvent, got {lc!r}")
+    if type(lc) is not bool and hasattr(type(lc), "__index__"):
+        v = PyNumber_Index(lc)
+        if v == LC_NOW:
+            return 1
+        if v == LC_DEFER or v == LC_GROUP:
+            return 0
+    raise ArgumentError(f"{fn}: lc must be LC_NOW, LC_DEFER, LC_GROUP or a gexmk.LeafEvent, "
+                        f"got {_got(lc)}")
 
 
 cdef Event _lc_event(object lc, Event rc_event):
