@@ -144,12 +144,19 @@ cdef str _op_names(long long mask):
 
 cdef inline int _as_op(object x, str sig, int allowed) except -1:
     """One OP_* flag that is in the domain's op set ``allowed``."""
+    cdef long long v
+    if type(x) is int and _exact_int_ll(x, &v) and 0 < v and not v & (v - 1) and v & allowed:
+        return <int>v
+    return _op_slow(x, sig, allowed)
+
+
+cdef int _op_slow(object x, str sig, int allowed) except -1:
+    """_as_op for anything but a valid op given as an exact int: numpy
+    integers, or the error that names what is wrong."""
     cdef long long v = -1
     if type(x) is int:
         if not _exact_int_ll(x, &v):
             v = -1
-        elif 0 < v and not v & (v - 1) and v & allowed:
-            return <int>v            # the common case, checked once
     else:
         i = _as_int(x, sig, "op", False)
         if 0 < i <= _C_ALL_OPS:
