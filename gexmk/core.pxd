@@ -71,7 +71,7 @@ cdef class Team:
     cdef int check_alive(self) except -1
     cdef int _set_routes(self) except -1
     cdef void _close(self, str why) noexcept
-    cdef int _check_rank(self, int rank) except -1
+    cdef int _check_rank(self, object rank, str sig) except -1
     cdef list _exchange(self, object payload)
     cdef int _put(self, int rank, uintptr_t dest, const void* p, size_t n) except -1
     cdef int _get(self, void* p, int rank, uintptr_t src, size_t n) except -1

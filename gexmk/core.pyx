@@ -21,16 +21,19 @@ to plain puts or local stores to it.
 import atexit
 import hashlib
 import importlib
+import numbers
 import os
 import pickle
 import struct
 import threading
+import types
 import weakref
 from collections import namedtuple
 
 from cpython.buffer cimport PyBuffer_Release
 from cpython.long cimport PyLong_AsUnsignedLongLongMask
 from libc.stdint cimport uintptr_t, int32_t, uint32_t, int64_t, uint64_t
+from libc.math cimport isinf
 from libc.stdlib cimport calloc, free
 
 from gexmk.lib.gx cimport *
@@ -89,6 +92,12 @@ OP_MIN = 1 << GX_OP_MIN
 OP_FMIN = 1 << GX_OP_FMIN
 OP_MAX = 1 << GX_OP_MAX
 OP_FMAX = 1 << GX_OP_FMAX
+_OP_NAMES = {OP_SET: "OP_SET", OP_GET: "OP_GET", OP_SWAP: "OP_SWAP", OP_CAS: "OP_CAS",
+             OP_FCAS: "OP_FCAS", OP_ADD: "OP_ADD", OP_FADD: "OP_FADD", OP_SUB: "OP_SUB",
+             OP_FSUB: "OP_FSUB", OP_INC: "OP_INC", OP_FINC: "OP_FINC", OP_DEC: "OP_DEC",
+             OP_FDEC: "OP_FDEC", OP_AND: "OP_AND", OP_FAND: "OP_FAND", OP_OR: "OP_OR",
+             OP_FOR: "OP_FOR", OP_XOR: "OP_XOR", OP_FXOR: "OP_FXOR", OP_MIN: "OP_MIN",
+             OP_FMIN: "OP_FMIN", OP_MAX: "OP_MAX", OP_FMAX: "OP_FMAX"}
 _FETCHING = (OP_GET | OP_SWAP | OP_FCAS | OP_FADD | OP_FSUB | OP_FINC | OP_FDEC | OP_FAND
              | OP_FOR | OP_FXOR | OP_FMIN | OP_FMAX)
 _BITWISE = OP_AND | OP_FAND | OP_OR | OP_FOR | OP_XOR | OP_FXOR
@@ -113,6 +122,7 @@ cdef size_t _NOGIL_BYTES = 64 * 1024
 cdef object _client = None     # the one live Client of this process
 
 
+include "core.src/args.pxi"
 include "core.src/event.pxi"
 include "core.src/dispatch.pxi"
 include "core.src/client.pxi"

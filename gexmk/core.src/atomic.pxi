@@ -14,16 +14,24 @@ cdef class AtomicDomain:
     def __init__(self):
         raise TypeError("use tm.ad_create(dt, ops)")
 
+    def __class_getitem__(cls, item):
+        """``AtomicDomain[int]``, ``AtomicDomain[float]`` in annotations (the
+        stubs make the domain generic in its value type)."""
+        return types.GenericAlias(cls, item)
+
     @staticmethod
-    cdef AtomicDomain _make(Team tm, int dt, int ops, int flags):
+    cdef AtomicDomain _make(Team tm, object dt, object ops, object flags):
+        """``dt``, ``ops``, ``flags``: exact ints (any size), checked here."""
         tm.check_alive()
         if dt not in _DT_NAMES:
-            raise ArgumentError(f"unknown atomic data type {dt}; use DT_I32, DT_U32, DT_I64, DT_U64, "
-                                "DT_FLT or DT_DBL")
+            raise ArgumentError(f"ad_create: unknown atomic data type dt={dt}; use DT_I32, DT_U32, "
+                                "DT_I64, DT_U64, DT_FLT or DT_DBL")
         if ops == 0 or ops & ~_ALL_OPS:
-            raise ArgumentError(f"ops {ops:#x} must be a non-empty or-combination of OP_* flags")
+            raise ArgumentError(f"ad_create: ops={ops:#x} must be a non-empty or-combination of "
+                                "OP_* flags")
         if dt in (DT_FLT, DT_DBL) and ops & _BITWISE:
-            raise ArgumentError(f"bitwise ops are not defined for {_DT_NAMES[dt]}")
+            raise ArgumentError(f"ad_create: bitwise ops ({_op_names(ops & _BITWISE)}) are not "
+                                f"defined for {_DT_NAMES[dt]}")
         if not tm._pair:
             tm.barrier()
         cdef AtomicDomain ad = AtomicDomain.__new__(AtomicDomain)
@@ -42,17 +50,18 @@ cdef class AtomicDomain:
     def __exit__(self, *exc):
         self.destroy()
 
-    cdef object _do(self, int rank, uintptr_t addr, int op, object a, object b, int mode):
-        """Run one op; the fetched value (or None), or for mode NET_NB an Event."""
+    cdef object _do(self, str sig, object rank_obj, object addr_obj, object op_obj,
+                    object a, object b, int mode):
+        """Run one op; the fetched value (or None), or for mode GX_NB an Event.
+        ``sig`` names the call for messages."""
         cdef gx_val va, vb, res
         cdef int code, rc, dt = self.dt
         cdef void* nop = NULL
         if self.destroyed:
             raise StateError("the atomic domain has been destroyed")
-        if op <= 0 or op & (op - 1) or not (op & self.ops):
-            if op > 0 and not op & (op - 1) and op & _C_ALL_OPS:
-                raise ArgumentError(f"op {op:#x} is not in this domain's op set {self.ops:#x}")
-            raise ArgumentError(f"op must be one OP_* flag, got {op!r}")
+        cdef int rank = _as_rank(rank_obj, sig, &self.team.c)
+        cdef uintptr_t addr = _as_addr(addr_obj, sig, "addr")
+        cdef int op = _as_op(op_obj, sig, self.ops)
         code = _bit_index(op)
         if addr & (gx_dt_size(dt) - 1):
             raise BoundsError(f"atomic: address 0x{addr:x} is not aligned to {gx_dt_size(dt)} bytes")
@@ -60,9 +69,9 @@ cdef class AtomicDomain:
         vb.u64 = 0
         res.u64 = 0
         if not op & _C_NO_OPERAND:
-            _to_val(dt, a, &va, "operand1")
+            _to_val(dt, a, &va, sig, "operand1")
         if op & _C_TWO_OPERANDS:
-            _to_val(dt, b, &vb, "operand2")
+            _to_val(dt, b, &vb, sig, "operand2")
         rc = gx_atomic(&self.team.c, rank, addr, dt, code, va, vb, &res)
         if rc == GX_NOT_MAPPED:
             with nogil:
@@ -77,24 +86,32 @@ cdef class AtomicDomain:
             return None
         return _from_val(dt, &res)
 
-    def op(self, int rank, uintptr_t addr, int op, operand1=None, operand2=None):
+    def op(self, rank, addr, op, operand1=None, operand2=None):
         """Blocking atomic: perform ``op`` on the object at ``addr`` of team
         rank ``rank``; return the old value for fetching ops, else None.
-        CAS/FCAS: operand1 is compared, operand2 is swapped in."""
-        return self._do(rank, addr, op, operand1, operand2, GX_BLOCKING)
+        CAS/FCAS: operand1 is compared, operand2 is swapped in.  Operands are
+        ints (anything with ``__index__``) for the integer types and real
+        numbers (int, float, numpy scalars) for DT_FLT/DT_DBL."""
+        return self._do("AtomicDomain.op(rank, addr, op, operand1=None, operand2=None)",
+                        rank, addr, op, operand1, operand2, GX_BLOCKING)
 
-    def op_nb(self, int rank, uintptr_t addr, int op, operand1=None, operand2=None):
+    def op_nb(self, rank, addr, op, operand1=None, operand2=None):
         """Non-blocking atomic (``gex_AD_OpNB``): an Event whose result is the
         fetched value (None for non-fetching ops)."""
-        r = self._do(rank, addr, op, operand1, operand2, GX_NB)
+        r = self._do("AtomicDomain.op_nb(rank, addr, op, operand1=None, operand2=None)",
+                     rank, addr, op, operand1, operand2, GX_NB)
         if isinstance(r, Event):
             return r
         return _done_event(r)
 
-    def op_nbi(self, int rank, uintptr_t addr, int op, operand1=None, operand2=None, result=None):
+    def op_nbi(self, rank, addr, op, operand1=None, operand2=None, result=None):
         """Implicit-event atomic (``gex_AD_OpNBI``); a fetching op writes the
         old value into ``result`` (a writable buffer of the domain's type size)."""
+        sig = "AtomicDomain.op_nbi(rank, addr, op, operand1=None, operand2=None, result=None)"
         mv = None
+        if self.destroyed:
+            raise StateError("the atomic domain has been destroyed")
+        op = _as_op(op, sig, self.ops)
         if op & _FETCHING:
             if result is None:
                 raise ArgumentError("a fetching op issued NBI needs a result= buffer")
@@ -107,7 +124,7 @@ cdef class AtomicDomain:
                 raise ArgumentError(f"result must be a writable buffer of at least "
                                     f"{gx_dt_size(self.dt)} bytes")
         # fetching ops complete here (the value must land in result); others are implicit
-        v = self._do(rank, addr, op, operand1, operand2, GX_BLOCKING if mv is not None else GX_NBI)
+        v = self._do(sig, rank, addr, op, operand1, operand2, GX_BLOCKING if mv is not None else GX_NBI)
         if mv is not None:
             struct.pack_into(_DT_FORMATS[self.dt], mv, 0, v)
 
@@ -120,41 +137,99 @@ cdef int _bit_index(int op) noexcept:
     return i
 
 
-cdef int _to_val(int dt, object x, gx_val* v, str what) except -1:
+cdef str _op_names(long long mask):
+    """'OP_FADD | OP_GET' for a mask of OP_* flags."""
+    return " | ".join([n for f, n in _OP_NAMES.items() if mask & f]) or "no ops"
+
+
+cdef inline int _as_op(object x, str sig, int allowed) except -1:
+    """One OP_* flag that is in the domain's op set ``allowed``."""
+    cdef long long v
+    if type(x) is int and _exact_int_ll(x, &v) and 0 < v and not v & (v - 1) and v & allowed:
+        return <int>v
+    return _op_slow(x, sig, allowed)
+
+
+cdef int _op_slow(object x, str sig, int allowed) except -1:
+    """_as_op for anything but a valid op given as an exact int: numpy
+    integers, or the error that names what is wrong."""
+    cdef long long v = -1
+    if type(x) is int:
+        if not _exact_int_ll(x, &v):
+            v = -1
+    else:
+        i = _as_int(x, sig, "op", False)
+        if 0 < i <= _C_ALL_OPS:
+            v = i
+    if 0 < v <= _C_ALL_OPS and not v & (v - 1):
+        if v & allowed:
+            return <int>v
+        raise ArgumentError(f"{_fn(sig)}: op {_op_names(v)} is not in this domain's op set "
+                            f"({_op_names(allowed)})")
+    raise ArgumentError(f"{_fn(sig)}: op must be one OP_* flag, got {_got(x)}")
+
+
+# each integer type's range, for messages
+_DT_RANGES = {GX_DT_I32: (-2**31, 2**31 - 1), GX_DT_U32: (0, 2**32 - 1),
+              GX_DT_I64: (-2**63, 2**63 - 1), GX_DT_U64: (0, 2**64 - 1)}
+
+
+cdef int _to_val(int dt, object x, gx_val* v, str sig, str what) except -1:
+    """An operand for a domain of type ``dt``: an int (through __index__) in
+    the type's range for integer types, a real number for FLT/DBL (not str,
+    bytes or None: float('1.5') would silently parse them)."""
+    cdef bint fits
     cdef long long i
-    cdef unsigned long long u
+    cdef double d
+    cdef float f
     if x is None:
-        raise ArgumentError(f"{what} is required for this op")
-    if dt == GX_DT_FLT:
-        v.flt = <float>float(x)
-        return 0
-    if dt == GX_DT_DBL:
-        v.dbl = float(x)
-        return 0
-    if not isinstance(x, int):
-        raise TypeError(f"{what} must be an int for {_DT_NAMES[dt]}, got {type(x).__name__}")
-    try:
-        if dt == GX_DT_U64 or dt == GX_DT_U32:
-            if x < 0:
-                raise OverflowError
-            u = x
-            if dt == GX_DT_U32:
-                if u > 0xFFFFFFFFu:
-                    raise OverflowError
-                v.u32 = <uint32_t>u
-            else:
-                v.u64 = u
+        raise ArgumentError(f"{_fn(sig)}: {what} is required for this op")
+    if dt == GX_DT_FLT or dt == GX_DT_DBL:
+        if type(x) is float:
+            d = x
+        elif type(x) is int or isinstance(x, numbers.Real):
+            try:
+                d = float(x)
+            except OverflowError:
+                raise OverflowError(f"{_fn(sig)}: {what}={x} does not fit {_DT_NAMES[dt]}") from None
         else:
-            i = x
-            if dt == GX_DT_I32:
-                if i < -2147483648 or i > 2147483647:
-                    raise OverflowError
-                v.i32 = <int32_t>i
-            else:
-                v.i64 = i
-    except OverflowError:
-        raise OverflowError(f"{what}={x} does not fit {_DT_NAMES[dt]}") from None
-    return 0
+            raise TypeError(f"{_fn(sig)}: {what} must be a real number (int, float) for "
+                            f"{_DT_NAMES[dt]} (got {_got(x)})")
+        if dt == GX_DT_DBL:
+            v.dbl = d
+            return 0
+        f = <float>d
+        if isinf(f) and not isinf(d):
+            raise OverflowError(f"{_fn(sig)}: {what}={x} does not fit FLT (its magnitude is "
+                                "above 3.4e38)")
+        v.flt = f
+        return 0
+    if type(x) is int:
+        fits = _exact_int_ll(x, &i)
+    else:
+        try:
+            x = _as_int(x, sig, what)
+        except TypeError:
+            raise TypeError(f"{_fn(sig)}: {what} must be an int for {_DT_NAMES[dt]} "
+                            f"(got {_got(x)})") from None
+        fits = _exact_int_ll(x, &i)
+    if dt == GX_DT_I64 and fits:
+        v.i64 = i
+        return 0
+    if dt == GX_DT_U64 and fits and i >= 0:
+        v.u64 = <uint64_t>i
+        return 0
+    if dt == GX_DT_I32 and fits and -2147483648 <= i <= 2147483647:
+        v.i32 = <int32_t>i
+        return 0
+    if dt == GX_DT_U32 and fits and 0 <= i <= 0xFFFFFFFF:
+        v.u32 = <uint32_t>i
+        return 0
+    if dt == GX_DT_U64 and 0 <= x <= 0xFFFFFFFFFFFFFFFF:
+        v.u64 = PyLong_AsUnsignedLongLong(x)
+        return 0
+    lo, hi = _DT_RANGES[dt]
+    raise OverflowError(f"{_fn(sig)}: {what}={x} does not fit {_DT_NAMES[dt]} ({lo}..{hi})")
 
 
 cdef object _from_val(int dt, gx_val* v):

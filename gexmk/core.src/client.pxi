@@ -225,11 +225,12 @@ cdef class Client:
         """The live endpoints of this process, by index."""
         return [e for e in self._eps if e is not None]
 
-    def ep(self, int index):
+    def ep(self, index):
         """The endpoint with this index (GASNet-EX ``gex_TM_QueryEP`` / index lookup)."""
+        index = _as_int(index, "ep", "index")
         self.check_alive()
         if index < 0 or index >= len(self._eps) or self._eps[index] is None:
-            raise ArgumentError(f"no live endpoint with index {index} in this process")
+            raise ArgumentError(f"ep: no live endpoint with index {index} in this process")
         return self._eps[index]
 
     def nodes(self):
@@ -267,10 +268,12 @@ cdef class Client:
         if (size is None) == (buffer is None):
             raise ArgumentError("give exactly one of size (library-allocated) or buffer= (client-allocated)")
         if size is not None:
-            if not isinstance(size, int) or isinstance(size, bool):
-                raise TypeError(f"size must be an int, got {type(size).__name__}")
+            size = _as_int(size, "segment_create", "size", False)
             if size <= 0:
-                raise ArgumentError(f"segment size must be positive, got {size}")
+                raise ArgumentError(f"segment_create: segment size must be positive, got {size}")
+            if size > PY_SSIZE_T_MAX:
+                raise ArgumentError(f"segment_create: size {size} is more than any machine can "
+                                    f"map (at most {PY_SSIZE_T_MAX})")
         if reserve is not None and (kind is None or kind == HOST or buffer is not None):
             raise ArgumentError("reserve= applies to library-allocated device segments only")
         if kind is not None and kind != HOST:
@@ -280,9 +283,9 @@ cdef class Client:
             if buffer is not None:
                 seg = Segment._device_client(self, kind, buffer)
             else:
-                r = size if reserve is None else reserve
-                if not isinstance(r, int) or r < size:
-                    raise ArgumentError(f"reserve must be an int >= size ({size}), got {reserve!r}")
+                r = size if reserve is None else _as_int(reserve, "segment_create", "reserve", False)
+                if r < size:
+                    raise ArgumentError(f"segment_create: reserve must be >= size ({size}), got {r}")
                 seg = Segment._device(self, kind, size, r)
         elif buffer is not None:
             seg = Segment._client_buffer(self, buffer)
@@ -302,7 +305,7 @@ cdef class Client:
         """Create a library-allocated segment, bind it to the primordial EP and
         publish it over the primordial team (GASNet-EX ``gex_Segment_Attach``).
         Collective over the job."""
-        seg = self.segment_create(size)
+        seg = self.segment_create(_as_int(size, "segment_attach", "size", False))
         ep0 = self.ep(0)
         if ep0.segment is not None:
             ep0.unbind_segment()
@@ -339,12 +342,13 @@ cdef class Client:
 
     # -- endpoints --
 
-    def ep_create(self, int caps=EP_CAPABILITY_RMA):
+    def ep_create(self, caps=EP_CAPABILITY_RMA):
         """Create an endpoint (GASNet-EX ``gex_EP_Create``) with its own index
         and completion state (its own context in every transport).  Not collective."""
+        caps = _as_int(caps, "ep_create", "caps", False)
         self.check_alive()
         if caps & ~EP_CAPABILITY_ALL or caps == 0:
-            raise ArgumentError(f"unsupported endpoint capabilities {caps:#x}: this build offers "
+            raise ArgumentError(f"ep_create: caps={caps:#x} is not supported: this build offers "
                                 "EP_CAPABILITY_RMA")
         cdef Endpoint ep = Endpoint.__new__(Endpoint)
         ep.client = self

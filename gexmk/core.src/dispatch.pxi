@@ -6,20 +6,54 @@ cdef struct _Local:
     bint held           # view holds a buffer to release
 
 
-cdef inline int _take(object obj, Py_buffer* view, _Local* loc, bint writable, const char* what) except -1:
-    """A local buffer: a PEP 3118 object or an (address, nbytes) tuple."""
-    if type(obj) is tuple:
-        if len(<tuple>obj) != 2:
-            raise TypeError(f"{what.decode()} as a tuple must be (address, nbytes), got {obj!r}")
-        a, n = <tuple>obj
-        if a < 0 or n < 0:
-            raise ArgumentError(f"{what.decode()} (address, nbytes) must be non-negative, got {obj!r}")
-        if a == 0 and n != 0:
-            raise ArgumentError(f"{what.decode()} address is NULL")
-        loc.p = <void*><uintptr_t>a
-        loc.n = <size_t>n
-        loc.held = False
+cdef int _not_local(object obj, str sig, const char* what, bint writable) except -1:
+    """TypeError for an object that is no buffer at all, most often an
+    argument given in the wrong place ("get(dest, rank, src): dest must be a
+    writable buffer or (address, nbytes), got int 0")."""
+    if hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__dlpack_device__"):
+        return 0            # host_buffer says why device arrays are refused
+    raise TypeError(f"{sig}: {what.decode()} must be a {'writable ' if writable else ''}buffer "
+                    f"or (address, nbytes), got {_got(obj)}")
+
+
+cdef inline int _check_local(object obj, str sig, const char* what, bint writable) except -1:
+    if type(obj) is tuple or PyObject_CheckBuffer(obj):
         return 0
+    return _not_local(obj, sig, what, writable)
+
+
+cdef int _take_tuple(tuple obj, _Local* loc, str sig, const char* what) except -1:
+    """(address, nbytes) other than two plain non-negative ints: converted
+    through __index__, or an error naming the element."""
+    name = what.decode()
+    if len(obj) != 2:
+        raise TypeError(f"{sig}: {name} as a tuple must be (address, nbytes), got {obj!r}")
+    cdef uintptr_t a = _as_addr(obj[0], sig, f"{name} address", ArgumentError)
+    cdef size_t n = _as_size(obj[1], sig, f"{name} nbytes")
+    if a == 0 and n != 0:
+        raise ArgumentError(f"{_fn(sig)}: {name} address is NULL")
+    loc.p = <void*>a
+    loc.n = n
+    loc.held = False
+    return 0
+
+
+cdef inline int _take(object obj, Py_buffer* view, _Local* loc, bint writable, str sig,
+                      const char* what) except -1:
+    """A local buffer: a PEP 3118 object or an (address, nbytes) tuple.
+    ``sig`` names the call for messages ("put(rank, dest, src)")."""
+    cdef long long a, n
+    if type(obj) is tuple:
+        if len(<tuple>obj) == 2 and type((<tuple>obj)[0]) is int and type((<tuple>obj)[1]) is int:
+            if _exact_int_ll((<tuple>obj)[0], &a) and _exact_int_ll((<tuple>obj)[1], &n) \
+                    and a > 0 and n >= 0:
+                loc.p = <void*><uintptr_t>a
+                loc.n = <size_t>n
+                loc.held = False
+                return 0
+        return _take_tuple(<tuple>obj, loc, sig, what)
+    if not PyObject_CheckBuffer(obj):
+        _not_local(obj, sig, what, writable)
     host_buffer(obj, view, writable, what)
     loc.p = view.buf
     loc.n = <size_t>view.len

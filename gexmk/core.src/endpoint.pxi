@@ -110,13 +110,12 @@ cdef class Endpoint:
         """True once destroy() has run."""
         return bool(self.c.destroyed)
 
-    def pair(self, int remote_index):
+    def pair(self, remote_index):
         """A TM-pair (GASNet-EX ``gex_TM_Pair``): a team-like handle whose
         rank argument is a job rank and whose target is that process's
         endpoint ``remote_index``.  No collectives on it."""
+        remote_index = _as_index(remote_index, "pair", "remote_index", 0, INT_MAX)
         self.check_alive()
-        if remote_index < 0:
-            raise ArgumentError(f"remote endpoint index must be >= 0, got {remote_index}")
         c = self.client
         return Team._make(c, self, [(j, remote_index) for j in range(c.size)], c.rank,
                           f"pair{self.index}:{remote_index}", True)

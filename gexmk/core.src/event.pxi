@@ -106,11 +106,12 @@ cdef class Event:
             raise StateError("the event is not complete")
         return self._result
 
-    def leaf(self, int category):
+    def leaf(self, category):
         """The leaf event of ``category`` (``EC_LC``: local completion of a put
         issued with ``lc=LC_DEFER``); GASNet-EX ``gex_Event_QueryLeaf``."""
+        category = _as_int(category, "leaf", "category", False)
         if category != EC_LC:
-            raise ArgumentError(f"unknown leaf category {category}; only EC_LC has leaves")
+            raise ArgumentError(f"leaf: unknown leaf category {category}; only EC_LC has leaves")
         if self._lc is None:
             raise StateError("this event has no local-completion leaf (issue the put with lc=LC_DEFER)")
         return self._lc
@@ -158,17 +159,22 @@ _DONE._lc = _DONE
 EVENT_DONE = _DONE
 
 
-cdef int _lc_mode(object lc) except -1:
-    """Check an lc option; 1 when the source must be reusable on return (LC_NOW)."""
+cdef int _lc_mode(object lc, str fn) except -1:
+    """Check an lc option; 1 when the source must be reusable on return (LC_NOW).
+    An option, not a number: anything but the three constants (numpy
+    integers included) or a LeafEvent is refused, floats and bools too."""
     if lc is None or lc is LC_NOW:
         return 1
     if isinstance(lc, LeafEvent):
         return 0
-    if lc == LC_NOW:
-        return 1
-    if lc == LC_DEFER or lc == LC_GROUP:
-        return 0
-    raise ArgumentError(f"lc must be LC_NOW, LC_DEFER, LC_GROUP or a gexmk.LeafEvent, got {lc!r}")
+    if type(lc) is not bool and hasattr(type(lc), "__index__"):
+        v = PyNumber_Index(lc)
+        if v == LC_NOW:
+            return 1
+        if v == LC_DEFER or v == LC_GROUP:
+            return 0
+    raise ArgumentError(f"{fn}: lc must be LC_NOW, LC_DEFER, LC_GROUP or a gexmk.LeafEvent, "
+                        f"got {_got(lc)}")
 
 
 cdef Event _lc_event(object lc, Event rc_event):
@@ -290,23 +296,23 @@ cdef int _nbi_sync(int category, Endpoint only=None) except -1:
     return 0
 
 
-def nbi_wait(int category=EC_ALL, int flags=0):
+def nbi_wait(category=EC_ALL, flags=0):
     """Wait for every implicit-event operation of ``category`` (GASNet-EX
     ``gex_NBI_Wait``).  Operations are tracked per endpoint and transport, so
     this completes those of every endpoint of the process; on CPU-mapped
     targets every operation is complete at issue.  ``flags`` must be 0."""
-    _check_flags(flags)
-    _categories(category)
+    category = _as_index(category, "nbi_wait", "category", 1, EC_ALL | EC_LC, False)
+    _check_flags(flags, "nbi_wait")
     _check_initialized("nbi_wait")
     _nbi_sync(category)
 
 
-def nbi_test(int category=EC_ALL, int flags=0):
+def nbi_test(category=EC_ALL, flags=0):
     """True when every implicit-event operation of ``category`` is complete
     (GASNet-EX ``gex_NBI_Test``); it then also releases their buffers.
     ``flags`` must be 0."""
-    _check_flags(flags)
-    _categories(category)
+    category = _as_index(category, "nbi_test", "category", 1, EC_ALL | EC_LC, False)
+    _check_flags(flags, "nbi_test")
     _check_initialized("nbi_test")
     return _nbi_test(category)
 
@@ -323,9 +329,10 @@ cdef bint _nbi_test(int category) except -1:
     return True
 
 
-cdef int _check_flags(int flags) except -1:
+cdef int _check_flags(object flags, str fn) except -1:
+    flags = _as_int(flags, fn, "flags", False)
     if flags != 0:
-        raise ArgumentError(f"flags must be 0 (no flags are defined), got {flags}")
+        raise ArgumentError(f"{fn}: flags must be 0 (no flags are defined), got {flags}")
     return 0
 
 

@@ -70,47 +70,48 @@ cdef class Team:
 
     # -- rank translation --
 
-    def ep_location(self, int rank):
+    def ep_location(self, rank):
         """(job rank, endpoint index) of team rank ``rank``."""
-        self._check_rank(rank)
-        return self._members[rank]
+        return self._members[self._check_rank(rank, "ep_location")]
 
-    def translate_rank_to_jobrank(self, int rank):
+    def translate_rank_to_jobrank(self, rank):
         """Job rank of team rank ``rank`` (GASNet-EX ``gex_TM_TranslateRankToJobrank``)."""
-        self._check_rank(rank)
-        return self._members[rank][0]
+        return self._members[self._check_rank(rank, "translate_rank_to_jobrank")][0]
 
-    def translate_jobrank_to_rank(self, int jobrank):
+    def translate_jobrank_to_rank(self, jobrank):
         """Team rank of job rank ``jobrank`` or None when it is not a member
         (GASNet-EX ``gex_TM_TranslateJobrankToRank``; first match for a
         process holding several members)."""
+        jobrank = _as_int(jobrank, "translate_jobrank_to_rank", "jobrank")
         if jobrank < 0 or jobrank >= self.client.size:
-            raise RankError(f"job rank {jobrank} is outside the job (size {self.client.size})")
+            raise RankError(f"translate_jobrank_to_rank: job rank {jobrank} is outside the job "
+                            f"(size {self.client.size})")
         for i, (jr, _) in enumerate(self._members):
             if jr == jobrank:
                 return i
         return None
 
-    cdef int _check_rank(self, int rank) except -1:
+    cdef int _check_rank(self, object rank, str sig) except -1:
+        """``rank`` (any integer object) as a rank of this live team, or
+        RankError naming the call."""
+        cdef int r = _as_rank(rank, sig, &self.c)
         self.check_alive()
-        if rank < 0 or rank >= len(self._members):
-            raise RankError(f"rank {rank} is outside the team (size {len(self._members)})")
-        return 0
+        if r < 0 or r >= len(self._members):
+            raise RankError(f"{_fn(sig)}: rank {r} is outside the team (size {len(self._members)})")
+        return r
 
-    def transport(self, int rank):
+    def transport(self, rank):
         """Name of the path that reaches team rank ``rank`` for RMA (e.g.
         the transports' path names), or 'none' (nothing published yet)."""
-        self._check_rank(rank)
-        return (<_Route>self._route_objs[rank]).rma_name
+        return (<_Route>self._route_objs[self._check_rank(rank, "transport")]).rma_name
 
-    def paths(self, int rank):
+    def paths(self, rank):
         """``{'rma': name, 'atomic': name}``: the paths chosen for team rank
         ``rank``, separately for RMA and atomics."""
-        self._check_rank(rank)
-        cdef _Route rt = self._route_objs[rank]
+        cdef _Route rt = self._route_objs[self._check_rank(rank, "paths")]
         return {"rma": rt.rma_name, "atomic": rt.amo_name}
 
-    def peer_view(self, int rank):
+    def peer_view(self, rank):
         """A zero-copy device array (CUDA array interface v3, DLPack; 1-D
         uint8) over team rank ``rank``'s device segment as mapped in this
         process (NVSHMEM ``nvshmem_ptr``): kernels of this process (CuPy,
@@ -118,26 +119,28 @@ cdef class Team:
         until that rank publishes again or this client is finalized.  Raises
         UnsupportedError where no such mapping exists (host segments, other
         nodes, peers reached by copies only)."""
-        self._check_rank(rank)
-        cdef _Route rt = self._route_objs[rank]
+        cdef int r = self._check_rank(rank, "peer_view")
+        cdef _Route rt = self._route_objs[r]
         cdef gx_target* t = rt.target.t
         if t.size == 0:
-            _raise_rc(&self.c, rank, 0, 0, GX_ERANGE, "peer_view")
+            _raise_rc(&self.c, r, 0, 0, GX_ERANGE, "peer_view")
         if rt.view is None or t.kind == GX_MK_HOST:
-            raise UnsupportedError(f"peer_view: team rank {rank}'s segment is not device memory "
+            raise UnsupportedError(f"peer_view: team rank {r}'s segment is not device memory "
                                    f"mapped in this process (path {rt.rma_name})")
         addr, device = rt.view            # the device the mapping was given access for
         return _describe_kind(t.kind, device).view(addr, t.size, self)
 
-    def addr(self, int rank, size_t offset=0):
-        """Remote address of byte ``offset`` of team rank ``rank``'s bound segment."""
-        self._check_rank(rank)
-        cdef gx_target* t = self.c.routes[rank].t
+    def addr(self, rank, offset=0):
+        """Remote address of byte ``offset`` (0 up to the segment's size) of
+        team rank ``rank``'s bound segment."""
+        cdef int r = self._check_rank(rank, "addr(rank, offset=0)")
+        offset = _as_int(offset, "addr(rank, offset=0)", "offset", False)
+        cdef gx_target* t = self.c.routes[r].t
         if t.size == 0:
-            _raise_rc(&self.c, rank, 0, 0, GX_ERANGE, "addr")
-        if offset > t.size:
-            raise BoundsError(f"offset {offset} is past the end of team rank {rank}'s segment "
-                              f"({t.size} bytes)")
+            _raise_rc(&self.c, r, 0, 0, GX_ERANGE, "addr")
+        if offset < 0 or offset > t.size:
+            raise BoundsError(f"addr: offset {offset} is outside team rank {r}'s segment "
+                              f"(0..{t.size} bytes)")
         return t.remote_base + offset
 
     # -- collectives --
@@ -184,11 +187,11 @@ cdef class Team:
         if err is not None:
             raise err
 
-    def query_bound_segment_nb(self, int rank):
+    def query_bound_segment_nb(self, rank):
         """Event whose result is the :class:`BoundSegment` of team rank
         ``rank`` (GASNet-EX ``gex_EP_QueryBoundSegmentNB``).  Raises
         SegmentError when that endpoint has published nothing to this process."""
-        self._check_rank(rank)
+        rank = self._check_rank(rank, "query_bound_segment_nb")
         cdef gx_route* r = self.c.routes[rank]
         cdef gx_target* t = r.t
         if t.size == 0:
@@ -199,12 +202,16 @@ cdef class Team:
         return _done_event(BoundSegment(t.remote_base, t.size, local, kind,
                                         (<_Route>self._route_objs[rank]).rma_name))
 
-    def split(self, color, int key=0):
+    def split(self, color, key=0):
         """Split into teams of equal ``color`` ordered by (key, rank)
         (GASNet-EX ``gex_TM_Split``).  Collective; ``color=None`` (or
         negative) joins no team and returns None."""
-        if color is not None and not isinstance(color, int):
-            raise TypeError(f"color must be an int or None, got {type(color).__name__}")
+        if color is not None:
+            try:
+                color = _as_int(color, "split", "color")
+            except TypeError:
+                raise TypeError(f"split: color must be an int or None (got {_got(color)})") from None
+        key = _as_int(key, "split", "key")
         seq = self._seq
         parts = self._exchange((color, key, self.ep.index))
         if color is None or color < 0:
@@ -247,15 +254,18 @@ cdef class Team:
         if members:
             norm = []
             for m in members:
-                if isinstance(m, int):
-                    self._check_rank(m)
-                    norm.append(tuple(self._members[m]))
-                elif isinstance(m, tuple) and len(m) == 2 and all(isinstance(x, int) for x in m):
-                    if not 0 <= m[0] < self.client.size:
-                        raise RankError(f"job rank {m[0]} is outside the job")
-                    norm.append(m)
+                if type(m) is tuple and len(<tuple>m) == 2:
+                    jr = _as_int(m[0], "create", "a member's job rank")
+                    if not 0 <= jr < self.client.size:
+                        raise RankError(f"create: job rank {jr} is outside the job "
+                                        f"(size {self.client.size})")
+                    norm.append((jr, _as_index(m[1], "create", "a member's endpoint index",
+                                               0, INT_MAX)))
+                elif type(m) is not tuple and hasattr(type(m), "__index__"):
+                    norm.append(tuple(self._members[self._check_rank(m, "create")]))
                 else:
-                    raise TypeError(f"members must be team ranks or (jobrank, ep_index) pairs, got {m!r}")
+                    raise TypeError(f"create: members must be team ranks or (jobrank, ep_index) "
+                                    f"pairs, got {_got(m)}")
             if len(set(norm)) != len(norm):
                 raise ArgumentError("members lists an endpoint twice")
         seq = self._seq
@@ -322,15 +332,24 @@ cdef class Team:
             self.client._inflight -= 1
         return 0
 
-    def put(self, int rank, uintptr_t dest, src):
+    def put(self, rank, dest, src):
         """Blocking put (GASNet-EX ``gex_RMA_PutBlocking``): copy ``src`` (a
         PEP 3118 object or (address, nbytes)) to address ``dest`` of team rank
         ``rank``; complete (visible at the target) on return."""
         cdef Py_buffer view
         cdef _Local loc
-        _take(src, &view, &loc, False, b"src")
+        cdef int r
+        cdef uintptr_t d
+        if type(rank) is not int or type(dest) is not int:
+            # a call with swapped arguments names the first misplaced one
+            _as_rank(rank, "put(rank, dest, src)", &self.c)
+            _as_addr(dest, "put(rank, dest, src)", "dest")
+        # the buffer before the integers: measured ~5 ns faster with numpy sources
+        _take(src, &view, &loc, False, "put(rank, dest, src)", b"src")
         try:
-            self._put(rank, dest, loc.p, loc.n)
+            r = _as_rank(rank, "put(rank, dest, src)", &self.c)
+            d = _as_addr(dest, "put(rank, dest, src)", "dest")
+            self._put(r, d, loc.p, loc.n)
         finally:
             _drop(&view, &loc)
 
@@ -345,7 +364,7 @@ cdef class Team:
         cdef void* op = NULL
         cdef gx_route* r
         cdef char* p
-        _take(buf, &view, &loc, not is_put, b"src" if is_put else b"dest")
+        _take(buf, &view, &loc, not is_put, _issue_sig(is_put, mode), b"src" if is_put else b"dest")
         try:
             rc = gx_locate(&self.c, rank, addr, loc.n, &p, &r)
             if rc == GX_OK and gx_in_dev(&self.c, loc.p, loc.n):
@@ -366,13 +385,15 @@ cdef class Team:
         finally:
             _drop(&view, &loc)
 
-    def put_nb(self, int rank, uintptr_t dest, src, lc=LC_NOW):
+    def put_nb(self, rank, dest, src, lc=LC_NOW):
         """Non-blocking put (``gex_RMA_PutNB``): returns an Event for remote
         completion.  ``lc``: LC_NOW (source reusable on return), LC_DEFER
         (``ev.leaf(EC_LC)``), LC_GROUP (``nbi_wait(EC_PUT)``) or a LeafEvent.
         Over the network, local completion is reported with remote completion."""
-        cdef int now = _lc_mode(lc)
-        ev = self._issue(True, GX_NB, rank, dest, src)
+        cdef int r = _as_rank(rank, "put_nb(rank, dest, src, lc=LC_NOW)", &self.c)
+        cdef uintptr_t d = _as_addr(dest, "put_nb(rank, dest, src, lc=LC_NOW)", "dest")
+        cdef int now = _lc_mode(lc, "put_nb")
+        ev = self._issue(True, GX_NB, r, d, src)
         if ev is None:
             return _lc_event(lc, _DONE)
         if now:
@@ -380,66 +401,82 @@ cdef class Team:
             return _lc_event(lc, _DONE)
         return _lc_event(lc, <Event>ev)
 
-    def put_nbi(self, int rank, uintptr_t dest, src, lc=LC_NOW):
+    def put_nbi(self, rank, dest, src, lc=LC_NOW):
         """Implicit-event put (``gex_RMA_PutNBI``): completed by ``nbi_wait``,
         ``quiet`` or the enclosing access region's event.  With LC_NOW (or a
         LeafEvent) the source is reusable on return; with LC_GROUP/LC_DEFER
         it is held until ``nbi_wait``."""
-        cdef int now = _lc_mode(lc)
+        cdef int r = _as_rank(rank, "put_nbi(rank, dest, src, lc=LC_NOW)", &self.c)
+        cdef uintptr_t d = _as_addr(dest, "put_nbi(rank, dest, src, lc=LC_NOW)", "dest")
+        cdef int now = _lc_mode(lc, "put_nbi")
         self._issue(True, GX_NBI_LCNOW if (now or isinstance(lc, LeafEvent)) else GX_NBI,
-                    rank, dest, src)
+                    r, d, src)
         if isinstance(lc, LeafEvent):
             _lc_event(lc, _DONE)
 
-    def put_val(self, int rank, uintptr_t dest, value, size_t nbytes=8):
-        """Blocking put of the low ``nbytes`` (1..8) of the integer ``value``
-        (``gex_RMA_PutBlockingVal``; native byte order)."""
-        cdef uint64_t v = PyLong_AsUnsignedLongLongMask(value)
-        if nbytes == 0 or nbytes > 8:
-            raise ArgumentError(f"nbytes must be 1..8 for a value put, got {nbytes}")
-        self._put(rank, dest, &v, nbytes)
+    def put_val(self, rank, dest, value, nbytes=8):
+        """Blocking put of the integer ``value`` as ``nbytes`` (1..8) bytes in
+        native byte order (``gex_RMA_PutBlockingVal``).  ``value`` must fit:
+        0 up to 2**(8*nbytes) - 1, or a negative value down to
+        -2**(8*nbytes - 1), written in two's complement; else OverflowError."""
+        _put_val(self, "put_val(rank, dest, value, nbytes=8)", rank, dest, value, nbytes)
 
-    def put_nb_val(self, int rank, uintptr_t dest, value, size_t nbytes=8):
-        """Non-blocking value put (``gex_RMA_PutNBVal``); returns an Event."""
-        self.put_val(rank, dest, value, nbytes)
+    def put_nb_val(self, rank, dest, value, nbytes=8):
+        """Non-blocking value put (``gex_RMA_PutNBVal``); returns an Event.
+        ``value`` and ``nbytes`` as for :meth:`put_val`."""
+        _put_val(self, "put_nb_val(rank, dest, value, nbytes=8)", rank, dest, value, nbytes)
         return _DONE
 
-    def put_nbi_val(self, int rank, uintptr_t dest, value, size_t nbytes=8):
-        """Implicit-event value put (``gex_RMA_PutNBIVal``)."""
-        self.put_val(rank, dest, value, nbytes)
+    def put_nbi_val(self, rank, dest, value, nbytes=8):
+        """Implicit-event value put (``gex_RMA_PutNBIVal``).  ``value`` and
+        ``nbytes`` as for :meth:`put_val`."""
+        _put_val(self, "put_nbi_val(rank, dest, value, nbytes=8)", rank, dest, value, nbytes)
 
     # -- RMA: gets --
 
-    def get(self, dest, int rank, uintptr_t src):
+    def get(self, dest, rank, src):
         """Blocking get (``gex_RMA_GetBlocking``): fill ``dest`` (a writable
         PEP 3118 object or (address, nbytes)) from address ``src`` of team rank
         ``rank``."""
         cdef Py_buffer view
         cdef _Local loc
-        _take(dest, &view, &loc, True, b"dest")
+        cdef int r
+        cdef uintptr_t s
+        # dest first: in a call with swapped arguments it is the one to name
+        _take(dest, &view, &loc, True, "get(dest, rank, src)", b"dest")
         try:
-            self._get(loc.p, rank, src, loc.n)
+            r = _as_rank(rank, "get(dest, rank, src)", &self.c)
+            s = _as_addr(src, "get(dest, rank, src)", "src")
+            self._get(loc.p, r, s, loc.n)
         finally:
             _drop(&view, &loc)
 
-    def get_nb(self, dest, int rank, uintptr_t src):
+    def get_nb(self, dest, rank, src):
         """Non-blocking get (``gex_RMA_GetNB``); returns an Event.  ``dest`` is
         held (and must not be read) until the event completes."""
-        ev = self._issue(False, GX_NB, rank, src, dest)
+        _check_local(dest, "get_nb(dest, rank, src)", b"dest", True)
+        cdef int r = _as_rank(rank, "get_nb(dest, rank, src)", &self.c)
+        cdef uintptr_t s = _as_addr(src, "get_nb(dest, rank, src)", "src")
+        ev = self._issue(False, GX_NB, r, s, dest)
         return _DONE if ev is None else ev
 
-    def get_nbi(self, dest, int rank, uintptr_t src):
+    def get_nbi(self, dest, rank, src):
         """Implicit-event get (``gex_RMA_GetNBI``): ``dest`` is filled by the
         next ``nbi_wait(EC_GET)`` (or the access region's event)."""
-        self._issue(False, GX_NBI, rank, src, dest)
+        _check_local(dest, "get_nbi(dest, rank, src)", b"dest", True)
+        cdef int r = _as_rank(rank, "get_nbi(dest, rank, src)", &self.c)
+        cdef uintptr_t s = _as_addr(src, "get_nbi(dest, rank, src)", "src")
+        self._issue(False, GX_NBI, r, s, dest)
 
-    def get_val(self, int rank, uintptr_t src, size_t nbytes=8):
+    def get_val(self, rank, src, nbytes=8):
         """Blocking get of ``nbytes`` (1..8) returned as an unsigned int
         (``gex_RMA_GetBlockingVal``)."""
+        cdef int r = _as_rank(rank, "get_val(rank, src, nbytes=8)", &self.c)
+        cdef uintptr_t s = _as_addr(src, "get_val(rank, src, nbytes=8)", "src")
+        cdef size_t n = <size_t>_as_index(nbytes, "get_val(rank, src, nbytes=8)", "nbytes", 1, 8,
+                                          False)
         cdef uint64_t v = 0
-        if nbytes == 0 or nbytes > 8:
-            raise ArgumentError(f"nbytes must be 1..8 for a value get, got {nbytes}")
-        self._get(&v, rank, src, nbytes)
+        self._get(&v, r, s, n)
         return v
 
     # -- ordering --
@@ -458,9 +495,49 @@ cdef class Team:
 
     # -- atomics --
 
-    def ad_create(self, int dt, int ops, int flags=0):
+    def ad_create(self, dt, ops, flags=0):
         """Create an :class:`AtomicDomain` over this team for data type ``dt``
-        and the op set ``ops`` (OP_* flags or-ed).  Collective."""
-        return AtomicDomain._make(self, dt, ops, flags)
+        and the op set ``ops`` (OP_* flags or-ed).  Collective.  ``flags``
+        (GASNet-EX's hints) are accepted and ignored."""
+        sig = "ad_create(dt, ops, flags=0)"
+        return AtomicDomain._make(self, _as_int(dt, sig, "dt", False), _as_int(ops, sig, "ops", False),
+                                  _as_int(flags, sig, "flags", False))
+
+
+cdef str _issue_sig(bint is_put, int mode):
+    """The call an _issue comes from, for messages."""
+    if is_put:
+        if mode == GX_NB:
+            return "put_nb(rank, dest, src, lc=LC_NOW)"
+        return "put_nbi(rank, dest, src, lc=LC_NOW)"
+    return "get_nb(dest, rank, src)" if mode == GX_NB else "get_nbi(dest, rank, src)"
+
+
+cdef inline uint64_t _val_bits(object value, int n, str sig) except? 0xFFFFFFFFFFFFFFFF:
+    """The bits a value put of ``n`` bytes writes: ``value`` in 0..2**(8n)-1,
+    or down to -2**(8n-1) in two's complement; OverflowError otherwise (the
+    high bytes are never dropped silently)."""
+    cdef long long s
+    if type(value) is int and _exact_int_ll(value, &s) \
+            and (n == 8 or (-(1LL << (8 * n - 1)) <= s < (1LL << (8 * n)))):
+        return <uint64_t>s
+    i = _as_int(value, sig, "value")
+    bits = 8 * <object>n           # Python ints: the range of 8 bytes does not fit a C long long
+    lo = -(1 << (bits - 1))
+    hi = (1 << bits) - 1
+    if not lo <= i <= hi:
+        raise OverflowError(f"{_fn(sig)}: value {i} does not fit in nbytes={n} bytes "
+                            f"(allowed {lo}..{hi}; negative values are written in two's complement)")
+    return PyLong_AsUnsignedLongLongMask(i)
+
+
+cdef inline int _put_val(Team tm, str sig, object rank, object dest, object value,
+                         object nbytes) except -1:
+    """put_val and its NB/NBI forms, all blocking puts of 8 bytes at most."""
+    cdef int r = _as_rank(rank, sig, &tm.c)
+    cdef uintptr_t d = _as_addr(dest, sig, "dest")
+    cdef int n = <int>_as_index(nbytes, sig, "nbytes", 1, 8, False)
+    cdef uint64_t v = _val_bits(value, n, sig)
+    return tm._put(r, d, &v, n)
 
 
