@@ -40,7 +40,8 @@ from gexmk.lib.gx cimport *
 from gexmk.lib.linux cimport sched_yield
 from gexmk.memory cimport Segment, MemoryKind, host_buffer
 
-from gexmk.memory import HOST, mk_create as _mk_create, describe_kind as _describe_kind
+from gexmk.memory import (HOST, mk_create as _mk_create, describe_kind as _describe_kind,
+                          device_range as _device_range)
 from gexmk.errors import (ArgumentError, BoundsError, RankError, StateError, SegmentError,
                           UnsupportedError, PeerDeadError, GexmkError)
 

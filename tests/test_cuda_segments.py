@@ -409,3 +409,53 @@ def test_rank_without_gpu_publishes_nothing_and_gets_clear_errors(tmp_path):
     assert not res.timed_out, res.report()
     res.check()
     assert res.stdout.count("OK") == 2, res.report()
+
+
+# ---- stream-ordered operations ------------------------------------------------------
+
+@gpu
+@needs_gpu
+def test_put_on_stream_after_a_kernel_and_in_a_graph(client):
+    cupy = pytest.importorskip("cupy")
+    mk, hseg, ep1, ep2, d1, d2 = _setup(client, MiB)
+    s = cupy.cuda.Stream(non_blocking=True)
+    src = cupy.asarray(d2)[:4096]                     # a device array inside EP 2's segment
+    from_d2 = ep2.pair(1)
+    with s:
+        src.fill(7)                                   # the kernel that produces the data
+    from_d2.put_on_stream(0, d1.address, src, s)      # ordered after it, no host sync
+    s.synchronize()
+    back = np.zeros(4096, np.uint8)
+    client.ep(0).pair(1).get(back, 0, d1.address)
+    assert (back == 7).all()
+    # the same captured into a CUDA graph and replayed
+    s.begin_capture()
+    with s:
+        src += 1
+    from_d2.put_on_stream(0, d1.address + 4096, src, s)
+    graph = s.end_capture()
+    for _ in range(3):
+        graph.launch(s)
+    s.synchronize()
+    client.ep(0).pair(1).get(back, 0, d1.address + 4096)
+    assert (back == 10).all(), back[:8]
+    # to a host segment, through the endpoint's copy engine; and a get back
+    from_d2.__class__                                 # (same team type)
+    to_host = ep2.pair(0)
+    to_host.put_on_stream(0, hseg.address + 64, src, s)
+    s.synchronize()
+    assert (np.asarray(hseg)[64:64 + 4096] == 10).all()
+    dst = cupy.asarray(d2)[8192:8192 + 4096]
+    to_host.get_on_stream(dst, 0, hseg.address + 64, s)
+    s.synchronize()
+    assert int(dst.sum()) == 10 * 4096
+    # refusals: a device array outside the endpoint's segment, stream 0, not a stream
+    stray = cupy.zeros(16, dtype=cupy.uint8)
+    with pytest.raises(E.ArgumentError, match="outside the device segment"):
+        from_d2.put_on_stream(0, d1.address, stray, s)
+    with pytest.raises(E.ArgumentError, match="outside the device segment"):
+        from_d2.put(0, d1.address, (stray.data.ptr, 16))
+    with pytest.raises(E.ArgumentError, match="legacy default stream"):
+        from_d2.put_on_stream(0, d1.address, src, 0)
+    with pytest.raises(TypeError, match="stream"):
+        from_d2.put_on_stream(0, d1.address, src, "s")

@@ -243,10 +243,12 @@ cdef class Client:
         """A memory kind (GASNet-EX ``gex_MK_Create``); see
         :func:`gexmk.memory.mk_create`.  The client closes it at finalize,
         after its segments."""
+        global _device_kinds
         self.check_alive()
         mk = _mk_create(cls, device, context)
         if mk is not HOST:
             self._kinds.append(mk)
+            _device_kinds = True
         return mk
 
     def segment_create(self, size=None, *, buffer=None, kind=None, reserve=None):

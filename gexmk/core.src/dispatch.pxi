@@ -39,9 +39,10 @@ cdef int _take_tuple(tuple obj, _Local* loc, str sig, const char* what) except -
 
 
 cdef inline int _take(object obj, Py_buffer* view, _Local* loc, bint writable, str sig,
-                      const char* what) except -1:
-    """A local buffer: a PEP 3118 object or an (address, nbytes) tuple.
-    ``sig`` names the call for messages ("put(rank, dest, src)")."""
+                      const char* what, const gx_team* tm) except -1:
+    """A local buffer: a PEP 3118 object, an (address, nbytes) tuple, or a
+    device array (CUDA array interface) inside the device segment bound to
+    ``tm``'s endpoint.  ``sig`` names the call for messages ("put(rank, dest, src)")."""
     cdef long long a, n
     if type(obj) is tuple:
         if len(<tuple>obj) == 2 and type((<tuple>obj)[0]) is int and type((<tuple>obj)[1]) is int:
@@ -50,15 +51,60 @@ cdef inline int _take(object obj, Py_buffer* view, _Local* loc, bint writable, s
                 loc.p = <void*><uintptr_t>a
                 loc.n = <size_t>n
                 loc.held = False
+                if _device_kinds and not gx_in_dev(tm, loc.p, loc.n):
+                    _refuse_device(loc, sig, what, tm)
                 return 0
-        return _take_tuple(<tuple>obj, loc, sig, what)
+        _take_tuple(<tuple>obj, loc, sig, what)
+        if _device_kinds and not gx_in_dev(tm, loc.p, loc.n):
+            _refuse_device(loc, sig, what, tm)
+        return 0
     if not PyObject_CheckBuffer(obj):
+        if hasattr(obj, "__cuda_array_interface__"):
+            return _take_device(obj, loc, sig, what, tm)
         _not_local(obj, sig, what, writable)
     host_buffer(obj, view, writable, what)
     loc.p = view.buf
     loc.n = <size_t>view.len
     loc.held = True
     return 0
+
+
+# Set once this process has a device memory kind: from then on a local
+# (address, nbytes) outside the endpoint's device segment is classified, so
+# that a device pointer never reaches a CPU memcpy.
+cdef bint _device_kinds = False
+
+
+cdef int _take_device(object obj, _Local* loc, str sig, const char* what,
+                      const gx_team* tm) except -1:
+    p, n = _device_range(obj, f"{_fn(sig)}: {what.decode()}")
+    loc.p = <void*><uintptr_t>p
+    loc.n = <size_t>n
+    loc.held = False
+    if not gx_in_dev(tm, loc.p, loc.n) and loc.n:
+        _refuse_device(loc, sig, what, tm, True)
+    return 0
+
+
+cdef int _refuse_device(_Local* loc, str sig, const char* what, const gx_team* tm,
+                        bint known=False) except -1:
+    """A local device buffer outside the device segment of the team's
+    endpoint: GASNet-EX's rule (a local device address lies in the initiating
+    endpoint's bound segment), and the only way its kind is known here."""
+    if not known:
+        if loc.n == 0 or _client is None or not _is_device((<Client>_client)._kinds,
+                                                           <uintptr_t>loc.p):
+            return 0
+    raise ArgumentError(f"{_fn(sig)}: {what.decode()} is device memory outside the device "
+                        f"segment bound to the team's endpoint {tm.ep.index}; a local device "
+                        "buffer must lie in the initiating endpoint's bound segment (GASNet-EX)")
+
+
+def _is_device(list kinds, uintptr_t p):
+    for mk in kinds:
+        if mk.impl is not None and mk.impl.classify(p)[0] != GX_MK_HOST:
+            return True
+    return False
 
 
 cdef inline void _drop(Py_buffer* view, _Local* loc) noexcept:
@@ -263,8 +309,8 @@ cdef str _kind_name(int cls):
 # ---- stream-ordered operations ----------------------------------------------------
 
 cdef uintptr_t _stream_handle(object stream) except? 0:
-    """A CUDA stream handle from an int, a ``__cuda_stream__`` object
-    (cuda.core), a CuPy stream (``.ptr``) or a PyTorch stream (``.cuda_stream``)."""
+    """A CUDA stream handle from an int, a ``__cuda_stream__`` object, a
+    CuPy stream (``.ptr``) or a PyTorch stream (``.cuda_stream``)."""
     h = None
     if hasattr(stream, "__cuda_stream__"):
         h = stream.__cuda_stream__()[1]

@@ -345,7 +345,7 @@ cdef class Team:
             _as_rank(rank, "put(rank, dest, src)", &self.c)
             _as_addr(dest, "put(rank, dest, src)", "dest")
         # the buffer before the integers: measured ~5 ns faster with numpy sources
-        _take(src, &view, &loc, False, "put(rank, dest, src)", b"src")
+        _take(src, &view, &loc, False, "put(rank, dest, src)", b"src", &self.c)
         try:
             r = _as_rank(rank, "put(rank, dest, src)", &self.c)
             d = _as_addr(dest, "put(rank, dest, src)", "dest")
@@ -364,7 +364,8 @@ cdef class Team:
         cdef void* op = NULL
         cdef gx_route* r
         cdef char* p
-        _take(buf, &view, &loc, not is_put, _issue_sig(is_put, mode), b"src" if is_put else b"dest")
+        _take(buf, &view, &loc, not is_put, _issue_sig(is_put, mode), b"src" if is_put else b"dest",
+              &self.c)
         try:
             rc = gx_locate(&self.c, rank, addr, loc.n, &p, &r)
             if rc == GX_OK and gx_in_dev(&self.c, loc.p, loc.n):
@@ -443,7 +444,7 @@ cdef class Team:
         cdef int r
         cdef uintptr_t s
         # dest first: in a call with swapped arguments it is the one to name
-        _take(dest, &view, &loc, True, "get(dest, rank, src)", b"dest")
+        _take(dest, &view, &loc, True, "get(dest, rank, src)", b"dest", &self.c)
         try:
             r = _as_rank(rank, "get(dest, rank, src)", &self.c)
             s = _as_addr(src, "get(dest, rank, src)", "src")
@@ -478,6 +479,38 @@ cdef class Team:
         cdef uint64_t v = 0
         self._get(&v, r, s, n)
         return v
+
+    # -- stream-ordered RMA (NVSHMEM *_on_stream) --
+
+    def put_on_stream(self, rank, dest, src, stream):
+        """Enqueue a put on a CUDA ``stream`` (NVSHMEM ``putmem_on_stream``):
+        it runs when the stream reaches it, after the kernels enqueued before
+        it that produced the data, with no host synchronisation, and may be
+        captured into a CUDA graph.  ``src`` must stay valid until the stream
+        has run it (a device array or (address, nbytes) inside the device
+        segment bound to this team's endpoint, or host memory).  ``stream``:
+        an int handle, a ``__cuda_stream__`` object, a CuPy or PyTorch stream
+        of the endpoint's device.  Paths that cannot order on a stream (see
+        ``paths``) raise UnsupportedError naming themselves."""
+        return self._on_stream(True, rank, dest, src, stream, "put_on_stream(rank, dest, src, stream)")
+
+    def get_on_stream(self, dest, rank, src, stream):
+        """Enqueue a get on a CUDA ``stream`` (NVSHMEM ``getmem_on_stream``):
+        ``dest`` holds the data once the stream has run it."""
+        return self._on_stream(False, rank, src, dest, stream, "get_on_stream(dest, rank, src, stream)")
+
+    def _on_stream(self, bint is_put, rank, addr, buf, stream, str sig):
+        cdef Py_buffer view
+        cdef _Local loc
+        cdef int r = _as_rank(rank, sig, &self.c)
+        cdef uintptr_t a = _as_addr(addr, sig, "dest" if is_put else "src")
+        cdef void* s = <void*>_stream_handle(stream)
+        _take(buf, &view, &loc, not is_put, sig, b"src" if is_put else b"dest", &self.c)
+        try:
+            with nogil:
+                _rma_on_stream(&self.c, r, is_put, a, loc.p, loc.n, s)
+        finally:
+            _drop(&view, &loc)
 
     # -- ordering --
 
