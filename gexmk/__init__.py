@@ -21,7 +21,7 @@ _keep_crash_signals(_os.environ)
 
 from gexmk.errors import *  # noqa: F401,F403 - the exception tree is public API
 from gexmk.errors import __all__ as _errors_all
-from gexmk.memory import HOST, MKClass, MemoryKind, Segment, mk_create
+from gexmk.memory import HOST, MKClass, MemoryKind, Segment, DeviceView, mk_create
 from gexmk.core import (
     init, Client, Endpoint, Team, Event, LeafEvent, AtomicDomain, BoundSegment, EVENT_DONE,
     wait_all, wait_some, test_all, test_some, nbi_wait, nbi_test, nbi_access_region, fence, quiet,
@@ -50,7 +50,7 @@ def get_include():
 
 __all__ = [
     "init", "Client", "Endpoint", "Team", "Event", "LeafEvent", "AtomicDomain", "BoundSegment",
-    "Segment", "MemoryKind", "MKClass", "HOST", "CUDA_UVA", "HIP", "ZE", "mk_create", "EVENT_DONE",
+    "Segment", "MemoryKind", "MKClass", "DeviceView", "HOST", "CUDA_UVA", "HIP", "ZE", "mk_create", "EVENT_DONE",
     "wait_all", "wait_some", "test_all", "test_some", "nbi_wait", "nbi_test", "nbi_access_region",
     "fence", "quiet", "get_include",
 ] + list(_errors_all)
