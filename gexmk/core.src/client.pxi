@@ -174,6 +174,9 @@ cdef class Client:
         cdef Endpoint ep = None
         r.local_base = NULL         # no memcpy through the route while it changes
         gx_mem_fence()
+        r.remote_base = t.remote_base
+        r.size = t.size
+        r.dead = t.dead
         if rt.ep_index < len(self._eps):
             ep = self._eps[rt.ep_index]
         best_rma = best_amo = None
@@ -209,9 +212,12 @@ cdef class Client:
 
     def _peer_died(self, int jobrank):
         cdef _Target tg
+        cdef _Route rt
         for (jr, _), tg in list(self._dir.items()):
             if jr == jobrank:
                 tg.t.dead = 1
+                for rt in tg.routes:
+                    rt.r.dead = 1
         for tr in self._order:
             tr.peer_died(jobrank)
 

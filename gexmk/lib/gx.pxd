@@ -86,8 +86,11 @@ cdef extern from "gexmk/gexmk.h" nogil:
         void* peer
 
     ctypedef struct gx_route:
-        gx_target* t
+        uintptr_t remote_base
+        size_t size
         char* local_base
+        int dead
+        gx_target* t
         gx_path rma
         gx_path amo
 

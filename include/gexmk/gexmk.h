@@ -116,10 +116,15 @@ typedef struct gx_path {
 } gx_path;
 
 /* How one local endpoint reaches one target, chosen at bind/publication
- * time, separately for RMA and atomics; the hot path reads it. */
+ * time, separately for RMA and atomics; the hot path reads it.  The bounds
+ * and the death flag are copies of the target's (set whenever the route is
+ * chosen, and at a death), so the inline path touches one cache line. */
 typedef struct gx_route {
-    gx_target *t;
+    uintptr_t remote_base;   /* = t->remote_base */
+    size_t size;             /* = t->size */
     char *local_base;        /* a CPU mapping of the target where memcpy is right, else NULL */
+    volatile int dead;       /* = t->dead */
+    gx_target *t;
     gx_path rma;
     gx_path amo;
 } gx_route;
@@ -163,13 +168,12 @@ static inline int gx_locate(const gx_team *tm, int rank, uintptr_t addr, size_t 
     if ((unsigned)rank >= (unsigned)tm->size)
         return GX_ERANK;
     gx_route *r = tm->routes[rank];
-    gx_target *t = r->t;
     *rt = r;
-    uintptr_t off = addr - t->remote_base;   /* wraps when addr < base: caught below */
-    if (addr < t->remote_base || off > t->size || n > t->size - off)
+    uintptr_t off = addr - r->remote_base;   /* wraps when addr < base: caught below */
+    if (addr < r->remote_base || off > r->size || n > r->size - off)
         return GX_ERANGE;
-    if (r->local_base == NULL || t->dead)
-        return t->dead ? GX_EDEAD : GX_NOT_MAPPED;
+    if (r->local_base == NULL || r->dead)
+        return r->dead ? GX_EDEAD : GX_NOT_MAPPED;
     *out = r->local_base + off;
     return GX_OK;
 }
