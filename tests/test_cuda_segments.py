@@ -459,3 +459,49 @@ def test_put_on_stream_after_a_kernel_and_in_a_graph(client):
         from_d2.put_on_stream(0, d1.address, src, 0)
     with pytest.raises(TypeError, match="stream"):
         from_d2.put_on_stream(0, d1.address, src, "s")
+
+
+CLIENT_MEM_WORKER = r'''
+import cupy
+c = gexmk.init()
+tm = c.tm
+me, peer = tm.rank, 1 - tm.rank
+device = me if os.environ.get("GX_TEST_TWO_GPUS") else 0
+with cupy.cuda.Device(device):
+    arr = cupy.zeros(1 << 20, dtype=cupy.uint8)      # cudaMalloc: a legacy-IPC export
+mk = c.mk_create(gexmk.CUDA_UVA, device)
+hseg = c.segment_attach(1 << 20)
+ep1 = c.ep_create()
+seg = c.segment_create(buffer=arr, kind=mk)
+ep1.bind_segment(seg)
+tm.publish_bound_segment([ep1])
+dev = c.ep(0).pair(1)
+assert dev.paths(peer)["rma"] == "nbrhd", dev.paths(peer)
+dev.put(peer, dev.addr(peer, 100), pattern(4096, me, 7))
+tm.barrier()
+with cupy.cuda.Device(device):
+    got = cupy.asnumpy(arr[100:100 + 4096])
+assert (got == pattern(4096, peer, 7)).all(), "client-allocated device memory of the peer"
+back = np.zeros(4096, np.uint8)
+dev.get(back, peer, dev.addr(peer, 100))
+assert (back == pattern(4096, me, 7)).all()
+c.finalize()
+print("OK", me, flush=True)
+'''
+
+
+@gpu
+@needs_gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("gpus", [1, 2], ids=["one_gpu", "two_gpus"])
+def test_client_allocated_device_memory_across_processes(tmp_path, gpus):
+    """A CuPy (cudaMalloc) array bound as a segment travels as a legacy IPC
+    handle; the peer puts and gets through it."""
+    pytest.importorskip("cupy")
+    if gpus > PROBE.get("device_count", 0):
+        pytest.skip(f"needs {gpus} GPUs")
+    res = mp_util.run_job(tmp_path, CLIENT_MEM_WORKER, 2, launcher_timeout=90,
+                          env={"GX_TEST_TWO_GPUS": "1" if gpus == 2 else None})
+    assert not res.timed_out, res.report()
+    res.check()
+    assert res.stdout.count("OK") == 2, res.report()

@@ -176,11 +176,13 @@ def _job(tmp_path, src, n=2, env=None, timeout=60, keep_going=False):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("transport", ["auto", "pvm", "ofi"])
+@pytest.mark.parametrize("transport", ["auto", "pvm", "ofi", "ofi-shm"])
 def test_destroyed_endpoint_team_over_transports(tmp_path, transport):
-    if transport == "ofi" and not HAVE_OFI:
+    if transport.startswith("ofi") and not HAVE_OFI:
         pytest.skip("no ofi transport")
-    env = dict(TCP) if transport == "ofi" else {"GEXMK_TRANSPORT": transport}
+    env = dict(TCP) if transport.startswith("ofi") else {"GEXMK_TRANSPORT": transport}
+    if transport == "ofi-shm":
+        env["GEXMK_OFI_PROVIDER"] = "shm"
     src = r'''
     c = gexmk.init()
     seg = c.segment_attach(4096)
