@@ -62,7 +62,13 @@ cdef inline int _take(object obj, Py_buffer* view, _Local* loc, bint writable, s
         if hasattr(obj, "__cuda_array_interface__"):
             return _take_device(obj, loc, sig, what, tm)
         _not_local(obj, sig, what, writable)
-    host_buffer(obj, view, writable, what)
+    try:
+        host_buffer(obj, view, writable, what)
+    except (TypeError, GexmkError):
+        # device arrays may have the buffer slot and refuse it (CuPy)
+        if hasattr(obj, "__cuda_array_interface__"):
+            return _take_device(obj, loc, sig, what, tm)
+        raise
     loc.p = view.buf
     loc.n = <size_t>view.len
     loc.held = True
