@@ -219,6 +219,17 @@ cdef int host_buffer(object obj, Py_buffer* view, bint writable, const char* wha
 
 
 _counter = itertools.count()
+
+
+cdef Segment _new_segment(object client, MemoryKind kind, bint library):
+    """A segment object with nothing behind it yet (the constructors fill it)."""
+    cdef Segment s = Segment.__new__(Segment)
+    s.fd = -1
+    s.client = client
+    s.kind = kind
+    s.library_allocated = library
+    s.token = ""
+    return s
 cdef char* _FORMAT_B = b"B"
 
 
@@ -269,12 +280,7 @@ cdef class Segment:
 
     @staticmethod
     def _client_buffer(client, buffer):
-        cdef Segment s = Segment.__new__(Segment)
-        s.fd = -1
-        s.client = client
-        s.kind = HOST
-        s.library_allocated = False
-        s.token = ""
+        cdef Segment s = _new_segment(client, HOST, False)
         host_buffer(buffer, &s.view, True, b"segment buffer")
         s.has_view = True
         s.addr = <char*>s.view.buf
@@ -285,12 +291,7 @@ cdef class Segment:
     def _device(client, MemoryKind kind, size_t size, size_t reserve):
         """Library-allocated device memory of ``kind`` (VMM: grows in place
         up to ``reserve`` bytes)."""
-        cdef Segment s = Segment.__new__(Segment)
-        s.fd = -1
-        s.client = client
-        s.kind = kind
-        s.library_allocated = True
-        s.token = ""
+        cdef Segment s = _new_segment(client, kind, True)
         s.allocation = kind.impl.alloc(size, reserve)
         s.addr = <char*><uintptr_t>s.allocation.addr
         s.size = size
@@ -301,13 +302,8 @@ cdef class Segment:
         """Client-allocated device memory: a CUDA array interface or DLPack
         object, or (pointer, nbytes); its attributes are checked by the kind
         (device, context, not managed), and ``obj`` is kept alive."""
-        cdef Segment s = Segment.__new__(Segment)
         ptr, nbytes = device_range(obj, "segment buffer")
-        s.fd = -1
-        s.client = client
-        s.kind = kind
-        s.library_allocated = False
-        s.token = ""
+        cdef Segment s = _new_segment(client, kind, False)
         s.allocation = kind.impl.adopt(ptr, nbytes)
         s.owner = obj
         s.addr = <char*><uintptr_t>ptr

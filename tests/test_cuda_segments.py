@@ -31,15 +31,6 @@ needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no NVIDIA driver or device 
 MiB = 1 << 20
 
 
-@pytest.fixture
-def client():
-    c = gexmk.init()
-    try:
-        yield c
-    finally:
-        c._teardown()
-
-
 # ---- CPU: what a machine without a GPU says ---------------------------------------
 
 @pytest.mark.skipif(HAVE_GPU, reason="checks the no-GPU errors")
