@@ -496,3 +496,40 @@ def test_client_allocated_device_memory_across_processes(tmp_path, gpus):
     assert not res.timed_out, res.report()
     res.check()
     assert res.stdout.count("OK") == 2, res.report()
+
+
+@gpu
+@needs_gpu
+def test_nb_and_nbi_device_copies_complete_through_events(client):
+    """NB puts/gets to device segments run on the endpoint's own stream and
+    complete through a CUDA event (test/wait); implicit ones through the
+    endpoint's sync (nbi_test / nbi_wait / an access region)."""
+    n = 64 * MiB
+    mk, hseg, ep1, ep2, d1, d2 = _setup(client, n)
+    to_d1 = client.ep(0).pair(1)
+    src = np.random.default_rng(3).integers(0, 256, n, dtype=np.uint8)
+    ev = to_d1.put_nb(0, d1.address, src, lc=gexmk.LC_DEFER)
+    assert isinstance(ev.test(), bool)               # pending or done, never an error
+    ev.wait()
+    back = np.zeros(n, np.uint8)
+    evs = [to_d1.get_nb(back[i * (n // 4):(i + 1) * (n // 4)], 0, d1.address + i * (n // 4))
+           for i in range(4)]
+    gexmk.wait_all(evs)
+    assert (back == src).all()
+    # implicit: LC_GROUP puts are asynchronous until nbi_wait
+    to_d1.put_nbi(0, d1.address, src[::-1].copy(), lc=gexmk.LC_GROUP)
+    while not gexmk.nbi_test():
+        pass
+    with gexmk.nbi_access_region() as rev:
+        to_d1.get_nbi(back, 0, d1.address)
+    rev.wait()
+    assert (back == src[::-1]).all()
+    # device -> device NB between the two device endpoints
+    from_d2 = ep2.pair(1)
+    client.ep(0).pair(2).put(0, d2.address, src)
+    from_d2.put_nb(0, d1.address, (d2.address, n), lc=gexmk.LC_DEFER).wait()
+    to_d1.get(back, 0, d1.address)
+    assert (back == src).all()
+    # an event left pending is failed by finalize, and dropping one is harmless
+    to_d1.put_nb(0, d1.address, src, lc=gexmk.LC_DEFER)
+    gexmk.nbi_wait()

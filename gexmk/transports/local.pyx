@@ -25,6 +25,7 @@ from gexmk.transports import fdpass
 
 from libc.errno cimport errno, EPERM, ESRCH, EFAULT
 from libc.stdint cimport uintptr_t
+from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED
 from posix.unistd cimport close, sysconf, _SC_PAGESIZE
@@ -59,8 +60,27 @@ cdef struct lp_kind:
     kind_atomic_fn atomic      # device atomics (NULL where the kind has none)
 
 
-cdef struct lp_ep:             # an endpoint's context: the kind of its bound segment
+cdef enum:
+    LP_STREAMS = 8             # device kinds one endpoint issues asynchronous copies through
+
+
+cdef struct lp_stream:         # an endpoint's own stream in one kind's context
+    const gx_kind_ops* ops
+    void* kctx
+    void* stream
+
+
+cdef struct lp_ep:             # an endpoint's context: the kind of its bound segment, its streams
     lp_kind k
+    lp_stream s[LP_STREAMS]
+    int ns
+    long nbi_dev               # implicit device copies issued on those streams since the last sync
+
+
+cdef struct lp_op:             # an NB device copy in flight: the event recorded after it
+    const gx_kind_ops* ops
+    void* kctx
+    void* event
 
 
 cdef struct lp_dev:            # a device segment reached here: its kind and mapping
@@ -133,18 +153,119 @@ cdef inline uintptr_t _dev_addr(gx_xfer* x) noexcept nogil:
     return <uintptr_t>d.local_base + (x.remote - x.t.remote_base)
 
 
-cdef int _dev_put(gx_xfer* x) except -1 nogil:
+cdef int _dev_copy(gx_xfer* x, uintptr_t dst, uintptr_t src) except -1 nogil:
+    """A copy to or from a device segment.  On the caller's stream when given;
+    NB and implicit (LC_GROUP / get) ones on the endpoint's own stream for that
+    kind, completed by an event (NB) or the endpoint's sync (NBI); the rest,
+    and LC_NOW puts whose source must be reusable on return, synchronously."""
     cdef lp_dev* d = <lp_dev*>x.peer
-    d.k.ops.copy(d.k.kctx, x.stream, _dev_addr(x), <uintptr_t>x.local, x.n)   # x.stream NULL: synchronous
-    _done(x)
-    return 0
+    cdef lp_ep* ep = <lp_ep*>x.ep
+    cdef void* s = NULL
+    cdef void* ev = NULL
+    cdef lp_op* op
+    if x.stream != NULL:
+        return d.k.ops.copy(d.k.kctx, x.stream, dst, src, x.n)
+    if (x.mode == GX_NB or x.mode == GX_NBI) and ep != NULL:
+        s = _ep_stream(ep, &d.k)
+    if s == NULL:
+        d.k.ops.copy(d.k.kctx, NULL, dst, src, x.n)     # complete on return
+        _done(x)
+        return 0
+    if x.mode == GX_NB:
+        d.k.ops.copy(d.k.kctx, s, dst, src, x.n)
+        d.k.ops.event_record(d.k.kctx, s, &ev)
+        op = <lp_op*>calloc(1, sizeof(lp_op))
+        if op == NULL:
+            d.k.ops.event_sync(d.k.kctx, ev)          # complete it here instead
+            d.k.ops.event_destroy(d.k.kctx, ev)
+            _done(x)
+            return 0
+        op.ops = d.k.ops
+        op.kctx = d.k.kctx
+        op.event = ev
+        x.handle[0] = op
+        return 0
+    gx_add_long(&ep.nbi_dev, 1)
+    return d.k.ops.copy(d.k.kctx, s, dst, src, x.n)
+
+
+cdef void* _ep_stream(lp_ep* ep, lp_kind* k) except? NULL nogil:
+    """The endpoint's stream in ``k``'s context, made on first use (NULL when
+    the endpoint already has LP_STREAMS of them: the caller copies synchronously)."""
+    cdef int i
+    cdef void* s = NULL
+    for i in range(gx_load_int(&ep.ns)):
+        if ep.s[i].kctx == k.kctx:
+            return ep.s[i].stream
+    with gil:               # one thread at a time adds a stream
+        for i in range(ep.ns):
+            if ep.s[i].kctx == k.kctx:
+                return ep.s[i].stream
+        if ep.ns == LP_STREAMS:
+            return NULL
+        k.ops.stream_create(k.kctx, &s)
+        ep.s[ep.ns].ops = k.ops
+        ep.s[ep.ns].kctx = k.kctx
+        ep.s[ep.ns].stream = s
+        gx_mem_fence()
+        ep.ns += 1
+    return s
+
+
+cdef int _ep_streams_done(lp_ep* ep, bint block) except -1 nogil:
+    """Whether every copy issued on the endpoint's streams has completed
+    (block: wait for them).  An event recorded on each stream answers."""
+    cdef int i, done = 1
+    cdef void* ev
+    for i in range(gx_load_int(&ep.ns)):
+        ev = NULL
+        ep.s[i].ops.event_record(ep.s[i].kctx, ep.s[i].stream, &ev)
+        try:
+            if block:
+                ep.s[i].ops.event_sync(ep.s[i].kctx, ev)
+            elif not ep.s[i].ops.event_query(ep.s[i].kctx, ev):
+                done = 0
+        finally:
+            ep.s[i].ops.event_destroy(ep.s[i].kctx, ev)
+    return done
+
+
+cdef int _dev_put(gx_xfer* x) except -1 nogil:
+    return _dev_copy(x, _dev_addr(x), <uintptr_t>x.local)
 
 
 cdef int _dev_get(gx_xfer* x) except -1 nogil:
-    cdef lp_dev* d = <lp_dev*>x.peer
-    d.k.ops.copy(d.k.kctx, x.stream, <uintptr_t>x.local, _dev_addr(x), x.n)
-    _done(x)
+    return _dev_copy(x, <uintptr_t>x.local, _dev_addr(x))
+
+
+cdef int _dev_test(void* opv, gx_val* result) except -1 nogil:
+    cdef lp_op* op = <lp_op*>opv
+    if not op.ops.event_query(op.kctx, op.event):
+        return 0
+    op.ops.event_destroy(op.kctx, op.event)
+    free(op)
+    return 1
+
+
+cdef int _dev_wait(void* opv, gx_val* result) except -1 nogil:
+    cdef lp_op* op = <lp_op*>opv
+    try:
+        op.ops.event_sync(op.kctx, op.event)
+    finally:
+        op.ops.event_destroy(op.kctx, op.event)
+        free(op)
     return 0
+
+
+cdef void _dev_orphan(void* opv) noexcept nogil:
+    # cuEventDestroy of a pending event: its resources go when the copy completes
+    cdef lp_op* op = <lp_op*>opv
+    with gil:
+        try:
+            op.ops.event_destroy(op.kctx, op.event)
+        except Exception:   # noqa: BLE001 - nothing to report to: the op was abandoned
+            pass
+    free(op)
 
 
 cdef int _dev_atomic(gx_xfer* x) except -1 nogil:
@@ -248,13 +369,20 @@ cdef void _no_orphan(void* op) noexcept nogil:
     pass
 
 
-cdef int _sync(void* ep, int categories) except -1 nogil:
+cdef int _sync(void* epv, int categories) except -1 nogil:
+    cdef lp_ep* ep = <lp_ep*>epv
+    if ep != NULL and gx_load_long(&ep.nbi_dev) > 0 and categories & ((1 << GX_CAT_PUT) | (1 << GX_CAT_GET)):
+        _ep_streams_done(ep, True)
+        ep.nbi_dev = 0
     gx_mem_fence()
     return 0
 
 
-cdef int _nbi_test(void* ep, int categories) except -1 nogil:
-    return 1
+cdef int _nbi_test(void* epv, int categories) except -1 nogil:
+    cdef lp_ep* ep = <lp_ep*>epv
+    if ep == NULL or gx_load_long(&ep.nbi_dev) == 0:
+        return 1
+    return _ep_streams_done(ep, False)
 
 
 cdef gx_tr_ops _SELF, _NBRHD, _PVM, _SELF_DEV, _NBRHD_DEV
@@ -278,6 +406,9 @@ _fill(&_NBRHD, b"nbrhd", _mapped_put, _mapped_get, _mapped_atomic)
 _fill(&_PVM, b"pvm", _pvm_put, _pvm_get, _pvm_atomic)
 _fill(&_SELF_DEV, b"self", _dev_put, _dev_get, _dev_atomic)
 _fill(&_NBRHD_DEV, b"nbrhd", _dev_put, _dev_get, _dev_atomic)
+_SELF_DEV.test = _NBRHD_DEV.test = _dev_test       # NB device copies: events
+_SELF_DEV.wait = _NBRHD_DEV.wait = _dev_wait
+_SELF_DEV.orphan = _NBRHD_DEV.orphan = _dev_orphan
 
 
 cdef int _set_kind(lp_kind* k, object mk) except -1:
@@ -342,8 +473,22 @@ cdef class _EndpointContext:
         self.c.k.ops = NULL
 
     def close(self):
+        """Complete the endpoint's device copies, destroy its streams (idempotent)."""
+        cdef int i
+        if self.closed:
+            return
         self.unbind()
         self.closed = True
+        try:
+            with nogil:
+                _ep_streams_done(&self.c, True)
+        finally:
+            for i in range(self.c.ns):
+                try:
+                    self.c.s[i].ops.stream_destroy(self.c.s[i].kctx, self.c.s[i].stream)
+                except Exception:   # noqa: BLE001 - its kind may be closed: the context took it
+                    pass
+            self.c.ns = 0
 
 
 cdef class _DeviceContext:
