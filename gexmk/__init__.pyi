@@ -120,6 +120,7 @@ class Segment:
     @property
     def shareable(self) -> bool: ...
     allocation: Any  # device memory: the kind's Allocation, else None
+    def view(self, dtype: Any = "u1") -> Any: ...  # numpy.ndarray, zero-copy (host segments)
     def grow(self, size: SupportsIndex) -> None: ...
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]: ...  # device segments only

@@ -15,7 +15,7 @@ cdef class Segment:
     cdef readonly MemoryKind kind
     cdef readonly bint library_allocated
     cdef readonly object client    # strong reference to the owning Client
-    cdef Py_buffer view            # client-allocated: the buffer held until destroy
+    cdef Py_buffer held            # client-allocated: the buffer held until destroy
     cdef bint has_view
     cdef readonly object allocation   # device memory: the kind's Allocation (library or adopted)
     cdef object owner              # a client-allocated device array, kept alive

@@ -281,10 +281,10 @@ cdef class Segment:
     @staticmethod
     def _client_buffer(client, buffer):
         cdef Segment s = _new_segment(client, HOST, False)
-        host_buffer(buffer, &s.view, True, b"segment buffer")
+        host_buffer(buffer, &s.held, True, b"segment buffer")
         s.has_view = True
-        s.addr = <char*>s.view.buf
-        s.size = <size_t>s.view.len
+        s.addr = <char*>s.held.buf
+        s.size = <size_t>s.held.len
         return s
 
     @staticmethod
@@ -330,6 +330,21 @@ cdef class Segment:
         regrow = getattr(self.client, "_segment_grown", None)
         if regrow is not None:
             regrow(self)
+
+    def view(self, dtype="u1"):
+        """A zero-copy numpy array over the whole host segment, of ``dtype``
+        (the segment's size must be a multiple of its item size).  Raises
+        StateError once the segment is destroyed."""
+        self.check_alive()
+        if self.allocation is not None:
+            raise TypeError(f"a {self.kind.name} segment is device memory: use "
+                            "cupy.asarray(seg) / torch.from_dlpack(seg)")
+        import numpy
+        dt = numpy.dtype(dtype)
+        if self.size % dt.itemsize:
+            raise ArgumentError(f"view: {self.size} bytes is not a whole number of {dt} items "
+                                f"({dt.itemsize} bytes each)")
+        return numpy.frombuffer(memoryview(self), dtype=dt)
 
     @property
     def __cuda_array_interface__(self):
@@ -381,7 +396,7 @@ cdef class Segment:
             munmap(self.addr, self.maplen)
             self.reserved = False
         if self.has_view:
-            PyBuffer_Release(&self.view)
+            PyBuffer_Release(&self.held)
             self.has_view = False
         self.addr = NULL
 

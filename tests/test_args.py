@@ -348,6 +348,7 @@ def test_numpy_integers_accepted(client, b, seg):
     assert u.op(0, b + 40, gexmk.OP_GET) == 2**64 - 1
     assert client.ep(np.int64(0)) is tm.ep
     assert client.ep(0).pair(np.int64(0)).size == 1
+    client.ep(0).unbind_segment()                # a second attach needs endpoint 0 free
     s = client.segment_attach(np.int64(4096))
     assert s.size == 4096
     assert client.segment_create(np.uint32(64)).size == 64

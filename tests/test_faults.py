@@ -353,6 +353,8 @@ def test_destroyed_peer_segment_then_nbi_over_ofi(tmp_path):
             except E.GexmkError as e:
                 log(f"nbi: {type(e).__name__}: {e}")
     tm.barrier()
+    if c.ep(0).segment is not None:
+        c.ep(0).unbind_segment()                # rank 0 gives up its first segment too
     seg2 = c.segment_attach(1 << 16)           # republished: the pair recovers
     if tm.rank == 0:
         tm.put(1, tm.addr(1, 8), b"recovered")
@@ -369,3 +371,28 @@ def test_destroyed_peer_segment_then_nbi_over_ofi(tmp_path):
     res = _job(tmp_path, src, env=env, timeout=90)
     res.check()
     assert res.stdout.count("OK") == 2, res.report()
+
+
+# ---- what a new user tripped on (issue: synchronisation and new users) ---------------
+
+def test_segment_view_is_typed_zero_copy_and_refuses_destroyed(client):
+    seg = client.segment_attach(4096)
+    v = seg.view(np.float64)
+    assert v.dtype == np.float64 and v.size == 512
+    v[3] = 2.5
+    assert np.asarray(seg)[24:32].view(np.float64)[0] == 2.5      # the same memory
+    with pytest.raises(E.ArgumentError, match="whole number"):
+        client.segment_create(4100).view(np.float64)
+    del v
+    seg.destroy()
+    with pytest.raises(E.StateError):
+        seg.view(np.float64)
+    with pytest.raises((E.StateError, BufferError, TypeError, ValueError)):
+        memoryview(seg)
+
+
+def test_second_segment_attach_raises(client):
+    client.segment_attach(4096)
+    with pytest.raises(E.StateError, match="already has a bound segment"):
+        client.segment_attach(4096)
+    assert client.ep(0).segment.size == 4096        # endpoint 0 kept its segment

@@ -312,11 +312,17 @@ cdef class Client:
     def segment_attach(self, size):
         """Create a library-allocated segment, bind it to the primordial EP and
         publish it over the primordial team (GASNet-EX ``gex_Segment_Attach``).
-        Collective over the job."""
-        seg = self.segment_create(_as_int(size, "segment_attach", "size", False))
+        Collective over the job.  Endpoint 0 must have no segment yet: a second
+        segment goes to an endpoint of its own (StateError says how)."""
+        size = _as_int(size, "segment_attach", "size", False)
         ep0 = self.ep(0)
         if ep0.segment is not None:
-            ep0.unbind_segment()
+            raise StateError("segment_attach: endpoint 0 already has a bound segment (from an earlier "
+                             "segment_attach?); for a second segment create an endpoint, bind "
+                             "the segment to it and publish it (client.ep_create(), "
+                             "ep.bind_segment(client.segment_create(size)), "
+                             "tm.publish_bound_segment([ep])), or unbind endpoint 0 first")
+        seg = self.segment_create(size)
         ep0.bind_segment(seg)
         self.tm.publish_bound_segment([ep0])
         return seg
