@@ -167,24 +167,14 @@ cdef inline int _xfer_init(gx_xfer* x, const gx_path* p, gx_target* t, uintptr_t
 
 
 cdef int _rma(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* local, size_t n,
-              int mode, void** handle, int rc) except -1 nogil:
-    """Run a put/get the inline path declined (rc) through the route's RMA path."""
-    cdef gx_route* r
-    cdef char* p
+              int mode, void** handle, void* stream) except -1 nogil:
+    """Run a put/get through the route's RMA path.  The caller has checked the
+    rank and bounds (gx_locate gave GX_OK or GX_NOT_MAPPED)."""
+    cdef gx_route* r = tm.routes[rank]
     cdef gx_xfer x
-    if rc == GX_NOT_MAPPED:
-        r = tm.routes[rank]
-    else:
-        # re-check: the caller may come straight from the C API with a stale rc
-        rc = gx_locate(tm, rank, remote, n, &p, &r)
-        if rc == GX_OK:
-            rc = GX_NOT_MAPPED
-        if rc != GX_NOT_MAPPED:
-            if is_put:
-                return _raise_rc(tm, rank, remote, n, rc, "put")
-            return _raise_rc(tm, rank, remote, n, rc, "get")
     _xfer_init(&x, &r.rma, r.t, remote, local, n, mode)
     x.handle = handle
+    x.stream = stream
     if gx_in_dev(tm, local, n):
         x.local_kind = tm.ep.seg_kind
         x.local_device = tm.ep.seg_device
@@ -196,13 +186,13 @@ cdef int _rma(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* 
 cdef int put_slow(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n, int rc) except -1 nogil:
     if rc != GX_NOT_MAPPED:
         return _raise_rc(tm, rank, dest, n, rc, "put")
-    return _rma(tm, rank, True, dest, <void*>src, n, GX_BLOCKING, NULL, rc)
+    return _rma(tm, rank, True, dest, <void*>src, n, GX_BLOCKING, NULL, NULL)
 
 
 cdef int get_slow(const gx_team* tm, int rank, void* dest, uintptr_t src, size_t n, int rc) except -1 nogil:
     if rc != GX_NOT_MAPPED:
         return _raise_rc(tm, rank, src, n, rc, "get")
-    return _rma(tm, rank, False, src, dest, n, GX_BLOCKING, NULL, rc)
+    return _rma(tm, rank, False, src, dest, n, GX_BLOCKING, NULL, NULL)
 
 
 cdef int rma_nbi_slow(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* local,
@@ -214,7 +204,7 @@ cdef int rma_nbi_slow(const gx_team* tm, int rank, bint is_put, uintptr_t remote
         if is_put:
             return _raise_rc(tm, rank, remote, n, rc, "put")
         return _raise_rc(tm, rank, remote, n, rc, "get")
-    return _rma(tm, rank, is_put, remote, local, n, GX_NBI_LCNOW if is_put else GX_NBI, NULL, rc)
+    return _rma(tm, rank, is_put, remote, local, n, GX_NBI_LCNOW if is_put else GX_NBI, NULL, NULL)
 
 
 cdef int nbi_sync(const gx_team* tm, int categories) except -1 nogil:
@@ -343,19 +333,9 @@ cdef int _rma_on_stream(const gx_team* tm, int rank, bint is_put, uintptr_t remo
     stream."""
     cdef gx_route* r
     cdef char* p
-    cdef gx_xfer x
     cdef int rc = gx_locate(tm, rank, remote, n, &p, &r)
-    if rc == GX_OK:
-        rc = GX_NOT_MAPPED
-    if rc != GX_NOT_MAPPED:
+    if rc != GX_OK and rc != GX_NOT_MAPPED:
         if is_put:
             return _raise_rc(tm, rank, remote, n, rc, "put_on_stream")
         return _raise_rc(tm, rank, remote, n, rc, "get_on_stream")
-    _xfer_init(&x, &r.rma, r.t, remote, local, n, GX_NBI)
-    x.stream = stream
-    if gx_in_dev(tm, local, n):
-        x.local_kind = tm.ep.seg_kind
-        x.local_device = tm.ep.seg_device
-    if is_put:
-        return r.rma.ops.put(&x)
-    return r.rma.ops.get(&x)
+    return _rma(tm, rank, is_put, remote, local, n, GX_NBI, NULL, stream)

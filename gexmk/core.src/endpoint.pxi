@@ -58,11 +58,7 @@ cdef class Endpoint:
         self.client._reroute(None, self)
         for tm in list(self.client._teams):
             if tm.ep is self:
-                if s is not None and s.kind.cls != GX_MK_HOST:
-                    tm.c.dev_lo = <uintptr_t>s.addr
-                    tm.c.dev_hi = <uintptr_t>s.addr + s.size
-                else:
-                    tm.c.dev_lo = tm.c.dev_hi = 0
+                _set_dev_range(&tm.c, s)
 
     def unbind_segment(self):
         """Unbind the bound segment (no-op when none).  Peers learn of it at

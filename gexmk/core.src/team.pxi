@@ -1,5 +1,15 @@
 # ---- teams and RMA ----------------------------------------------------------
 
+cdef void _set_dev_range(gx_team* c, Segment s) noexcept:
+    """The team's view of its endpoint's bound segment when it is device
+    memory: a local buffer there never reaches a CPU memcpy."""
+    if s is not None and s.kind.cls != GX_MK_HOST:
+        c.dev_lo = <uintptr_t>s.addr
+        c.dev_hi = <uintptr_t>s.addr + s.size
+    else:
+        c.dev_lo = c.dev_hi = 0
+
+
 cdef class Team:
     """A team (GASNet-EX ``gex_TM_t``): an ordered set of endpoints, seen from
     one local member endpoint.  RMA calls name the target by team rank and
@@ -23,10 +33,7 @@ cdef class Team:
         tm.c.rank = rank
         tm.c.owner = <void*>tm
         tm.c.ep = &ep.c
-        cdef Segment s = ep.segment
-        if s is not None and s.kind.cls != GX_MK_HOST:
-            tm.c.dev_lo = <uintptr_t>s.addr
-            tm.c.dev_hi = <uintptr_t>s.addr + s.size
+        _set_dev_range(&tm.c, ep.segment)
         tm._set_routes()
         client._teams.add(tm)
         return tm
@@ -372,7 +379,7 @@ cdef class Team:
                 rc = GX_NOT_MAPPED
             if rc == GX_NOT_MAPPED:
                 with nogil:
-                    _rma(&self.c, rank, is_put, addr, loc.p, loc.n, mode, &op, rc)
+                    _rma(&self.c, rank, is_put, addr, loc.p, loc.n, mode, &op, NULL)
                 if op != NULL:
                     return _op_event(self.client, r.rma.ops, op, (buf, self), -1)
                 if mode == GX_NBI:       # held until the endpoint's next sync of its category
