@@ -315,12 +315,15 @@ cdef class Segment:
             raise StateError("segment has been destroyed")
         return 0
 
-    def grow(self, size_t size):
+    def grow(self, size):
         """Grow a library-allocated device segment in place to ``size`` bytes
         (its address does not move; at most the range reserved at creation).
         Endpoints of this process see the new size at once, peers at the next
         publication."""
         self.check_alive()
+        if isinstance(size, bool) or not hasattr(size, "__index__"):
+            raise TypeError(f"grow: size must be an int, got {type(size).__name__} {size!r}")
+        size = size.__index__()
         if self.allocation is None or not self.library_allocated:
             raise UnsupportedError("grow: only library-allocated device segments grow in place")
         if size < self.size:

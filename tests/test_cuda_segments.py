@@ -533,3 +533,16 @@ def test_nb_and_nbi_device_copies_complete_through_events(client):
     # an event left pending is failed by finalize, and dropping one is harmless
     to_d1.put_nb(0, d1.address, src, lc=gexmk.LC_DEFER)
     gexmk.nbi_wait()
+
+
+def test_grow_refuses_bad_sizes_without_a_gpu(client):
+    seg = client.segment_create(4096)
+    with pytest.raises(TypeError, match="grow: size must be an int"):
+        seg.grow(8192.0)
+    with pytest.raises(TypeError, match="grow: size must be an int"):
+        seg.grow("8192")
+    with pytest.raises(E.UnsupportedError, match="device segments"):
+        seg.grow(-1)                                  # host segments never grow
+    seg.destroy()
+    with pytest.raises(E.StateError):
+        seg.grow(8192)
