@@ -57,9 +57,12 @@ Peer = namedtuple("Peer", "jobrank ep_index pid node same_process same_node base
                           "target")
 
 #: A transport's answer to ``reach``: path name, scores, table, peer handle, CPU base,
-#: and ``view``: (address, device) of a device mapping of the target in this process
-#: that kernels on that device may load from and store to (NVSHMEM's nvshmem_ptr), or None.
-Reach = namedtuple("Reach", "name rma amo ops peer local_base view", defaults=(None,))
+#: ``view``: (address, device) of a device mapping of the target in this process
+#: that kernels on that device may load from and store to (NVSHMEM's nvshmem_ptr), or None,
+#: and ``staged``: True when the path is a degraded one that copies through host bounce
+#: buffers (device memory the path cannot reach directly); a user may refuse those.
+Reach = namedtuple("Reach", "name rma amo ops peer local_base view staged",
+                   defaults=(None, False))
 
 
 def _always(job):
