@@ -546,3 +546,119 @@ def test_grow_refuses_bad_sizes_without_a_gpu(client):
     seg.destroy()
     with pytest.raises(E.StateError):
         seg.grow(8192)
+
+
+STREAM_WORKER = r'''
+import cupy
+c = gexmk.init()
+tm = c.tm
+me, peer = tm.rank, 1 - tm.rank
+device = me if os.environ.get("GX_TEST_TWO_GPUS") else 0
+mk = c.mk_create(gexmk.CUDA_UVA, device)
+hseg = c.segment_attach(1 << 20)
+ep1 = c.ep_create()
+dseg = c.segment_create(4 << 20, kind=mk)
+ep1.bind_segment(dseg)
+tm.publish_bound_segment([ep1])
+dev = ep1.pair(1)                                     # device EP -> device EPs
+assert dev.paths(peer)["rma"] == "nbrhd", dev.paths(peer)
+n = 1 << 20
+with cupy.cuda.Device(device):
+    s = cupy.cuda.Stream(non_blocking=True)
+    src = cupy.asarray(dseg)[:n]                     # inside this EP's device segment
+    with s:
+        src.fill(me + 1)                              # the kernel that produces the data
+    dev.put_on_stream(peer, dev.addr(peer, n), src, s)   # ordered after it, no host sync
+    s.synchronize()
+tm.barrier()
+with cupy.cuda.Device(device):
+    got = cupy.asnumpy(cupy.asarray(dseg)[n:2 * n])
+assert (got == peer + 1).all(), ("stream put", got[:8])
+tm.barrier()
+# captured into a CUDA graph (kernel + put to the other process's segment), replayed
+with cupy.cuda.Device(device):
+    s.begin_capture()
+    with s:
+        src += 1
+    dev.put_on_stream(peer, dev.addr(peer, 2 * n), src, s)
+    graph = s.end_capture()
+    for _ in range(3):
+        graph.launch(s)
+    s.synchronize()
+tm.barrier()
+with cupy.cuda.Device(device):
+    got = cupy.asnumpy(cupy.asarray(dseg)[2 * n:3 * n])
+assert (got == peer + 4).all(), ("graph put", got[:8])
+# a get on the stream from the peer's segment into mine
+with cupy.cuda.Device(device):
+    dst = cupy.asarray(dseg)[3 * n:4 * n]
+    dev.get_on_stream(dst, peer, dev.addr(peer, 2 * n), s)
+    s.synchronize()
+    assert int(dst[:16].sum()) == 16 * (me + 4)
+tm.barrier()
+c.finalize()
+print("OK", me, flush=True)
+'''
+
+
+@gpu
+@needs_gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("gpus", [1, 2], ids=["one_gpu", "two_gpus"])
+def test_stream_ordered_puts_across_processes_and_in_a_graph(tmp_path, gpus):
+    """put_on_stream into another process's device segment (on the same GPU,
+    or the other GPU over NVLink), ordered after a kernel, and the same
+    captured into a CUDA graph and replayed; a get on the stream back."""
+    pytest.importorskip("cupy")
+    if gpus > PROBE.get("device_count", 0):
+        pytest.skip(f"needs {gpus} GPUs")
+    res = mp_util.run_job(tmp_path, STREAM_WORKER, 2, launcher_timeout=90,
+                          env={"GX_TEST_TWO_GPUS": "1" if gpus == 2 else None})
+    assert not res.timed_out, res.report()
+    res.check()
+    assert res.stdout.count("OK") == 2, res.report()
+
+
+EXPANDABLE_WORKER = r'''
+import torch
+c = gexmk.init()
+tm = c.tm
+me, peer = tm.rank, 1 - tm.rank
+mk = c.mk_create(gexmk.CUDA_UVA, 0)
+hseg = c.segment_attach(1 << 20)
+# expandable_segments: the caching allocator maps VMM chunks into one reserved
+# range; a large tensor spans several chunks (each its own allocation handle)
+x = torch.zeros(48 << 20, dtype=torch.uint8, device="cuda:0")
+ep1 = c.ep_create()
+seg = c.segment_create(buffer=x, kind=mk)
+ep1.bind_segment(seg)
+tm.publish_bound_segment([ep1])
+dev = c.ep(0).pair(1)
+assert dev.paths(peer)["rma"] == "nbrhd", dev.paths(peer)
+n = 48 << 20
+data = pattern(n, me, 11)
+dev.put(peer, dev.addr(peer), data)                 # across every chunk of the peer's tensor
+tm.barrier()
+torch.cuda.synchronize()
+assert (x.cpu().numpy() == pattern(n, peer, 11)).all(), "expandable segment written by the peer"
+back = np.zeros(n, np.uint8)
+dev.get(back, peer, dev.addr(peer))
+assert (back == data).all()
+tm.barrier()
+c.finalize()
+print("OK", me, flush=True)
+'''
+
+
+@gpu
+@needs_gpu
+@pytest.mark.timeout(120)
+def test_pytorch_expandable_segments_bound_across_processes(tmp_path):
+    """A PyTorch tensor from the expandable-segments allocator (VMM memory in
+    several chunks) bound as a segment and reached by a peer process."""
+    pytest.importorskip("torch")
+    res = mp_util.run_job(tmp_path, EXPANDABLE_WORKER, 2, launcher_timeout=90,
+                          env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    assert not res.timed_out, res.report()
+    res.check()
+    assert res.stdout.count("OK") == 2, res.report()
