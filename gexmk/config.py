@@ -76,6 +76,10 @@ class Config:
     ofi_split: bool = True
     #: GEXMK_OFI_ORDERED_FLUSH: implicit puts complete by a read-after-write flush where ordered.
     ofi_ordered_flush: bool = True
+    #: GEXMK_OFI_CONNECT: ``eager`` sets up network connections to peers at
+    #: publication (the first operation costs what the rest do); ``lazy`` leaves
+    #: each to the first operation between two endpoints.
+    ofi_connect: str = "eager"
 
 
 def load(env=None) -> Config:
@@ -95,4 +99,5 @@ def load(env=None) -> Config:
         ofi_iface=_text(env, "GEXMK_OFI_IFACE") or None,
         ofi_split=split != "0",
         ofi_ordered_flush=_choice(env, "GEXMK_OFI_ORDERED_FLUSH", _BOOL, True),
+        ofi_connect=_choice(env, "GEXMK_OFI_CONNECT", {"eager": "eager", "lazy": "lazy"}, "eager"),
     )

@@ -27,6 +27,7 @@ import pickle
 import struct
 import threading
 import types
+import warnings
 import weakref
 from collections import namedtuple
 

@@ -1,5 +1,26 @@
 # ---- atomic domains ---------------------------------------------------------
 
+cdef int _ad_agree(Team tm, object dt, object ops) except -1:
+    """ad_create is collective (GASNet-EX ``gex_AD_Create``): every member
+    creates the same domain at the same point; a member that asked for another
+    data type or op set, or entered another collective, is named."""
+    mine = ("ad_create", dt, ops)
+    parts = tm._exchange(mine)
+    bad = []
+    for r, p in enumerate(parts):
+        if p == mine:
+            continue
+        if isinstance(p, tuple) and len(p) == 3 and p[0] == "ad_create":
+            bad.append(f"team rank {r} created ({_DT_NAMES.get(p[1], p[1])}, {_op_names(p[2])})")
+        else:
+            bad.append(f"team rank {r} entered another collective")
+    if bad:
+        raise ArgumentError(f"ad_create is collective and the members disagree: this rank (team "
+                            f"rank {tm.c.rank}) created ({_DT_NAMES[dt]}, {_op_names(ops)}); "
+                            + "; ".join(bad))
+    return 0
+
+
 cdef class AtomicDomain:
     """An atomic domain (GASNet-EX ``gex_AD_t``) for one data type and a set
     of operations over a team.  Ops on mapped targets are CPU atomics on the
@@ -33,7 +54,7 @@ cdef class AtomicDomain:
             raise ArgumentError(f"ad_create: bitwise ops ({_op_names(ops & _BITWISE)}) are not "
                                 f"defined for {_DT_NAMES[dt]}")
         if not tm._pair:
-            tm.barrier()
+            _ad_agree(tm, dt, ops)
         cdef AtomicDomain ad = AtomicDomain.__new__(AtomicDomain)
         ad.team = tm
         ad.dt = dt

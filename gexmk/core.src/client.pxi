@@ -309,22 +309,42 @@ cdef class Client:
                 self.target(self.rank, (<Endpoint>e).index).t.size = seg.size
                 (<Endpoint>e)._rebind()
 
-    def segment_attach(self, size):
-        """Create a library-allocated segment, bind it to the primordial EP and
-        publish it over the primordial team (GASNet-EX ``gex_Segment_Attach``).
-        Collective over the job.  Endpoint 0 must have no segment yet: a second
-        segment goes to an endpoint of its own (StateError says how)."""
+    def segment_attach(self, size, *, ep=None):
+        """Create a library-allocated host segment of ``size`` bytes, bind it to
+        an endpoint and publish it over the primordial team (GASNet-EX
+        ``gex_Segment_Attach``).  Collective over the job.  Returns the segment.
+
+        ``ep=None`` binds the primordial endpoint 0 (which must have no segment
+        yet).  For a second segment pass an endpoint of its own
+        (``ep=client.ep_create()``, with no segment), then address it through
+        ``client.tm.create_for(ep)``, a team of those endpoints.  Every process
+        passes ``ep`` or every process passes None."""
         size = _as_int(size, "segment_attach", "size", False)
-        ep0 = self.ep(0)
-        if ep0.segment is not None:
-            raise StateError("segment_attach: endpoint 0 already has a bound segment (from an earlier "
-                             "segment_attach?); for a second segment create an endpoint, bind "
-                             "the segment to it and publish it (client.ep_create(), "
-                             "ep.bind_segment(client.segment_create(size)), "
-                             "tm.publish_bound_segment([ep])), or unbind endpoint 0 first")
+        cdef Endpoint e
+        if ep is None:
+            e = self.ep(0)
+            if e.segment is not None:
+                raise StateError("segment_attach: endpoint 0 already has a bound segment (from an "
+                                 "earlier segment_attach?); for a second segment pass an endpoint "
+                                 "of its own: ep = client.ep_create(); "
+                                 "client.segment_attach(size, ep=ep); tm2 = client.tm.create_for(ep)")
+        else:
+            if not isinstance(ep, Endpoint):
+                raise TypeError(f"segment_attach: ep must be a gexmk.Endpoint or None (got {_got(ep)})")
+            e = ep
+            if e.client is not self:
+                raise ArgumentError("segment_attach: ep is an endpoint of another client")
+            e.check_alive()
+            if e.segment is not None:
+                raise StateError(f"segment_attach: endpoint {e.index} already has a bound segment; "
+                                 "create another endpoint (client.ep_create()) or unbind it first")
         seg = self.segment_create(size)
-        ep0.bind_segment(seg)
-        self.tm.publish_bound_segment([ep0])
+        try:
+            e.bind_segment(seg)
+        except BaseException:
+            seg.destroy()
+            raise
+        self.tm.publish_bound_segment([e])
         return seg
 
     def _segment_destroyed(self, Segment seg):
@@ -478,7 +498,7 @@ cdef class Client:
         cdef gx_target* t = tg.t
         cdef _Route rt
         if jobrank == self.rank:
-            return      # local EPs are known from bind_segment
+            return None     # local EPs are known from bind_segment
         for rt in tg.routes:
             _route_none(rt.r)       # nothing reaches the target while it changes
         gx_mem_fence()
@@ -502,6 +522,36 @@ cdef class Client:
             self._choose(rt)
         if err is not None and all(rt.rma_name == "none" for rt in tg.routes):
             raise err
+        return tg
+
+    def _connect(self, targets):
+        """After a publication: hand each transport that can set up connections
+        ahead of time (an optional ``connect(pairs)``) the routes it serves to
+        the targets just published, as (endpoint context, target handle, rma)."""
+        cdef _Target tg
+        cdef _Route rt
+        for tr in self._order:
+            connect = getattr(tr, "connect", None)
+            if connect is None:
+                continue
+            pairs = []
+            for tg in targets:
+                if tg is None:
+                    continue
+                for rt in tg.routes:
+                    if rt.keep is None or rt.ep_index >= len(self._eps) or self._eps[rt.ep_index] is None:
+                        continue
+                    epctx = (<Endpoint>self._eps[rt.ep_index]).contexts.get(tr.name)
+                    for best, rma in ((rt.keep[0], True), (rt.keep[1], False)):
+                        if best is not None and best[1] is epctx:
+                            pairs.append((epctx, best[0].peer, rma))
+            if pairs:
+                try:
+                    connect(pairs)
+                except Exception as e:      # never break the collective: the first op connects
+                    warnings.warn(f"{tr.name}: connection set-up at publication failed ({e}); "
+                                  "the first operation to each peer will set it up",
+                                  RuntimeWarning, stacklevel=3)
 
 
 cdef int _set_path(gx_path* p, object best) except -1:

@@ -182,13 +182,17 @@ cdef class Team:
         mine = [self.client._seg_info(e) for e in eps]
         parts = self._exchange(mine)
         err = None
+        applied = []
         for i, infos in enumerate(parts):
             jr = self._members[i][0]
             for info in infos:
                 try:
-                    self.client._apply(jr, info)
+                    applied.append(self.client._apply(jr, info))
                 except GexmkError as e:       # keep the collective going; report after
                     err = err or e
+        # Every member is here: transports set up connections to what was
+        # published now rather than on its first operation.
+        self.client._connect(applied)
         # Owners keep their segments until every peer has mapped them.
         self._exchange(None)
         if err is not None:
@@ -241,6 +245,38 @@ cdef class Team:
                                   self.id, self._pair)
         tm._seq = self._seq
         return tm
+
+    def create_for(self, Endpoint ep not None):
+        """A team of one endpoint per member of this team: this process's
+        ``ep``, and on every other member the endpoint it passes, in this team's
+        rank order (so ``create_for(ep).rank == self.rank``).  Collective over
+        this team; every member passes one local endpoint, whatever its index.
+        The way to address a second segment (GASNet-EX ``gex_TM_Create`` with
+        endpoint locations)::
+
+            ep = client.ep_create()
+            seg2 = client.segment_attach(size, ep=ep)   # bind to ep, publish
+            tm2 = client.tm.create_for(ep)              # puts into peers' seg2
+
+        The new team is seen from ``ep``: its puts and gets start there, and
+        ``tm2.addr(r, off)`` addresses team rank r's segment bound to its
+        endpoint (published before or after this call)."""
+        self.check_alive()
+        ep.check_alive()
+        if ep.client is not self.client:
+            raise ArgumentError("create_for: ep is an endpoint of another client")
+        seq = self._seq
+        parts = self._exchange(("create_for", ep.index))
+        members = []
+        for r, p in enumerate(parts):
+            if not (type(p) is tuple and len(p) == 2 and p[0] == "create_for"):
+                raise ArgumentError(f"create_for is collective: team rank {r} entered another "
+                                    f"collective")
+            members.append((self._members[r][0], p[1]))
+        if len(set(members)) != len(members):
+            raise ArgumentError("create_for: two members of this team passed the same endpoint "
+                                "(one process in the team twice: use create())")
+        return Team._make(self.client, ep, members, self.c.rank, f"{self.id}.f{seq}", False)
 
     def dup(self):
         """A new team with the same members (missing from GASNet-EX).  Collective."""
@@ -537,7 +573,10 @@ cdef class Team:
 
     def ad_create(self, dt, ops, flags=0):
         """Create an :class:`AtomicDomain` over this team for data type ``dt``
-        and the op set ``ops`` (OP_* flags or-ed).  Collective.  ``flags``
+        and the op set ``ops`` (OP_* flags or-ed).  Collective over the team
+        (GASNet-EX ``gex_AD_Create``): every member calls it with the same
+        ``dt`` and ``ops``, or each raises ArgumentError naming the members that
+        differ.  On a TM-pair (no collectives) it is local.  ``flags``
         (GASNet-EX's hints) are accepted and ignored."""
         sig = "ad_create(dt, ops, flags=0)"
         return AtomicDomain._make(self, _as_int(dt, sig, "dt", False), _as_int(ops, sig, "ops", False),

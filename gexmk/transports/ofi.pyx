@@ -157,6 +157,7 @@ include "ofi.src/rma.pxi"
 include "ofi.src/atomic.pxi"
 include "ofi.src/domain.pxi"
 include "ofi.src/endpoint.pxi"
+include "ofi.src/connect.pxi"
 
 
 # ---- the table handed to the core ------------------------------------------------
@@ -222,12 +223,17 @@ cdef class OfiTransport:
     cdef readonly Domain domain
     cdef object job
     cdef dict _peers                   # (jobrank, ep_index) -> OfiPeer
+    cdef readonly dict connections     # eager connection set-up so far (see connect)
+    cdef set _connected                # (ofi_ep*, fi_addr, which) already touched
 
     def __init__(self, job):
         cfg = job.config
         self.name = "ofi"
         self.job = job
         self._peers = {}
+        self._connected = set()
+        self.connections = {"mode": cfg.ofi_connect, "touched": 0, "failed": 0, "seconds": 0.0,
+                            "note": ""}
         self.domain = Domain(cfg.ofi_provider, cfg.ofi_iface, skip_loopback=job.multi_node,
                              config=cfg)
         if cfg.progress_thread in ("on", "spin") or (cfg.progress_thread == "auto"
@@ -272,6 +278,54 @@ cdef class OfiTransport:
         else:
             score = OTHER_NODE_SCORE
         return Reach("ofi", score, score, <uintptr_t>&_OPS, p.handle, 0)
+
+    def connect(self, pairs):
+        """Set up the connections of newly published targets now, so that the
+        first operation to a peer costs what the rest do (GEXMK_OFI_CONNECT=
+        eager, the default).  ``pairs``: (endpoint context, target handle,
+        rma) for each route this transport serves, ``rma`` False for the
+        atomics path.  Each new (libfabric endpoint, peer address) pair gets one
+        small read, all posted at once and waited for at most 10 s; what did
+        not answer is reported in a warning and in ``connections`` (its first
+        operation then sets the connection up, as with ``lazy``)."""
+        cdef OfiEndpoint oe
+        cdef ofi_peer* t
+        st = self.connections
+        if st["mode"] != "eager" or not pairs:
+            return
+        if self.domain.d.manual and not self.domain.progress_running:
+            # a peer that finished its own touches would stop answering ours
+            st["note"] = ("lazy: manual-progress provider without a progress thread "
+                          "(GEXMK_PROGRESS_THREAD=0)")
+            return
+        seen = set()
+        work = []
+        for epctx, peer_h, rma in pairs:
+            oe = epctx
+            if oe.closed:
+                continue
+            t = <ofi_peer*><uintptr_t>peer_h
+            which = 0 if (rma or oe.e.aep == oe.e.ep) else 1
+            if which == 1 and t.g.size < 4:
+                continue
+            key = (<uintptr_t>&oe.e, t.net_aaddr if which else t.net_addr, which)
+            if key in seen or key in self._connected:
+                continue
+            seen.add(key)
+            work.append((<uintptr_t>&oe.e, peer_h, which))
+        if not work:
+            return
+        t0 = _now()
+        ok, failures = _connect_pairs(self.domain, work, min(<double>CONNECT_SECONDS, self.domain.d.timeout))
+        st["touched"] += ok
+        st["failed"] += len(failures)
+        st["seconds"] += _now() - t0
+        self._connected.update(seen)
+        if failures:
+            import warnings
+            warnings.warn(f"ofi: {len(failures)} connection(s) could not be set up at publication "
+                          f"(their first operation will try again): " + "; ".join(failures[:4]),
+                          RuntimeWarning, stacklevel=3)
 
     def peer_died(self, int jobrank):
         self.domain.d.last_dead = jobrank

@@ -249,6 +249,11 @@ cdef class Domain:
                                         daemon=True)
         self._thread.start()
 
+    @property
+    def progress_running(self):
+        """True while the background progress thread runs."""
+        return self._thread is not None
+
     def _progress_loop(self):
         # Runs without the GIL from start to end: it must keep serving peers
         # while application threads hold the GIL.

@@ -1,0 +1,101 @@
+# ---- eager connection set-up ---------------------------------------------------
+#
+# Connection-oriented providers under an RDM endpoint (tcp;ofi_rxm, verbs;ofi_rxm)
+# open a connection on the first operation between two endpoints: tens of ms
+# on tcp, enough to upset a work queue's load balance.  After a publication
+# every process touches each new (local endpoint, peer endpoint) pair once --
+# a 1-byte fi_read on the RMA endpoint and, where atomics have their own
+# endpoint (split mode), an atomic read there -- all posted at once, then
+# waited for with a bound, so the first application operation finds the
+# connections up.  GEXMK_OFI_CONNECT=lazy leaves them to the first operation.
+
+cdef enum:
+    CONNECT_SECONDS = 10    # the most a publication waits for its connections
+
+# Sink of the touches' reads: static, so a touch abandoned at the time bound
+# can still complete into it later (nothing is freed under it).
+cdef char _CONNECT_SINK[64]
+
+
+cdef int _connect_wait(gx_op** ops, long n, double secs) noexcept nogil:
+    """Progress until every op of ``ops`` completed or ``secs`` passed; the
+    number still pending (the caller orphans them)."""
+    cdef ofi_dom* dom
+    cdef double deadline = _now() + secs
+    cdef long i, pending = n
+    cdef unsigned long spins = 0
+    if n == 0:
+        return 0
+    dom = ops[0].ep.dom
+    gx_add_long(&dom.waiters, 1)
+    while True:
+        _app_active(dom)
+        if _progress_all(dom) < 0:
+            break
+        pending = 0
+        for i in range(n):
+            if ops[i] != NULL and gx_load_int(&ops[i].state) != OP_DONE:
+                pending += 1
+        if pending == 0:
+            break
+        spins += 1
+        if (spins & 255) == 0 and _now() > deadline:
+            break
+    _app_active(dom)
+    gx_add_long(&dom.waiters, -1)
+    return pending
+
+
+cdef object _connect_pairs(Domain dom, list pairs, double secs):
+    """Touch each (ofi_ep*, ofi_peer*, which) of ``pairs`` (which: 0 RMA
+    endpoint, 1 atomics endpoint); returns (connected, [failure texts])."""
+    cdef long n = len(pairs), i, k = 0
+    cdef gx_op** ops = <gx_op**>calloc(n if n else 1, sizeof(gx_op*))
+    cdef ofi_ep* e
+    cdef ofi_peer* t
+    cdef void* out
+    cdef gx_val zero
+    cdef uintptr_t remote
+    if ops == NULL:
+        raise MemoryError()
+    memset(&zero, 0, sizeof(zero))
+    failures = []
+    connected = 0
+    try:
+        for i in range(n):
+            ep_h, peer_h, which = pairs[i]
+            e = <ofi_ep*><uintptr_t>ep_h
+            t = <ofi_peer*><uintptr_t>peer_h
+            remote = t.g.remote_base
+            out = NULL
+            try:
+                if which == 0:
+                    net_get(e, t, remote, _CONNECT_SINK, 1, GX_NB, &out)
+                else:
+                    net_atomic(e, t, remote, GX_DT_U32, GX_OP_GET, zero, zero, NULL, GX_NB, &out)
+            except Exception as exc:
+                failures.append(f"job rank {t.g.jobrank} endpoint {t.g.ep_index}: {exc}")
+                continue
+            if out == NULL:
+                connected += 1      # completed at issue
+            else:
+                ops[k] = <gx_op*>out
+                k += 1
+        with nogil:
+            _connect_wait(ops, k, secs)
+        for i in range(k):
+            t = ops[i].t
+            if gx_load_int(&ops[i].state) != OP_DONE:
+                failures.append(f"job rank {t.g.jobrank} endpoint {t.g.ep_index}: no answer in "
+                                f"{secs:g} s")
+                _orphan(ops[i])
+            elif ops[i].err:
+                failures.append(f"job rank {t.g.jobrank} endpoint {t.g.ep_index}: "
+                                f"{fi_strerror(ops[i].err).decode(errors='replace')}")
+                free(ops[i])
+            else:
+                connected += 1
+                free(ops[i])
+    finally:
+        free(ops)
+    return connected, failures

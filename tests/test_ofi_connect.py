@@ -1,0 +1,103 @@
+"""Connections over ofi are set up at publication (GEXMK_OFI_CONNECT=eager,
+the default), so the first operation to a peer is not a connection set-up.
+
+Evidence without timing or strace: on tcp;ofi_rxm each connection is a TCP
+socket of the process, so the number of ESTABLISHED sockets the process owns
+(/proc/self/fd against /proc/self/net/tcp*) must not change across the first
+get, put and atomic to every peer after publication.  With
+GEXMK_OFI_CONNECT=lazy the same count must grow (so the check can fail).  The
+transport's ``connections`` record says how many (endpoint, peer) pairs were
+touched.
+"""
+import pytest
+
+try:
+    from . import mp_util
+    from .test_ofi import need, ofi_env
+except ImportError:
+    import mp_util
+    from test_ofi import need, ofi_env
+
+pytest.importorskip("gexmk.transports.ofi", reason="gexmk was built without the ofi transport")
+
+PROVIDER = "tcp;ofi_rxm"
+
+WORKER = r'''
+EAGER = os.environ.get("GEXMK_OFI_CONNECT", "eager") == "eager"
+
+def tcp_established():
+    """ESTABLISHED TCP sockets owned by this process."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    n = 0
+    for f in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            rows = open(f).read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            p = row.split()
+            if p[3] == "01" and p[9] in inodes:
+                n += 1
+    return n
+
+with gexmk.init() as c:
+    ofi = c.transports["ofi"]
+    assert ofi.provider == "tcp;ofi_rxm", ofi.provider
+    seg = c.segment_attach(1 << 16)
+    tm = c.tm
+    ad = tm.ad_create(gexmk.DT_I64, gexmk.OP_FADD)
+    peers = [r for r in range(tm.size) if r != tm.rank]
+    per_peer = 2 if ofi.split_endpoints else 1          # RMA endpoint (+ atomics endpoint)
+    st = dict(ofi.connections)
+    log(st)
+    before = tcp_established()
+    buf = np.zeros(8, np.uint8)
+    for r in peers:                    # the first operations to every peer
+        tm.get(buf, r, tm.addr(r, 0))
+        tm.put(r, tm.addr(r, 8 + 8 * tm.rank), np.full(8, tm.rank, np.uint8))
+        ad.op(r, tm.addr(r, 4096), gexmk.OP_FADD, 1)
+    after = tcp_established()
+    log("tcp sockets before", before, "after", after)
+    if EAGER:
+        assert st["mode"] == "eager" and st["failed"] == 0, st
+        assert st["touched"] == per_peer * len(peers), (st, per_peer)
+        assert before >= per_peer * len(peers), before
+        assert after == before, ("the first operations opened connections", before, after)
+    else:
+        assert st["mode"] == "lazy" and st["touched"] == 0, st
+        assert after > before, ("lazy: the first operations should have connected", before, after)
+    # a second publication of the same endpoints touches nothing new
+    tm.publish_bound_segment([c.ep(0)])
+    assert ofi.connections["touched"] == st["touched"], ofi.connections
+    tm.barrier()
+    ours = seg.view(np.int64)
+    assert ours[4096 // 8] == len(peers), ours[4096 // 8]
+    tm.barrier()
+'''
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("mode", ["eager", "lazy"])
+@pytest.mark.timeout(120)
+def test_first_op_is_not_a_connection_setup(tmp_path, n, mode):
+    need(PROVIDER)
+    env = ofi_env(PROVIDER)
+    env["GEXMK_OFI_CONNECT"] = mode if mode == "lazy" else None     # eager is the default
+    res = mp_util.run_job(tmp_path, WORKER, n, launcher_timeout=60, env=env)
+    res.check()
+
+
+def test_connect_setting_checked():
+    from gexmk import config
+    from gexmk.errors import ArgumentError
+    assert config.load({}).ofi_connect == "eager"
+    assert config.load({"GEXMK_OFI_CONNECT": "Lazy"}).ofi_connect == "lazy"
+    with pytest.raises(ArgumentError, match="GEXMK_OFI_CONNECT='sometimes'"):
+        config.load({"GEXMK_OFI_CONNECT": "sometimes"})
