@@ -19,7 +19,18 @@ What is measured, all in the same run:
   atomic FADD, beside mpi4py Put+Flush, Get+Flush, Put without flush,
   Fetch_and_op+Flush;
 - the cimport API in nogil loops (``rma.put``/``put_nbi``/``get`` 8 B, and
-  ``rma.put`` of the largest size beside a C ``memcpy`` loop).
+  ``rma.put`` of the largest size beside a C ``memcpy`` loop);
+- the heat-equation example (``examples/heat.py``: Jacobi sweeps, halo rows by
+  puts + ``tm.barrier()``) beside the same program with mpi4py ``Win.Put`` +
+  ``Win.Fence`` (``examples/heat_mpi4py.py``), per iteration, for each grid of
+  ``--heat-grids`` and rank count of ``--heat-ranks`` (each result checked
+  bitwise against serial numpy).
+
+Everything it runs is installed with the package (``gexmk/_bench/``: the
+mpi4py scripts, the heat example, and the nogil loop module built with the
+package), so an installed gexmk runs it in full from any directory; in a
+source tree without a build it falls back on ``bench/`` and ``examples/``
+(and builds the loop module on the fly).
 
 Method: each operation runs in batches of ``k`` calls timed with
 ``time.perf_counter_ns`` (``k`` calibrated so that a batch lasts about
@@ -52,7 +63,7 @@ from itertools import repeat
 from pathlib import Path
 
 __all__ = ["main", "measure", "aligned_bytes", "parse_sizes", "build_extension", "find_bench_file",
-           "load_extension", "BuildError"]
+           "installed_extension", "load_extension", "run_heat", "BuildError"]
 
 #: Targets of the issue that asked for this benchmark (see ``_targets``).
 PUT8_MAX_US = 0.3            # 8 B blocking put from Python, median
@@ -62,6 +73,7 @@ NBI_RATE_VS_MPI = 2.5        # put_nbi issue rate from Python / mpi4py Put issue
 NOGIL_NBI_MIN_RATE = 20e6    # rma.put_nbi per second from a nogil loop
 BIG_VS_MEMCPY = 0.9          # 4 MiB put bandwidth / memcpy bandwidth
 BIG_SIZE = 4 << 20
+HEAT_VS_FENCE = 0.8          # heat-equation iteration / mpi4py Win.Put + Win.Fence iteration
 
 _MPI_ENV = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
@@ -184,16 +196,29 @@ def aligned_bytes(n: int, pattern: bool = False, align: int = 4096):
 # ---- the Cython loop module ------------------------------------------------------------
 
 def find_bench_file(name: str):
-    """``bench/<name>`` of a gexmk source tree: beside the package this module
-    was loaded from (source or developer build), else under the current
-    directory (an installed gexmk run from the checkout, as ``./dev bench``).
-    None when neither has it."""
-    here = Path(os.path.realpath(__file__)).parent.parent
-    for root in (here, Path.cwd()):
-        p = root / "bench" / name
-        if p.is_file():
-            return p
+    """A file the benchmark runs: ``gexmk/_bench/<name>`` of the installed
+    package, else ``bench/<name>`` or ``examples/<name>`` of a gexmk source
+    tree beside the package this module was loaded from (developer build) or
+    under the current directory.  None when none has it."""
+    pkg = Path(os.path.realpath(__file__)).parent
+    p = pkg / "_bench" / name
+    if p.is_file():
+        return p
+    for root in (pkg.parent, Path.cwd()):
+        for sub in ("bench", "examples"):
+            p = root / sub / name
+            if p.is_file():
+                return p
     return None
+
+
+def installed_extension():
+    """Path of the nogil loop module built and installed with the package
+    (``gexmk/_bench/nogil_loop*.so``), or None."""
+    d = Path(os.path.realpath(__file__)).parent / "_bench"
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    p = d / ("nogil_loop" + suffix)
+    return str(p) if p.is_file() else None
 
 
 def _run_tool(cmd, what):
@@ -366,7 +391,9 @@ def _job(args):
     if rank_env.strip() == "0" and not args.no_cython:
         path = os.environ.get("GEXMK_BENCH_EXT")
         try:
-            if path is None:            # not launched by our parent: build here
+            if path is None:            # not launched by our parent
+                path = installed_extension()
+            if path is None:            # ... and not installed: build here
                 with tempfile.TemporaryDirectory(prefix="gexmk-bench-") as tmp:
                     ext = load_extension(build_extension(outdir=tmp))  # loaded: the file may go
             elif path.startswith("skip:"):
@@ -387,6 +414,8 @@ def _job(args):
             res["nprocs"] = tm.size
             if ext is None:
                 res["nogil_note"] = ext_note or "disabled with --no-cython"
+            else:
+                res["nogil_module"] = getattr(ext, "__file__", None)
         tm.barrier()
     return res
 
@@ -402,7 +431,7 @@ def run_mpi_baseline(args) -> dict:
     ``{"skipped": reason}``."""
     script = find_bench_file("mpi4py_rma.py")
     if script is None:
-        return {"skipped": "bench/mpi4py_rma.py not found (run from a gexmk source checkout)"}
+        return {"skipped": "mpi4py_rma.py is neither installed (gexmk/_bench) nor in a source tree"}
     if importlib.util.find_spec("mpi4py") is None:
         return {"skipped": "mpi4py is not installed (pip install mpi4py mpich)"}
     mpiexec = shutil.which("mpiexec")
@@ -421,9 +450,81 @@ def run_mpi_baseline(args) -> dict:
         tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-5:])
         return {"skipped": f"mpiexec exited {r.returncode}: {tail}"}
     try:
-        return json.loads(r.stdout.strip().splitlines()[-1])
+        out = json.loads(r.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return {"skipped": f"no JSON from the baseline: {r.stdout[-300:]!r}"}
+    out["script"] = str(script)
+    return out
+
+
+# ---- the heat equation: examples/heat.py beside heat_mpi4py.py -------------------------
+
+_LAUNCH_ENV = ("GEXMK_RANK", "GEXMK_SIZE", "GEXMK_BOOTSTRAP", "GEXMK_BOOTSTRAP_TOKEN")
+
+
+def heat_iters(args, grid):
+    """Sweeps timed on a grid of ``grid`` points per side: ``--heat-iters``
+    on 256 x 256 and smaller grids, scaled down by area above (at least 10)."""
+    if grid <= 256:
+        return args.heat_iters
+    return max(10, args.heat_iters * 256 * 256 // (grid * grid))
+
+
+def _run_json(cmd, env, timeout, out):
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {"skipped": f"did not finish in {timeout:g} s"}
+    if r.returncode != 0 or not os.path.exists(out):
+        tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-4:])
+        return {"skipped": f"exit {r.returncode}: {tail}"}
+    with open(out) as f:
+        return json.load(f)
+
+
+def run_heat(args) -> dict:
+    """Run the heat example under ``gexmk.run`` and its mpi4py version under
+    ``mpiexec`` for every (ranks, grid) of ``--heat-ranks`` x ``--heat-grids``;
+    ``{"runs": [...], "heat": path, "heat_mpi4py": path}`` or ``{"skipped": why}``."""
+    heat, heat_mpi = find_bench_file("heat.py"), find_bench_file("heat_mpi4py.py")
+    if heat is None:
+        return {"skipped": "heat.py is neither installed (gexmk/_bench) nor in a source tree"}
+    flags = _python_flags()
+    base_env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV}
+    mpi_env = {k: v for k, v in os.environ.items() if not k.startswith("GEXMK_")}
+    mpiexec = shutil.which("mpiexec")
+    mpi_why = None
+    if heat_mpi is None:
+        mpi_why = "heat_mpi4py.py not found"
+    elif args.no_mpi:
+        mpi_why = "disabled with --no-mpi"
+    elif importlib.util.find_spec("mpi4py") is None:
+        mpi_why = "mpi4py is not installed"
+    elif mpiexec is None:
+        mpi_why = "mpiexec is not on PATH"
+    elif any(k in os.environ for k in _MPI_ENV):
+        mpi_why = "this job runs under MPI"
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="gexmk-heat-") as tmp:
+        for nr in args.heat_ranks:
+            for grid in args.heat_grids:
+                iters = heat_iters(args, grid)
+                common = ["--n", str(grid), "--iters", str(iters)]
+                print(f"gexmk.bench: heat equation {grid}x{grid}, {nr} ranks ...", file=sys.stderr,
+                      flush=True)
+                out = os.path.join(tmp, f"g{nr}-{grid}.json")
+                g = _run_json([sys.executable, *flags, "-m", "gexmk.run", "-n", str(nr), "--timeout",
+                               str(args.timeout), "--", *flags, str(heat), *common, "--json", out],
+                              base_env, args.timeout + 15, out)
+                if mpi_why:
+                    m = {"skipped": mpi_why}
+                else:
+                    out = os.path.join(tmp, f"m{nr}-{grid}.json")
+                    m = _run_json([mpiexec, "-n", str(nr), sys.executable, *flags, str(heat_mpi),
+                                   *common, "--json", out], mpi_env, args.timeout, out)
+                runs.append({"ranks": nr, "grid": grid, "iters": iters, "gexmk": g, "mpi4py": m})
+    return {"runs": runs, "heat": str(heat), "heat_mpi4py": str(heat_mpi) if heat_mpi else None}
 
 
 # ---- report ----------------------------------------------------------------------------
@@ -510,7 +611,47 @@ def _targets(r):
         out.append((_status(*parts), text))
     else:
         out.append(("n/a", "4 MiB put: not in --sizes"))
+    heat = r.get("heat") or {}
+    for run in heat.get("runs", []):
+        gus, mus = run["gexmk"].get("per_iter_us"), run["mpi4py"].get("per_iter_us")
+        what = f"heat equation {run['grid']}x{run['grid']}, {run['ranks']} ranks, per iteration"
+        if gus is None:
+            out.append(("MISS", f"{what}: the gexmk run failed ({run['gexmk'].get('skipped')})"))
+        elif mus is None:
+            out.append(("n/a", f"{what}: {gus:.1f} µs; mpi4py baseline not run"))
+        else:
+            out.append((_status(gus <= HEAT_VS_FENCE * mus),
+                        f"{what}: {gus:.1f} µs = {gus / mus:.2f} x mpi4py Win.Fence {mus:.1f} µs "
+                        f"(target <= {HEAT_VS_FENCE})"))
     return out
+
+
+def _report_heat(r, p):
+    heat = r.get("heat") or {"skipped": "not run"}
+    if "skipped" in heat:
+        p(f"Heat equation: skipped - {heat['skipped']}")
+        p()
+        return
+    p("Heat equation (examples/heat.py: Jacobi sweeps, halo rows by put + tm.barrier) beside "
+      "mpi4py Win.Put + Win.Fence (examples/heat_mpi4py.py), µs per iteration")
+    p(f"{'grid':>11} {'ranks':>5} {'iters':>5} {'gexmk':>10} {'mpi4py':>10} {'gexmk/mpi':>9}  check")
+    for run in heat["runs"]:
+        g, m = run["gexmk"], run["mpi4py"]
+        gus = g.get("per_iter_us")
+        mus = m.get("per_iter_us")
+        gtxt = f"{gus:10.1f}" if gus is not None else f"{'failed':>10}"
+        mtxt = f"{mus:10.1f}" if mus is not None else f"{'n/a':>10}"
+        ratio = f"{gus / mus:9.2f}" if gus and mus else f"{'':>9}"
+        checks = []
+        for who, d in (("gexmk", g), ("mpi4py", m)):
+            if "skipped" in d:
+                checks.append(f"{who}: {d['skipped']}")
+            elif d.get("ok") is False:
+                checks.append(f"{who}: DIFFERS from serial")
+        grid = f"{run['grid']}x{run['grid']}"
+        p(f"{grid:>11} {run['ranks']:>5} {run['iters']:>5} {gtxt} {mtxt} {ratio}  "
+          + ("; ".join(checks) if checks else "bitwise equal to serial numpy"))
+    p()
 
 
 def report(r, file=None):
@@ -606,7 +747,9 @@ def report(r, file=None):
     ng = g.get("nogil") or {}
     if "put8" in ng:
         big = ng["big_size"]
-        p("Cython nogil loops through `from gexmk cimport rma` (built on the fly)")
+        how = ("built with the package" if "_bench" in str(g.get("nogil_module") or "")
+               else "built on the fly")
+        p(f"Cython nogil loops through `from gexmk cimport rma` ({how})")
         p(f"{'operation':<26} {'ns/op':>9} {'rate':>14}")
         for label, key in (("rma.put 8 B", "put8"), ("rma.put_nbi 8 B (+quiet)", "put_nbi8"),
                            ("rma.get 8 B", "get8")):
@@ -619,6 +762,7 @@ def report(r, file=None):
     else:
         p(f"Cython nogil loops: skipped - {g.get('nogil_note', 'not built')}")
     p()
+    _report_heat(r, p)
     p(r["gpu_note"])
     p()
     p("Targets")
@@ -677,9 +821,13 @@ def _finish(args, gexmk_res, wall0, load0):
     else:
         print("gexmk.bench: running the mpi4py baseline (mpiexec -n 2) ...", file=sys.stderr, flush=True)
         mpi = run_mpi_baseline(args)
+    if args.no_heat:
+        heat = {"skipped": "disabled with --no-heat"}
+    else:
+        heat = run_heat(args)
     r = {"meta": _meta(), "args": {"sizes": args.sizes, "iters": args.iters, "batch_us": args.batch_us,
                                    "n": args.n},
-         "sizes": args.sizes, "gexmk": gexmk_res, "mpi4py": mpi, "gpu_note": _gpu_note()}
+         "sizes": args.sizes, "gexmk": gexmk_res, "mpi4py": mpi, "heat": heat, "gpu_note": _gpu_note()}
     r["targets"] = _targets(r)
     r["meta"]["wall_s"] = round(time.monotonic() - wall0, 1)
     r["meta"]["loadavg_at_start"] = load0
@@ -690,6 +838,16 @@ def _finish(args, gexmk_res, wall0, load0):
             json.dump({**r, "targets": [{"status": st, "text": t} for st, t in r["targets"]]}, f, indent=1)
         print(f"results written to {args.json}")
     return 0
+
+
+def _int_list(text):
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of positive integers")
+    return out
 
 
 def _parser():
@@ -710,6 +868,13 @@ def _parser():
                    help="calibrated length of one timed batch, in µs (default 200)")
     p.add_argument("--no-mpi", action="store_true", help="skip the mpi4py baseline")
     p.add_argument("--no-cython", action="store_true", help="skip building and timing the nogil loops")
+    p.add_argument("--no-heat", action="store_true", help="skip the heat-equation example")
+    p.add_argument("--heat-grids", type=_int_list, default=[256, 4096],
+                   help="grid sizes (points per side) of the heat example, comma list (default 256,4096)")
+    p.add_argument("--heat-ranks", type=_int_list, default=[2, 4],
+                   help="rank counts of the heat example, comma list (default 2,4)")
+    p.add_argument("--heat-iters", type=int, default=100,
+                   help="sweeps timed on grids up to 256x256, fewer on larger ones (default 100)")
     p.add_argument("--json", metavar="PATH", help="also write every figure to PATH as JSON")
     p.add_argument("--timeout", type=float, default=150.0,
                    help="seconds each subprocess (gexmk job, mpiexec baseline) may run (default 150)")
@@ -728,8 +893,8 @@ def _argv_for_ranks(args):
 def main(argv=None) -> int:
     """Command-line entry point (see the module docstring); returns the exit status."""
     args = _parser().parse_args(argv)
-    if args.n < 1 or args.iters < 1 or args.batch_us <= 0:
-        print("gexmk.bench: -n, --iters and --batch-us must be positive", file=sys.stderr)
+    if args.n < 1 or args.iters < 1 or args.batch_us <= 0 or args.heat_iters < 1:
+        print("gexmk.bench: -n, --iters, --batch-us and --heat-iters must be positive", file=sys.stderr)
         return 2
     wall0, load0 = time.monotonic(), _loadavg()
     in_job = "GEXMK_RANK" in os.environ or any(k in os.environ for k in _MPI_ENV)
@@ -747,7 +912,9 @@ def main(argv=None) -> int:
     tmp = tempfile.mkdtemp(prefix="gexmk-bench-")
     try:
         env = dict(os.environ)
-        if not args.no_cython:
+        if not args.no_cython and installed_extension():
+            env["GEXMK_BENCH_EXT"] = installed_extension()
+        elif not args.no_cython:
             print("gexmk.bench: building bench/nogil_loop.pyx against gexmk ...", file=sys.stderr, flush=True)
             try:
                 env["GEXMK_BENCH_EXT"] = build_extension(outdir=os.path.join(tmp, "ext"))
