@@ -33,6 +33,12 @@ table and contexts in each route, and the hot path reads one pointer.
     address of the target's first byte where a plain memcpy is right (host
     memory mapped here), else 0.
 ``peer_died(jobrank)``, ``close()``.
+``connect(pairs)`` (optional)
+    after a publication, while every member is still in it: set up now what
+    the first operation to the targets just published would otherwise set up
+    (connections); ``pairs`` lists (endpoint context, target handle, rma) for
+    each route this transport serves (``rma`` False: the atomics path).
+    Bounded in time; failures are warnings, never errors.
 
 A newcomer adding a transport writes one module with ``open(job)`` and adds
 one line to :data:`REGISTRY` (and one ``extension_module`` to
