@@ -85,6 +85,8 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
     uint64_t net_key        # registration key of the target segment
     uint64_t net_base       # address the network uses for the segment's first byte
                             # (remote_base with FI_MR_VIRT_ADDR, else 0)
+    int answers             # the owner serves network operations while it computes (auto
+                            # progress or a progress thread): connections may be set up eagerly
 
 
 cdef struct ofi_dom:
@@ -256,7 +258,7 @@ cdef class OfiTransport:
             if p is not None:
                 p.c.net_key = 0
             return None
-        name, rkey, base = pickle.loads(blob)
+        name, rkey, base, answers = pickle.loads(blob)
         if p is None:
             p = OfiPeer()
             self._peers[key] = p
@@ -264,6 +266,7 @@ cdef class OfiTransport:
         p.c.net_addr, p.c.net_aaddr = self.domain.insert(name)
         p.c.net_key = self.domain.map_key(rkey, base)   # raw keys are mapped here
         p.c.net_base = base
+        p.c.answers = answers
         return p
 
     def reach(self, epctx, peer, ctx):
@@ -300,11 +303,15 @@ cdef class OfiTransport:
             return
         seen = set()
         work = []
+        skipped = 0
         for epctx, peer_h, rma in pairs:
             oe = epctx
             if oe.closed:
                 continue
             t = <ofi_peer*><uintptr_t>peer_h
+            if not t.answers:
+                skipped += 1        # it would not answer until its own next gexmk call
+                continue
             which = 0 if (rma or oe.e.aep == oe.e.ep) else 1
             if which == 1 and t.g.size < 4:
                 continue
@@ -313,6 +320,9 @@ cdef class OfiTransport:
                 continue
             seen.add(key)
             work.append((<uintptr_t>&oe.e, peer_h, which))
+        if skipped:
+            st["note"] = (f"{skipped} route(s) left lazy: their peer runs a manual-progress provider "
+                          "without a progress thread")
         if not work:
             return
         t0 = _now()

@@ -96,7 +96,10 @@ cdef class OfiEndpoint:
         if seg.kind.cls != GX_MK_HOST:
             return None         # not registered (no FI_HMEM here): peers cannot reach it over ofi
         key, base = self.register(<uintptr_t>seg.addr, seg.size)
-        return pickle.dumps((self.name, key, base))
+        # whether this process answers peers' operations while it computes: a
+        # peer sets up its connection to us at publication only then (connect.pxi)
+        answers = not self.domain.d.manual or self.domain.progress_running
+        return pickle.dumps((self.name, key, base, bool(answers)))
 
     def register(self, uintptr_t addr, size_t size):
         """Register [addr, addr+size) for remote access; returns (key, base):
