@@ -491,7 +491,9 @@ def run_heat(args) -> dict:
     if heat is None:
         return {"skipped": "heat.py is neither installed (gexmk/_bench) nor in a source tree"}
     flags = _python_flags()
-    base_env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV}
+    # a job of its own: not a rank of this one (gexmk.run's or mpiexec's)
+    base_env = {k: v for k, v in os.environ.items()
+                if k not in _LAUNCH_ENV and not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_"))}
     mpi_env = {k: v for k, v in os.environ.items() if not k.startswith("GEXMK_")}
     mpiexec = shutil.which("mpiexec")
     mpi_why = None
