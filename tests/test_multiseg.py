@@ -53,6 +53,23 @@ with gexmk.init() as c:
     tm2.barrier()
 '''
 
+CREATE_WORKER = r'''
+with gexmk.init() as c:
+    c.segment_attach(4096)
+    if c.rank == 1:
+        c.ep_create()               # so this process's next endpoint has another index
+    ep = c.ep_create()
+    c.segment_attach(4096, ep=ep)
+    # the obvious spelling names each process's endpoint by *this* process's index:
+    # different lists on different processes, refused on every one of them
+    e = expect_raises(E.ArgumentError, c.tm.create, [(j, ep.index) for j in range(c.size)])
+    assert "different member list" in str(e) and "create_for" in str(e), e
+    tm2 = c.tm.create_for(ep)
+    tm2.put_val(1 - tm2.rank, tm2.addr(1 - tm2.rank, 0), 7, 8)
+    tm2.barrier()
+    c.tm.barrier()
+'''
+
 AD_WORKER = r'''
 with gexmk.init() as c:
     c.segment_attach(4096)
@@ -83,3 +100,8 @@ def test_second_segment_through_its_team(tmp_path, n, transport):
 @pytest.mark.timeout(60)
 def test_ad_create_members_must_agree(tmp_path):
     mp_util.run_job(tmp_path, AD_WORKER, 2, launcher_timeout=40, env={"GEXMK_TIMEOUT": 20}).check()
+
+
+@pytest.mark.timeout(60)
+def test_create_refuses_lists_naming_other_endpoints(tmp_path):
+    mp_util.run_job(tmp_path, CREATE_WORKER, 2, launcher_timeout=40, env={"GEXMK_TIMEOUT": 20}).check()

@@ -323,6 +323,17 @@ cdef class Team:
             if p and tuple(self._members[i]) in norm and p != norm:
                 raise ArgumentError(f"rank {i} passed a different member list for the same team: "
                                     f"{p} vs {norm}")
+        # A process of this team with an endpoint in the new team joins it, so
+        # one of its members must have passed this very list (else the lists
+        # name different endpoints, e.g. indices that differ between processes).
+        passed = {self._members[i][0] for i, p in enumerate(parts) if p == norm}
+        for i, p in enumerate(parts):
+            jr = self._members[i][0]
+            if jr not in passed and any(j == jr for j, _ in norm):
+                raise ArgumentError(f"rank {i} passed a different member list for the same team: "
+                                    f"{p} vs {norm} (do endpoint indices differ between "
+                                    f"processes? tm.create_for(ep) takes each process's own "
+                                    f"endpoint)")
         mine = [i for i in local if norm[i][1] == self.ep.index]
         rank = mine[0] if mine else local[0]
         ep = self.client.ep(norm[rank][1])
