@@ -7,8 +7,10 @@ the connection opens on the first operation), in the same run.
 Each round runs a fresh job per mode (``python -m gexmk.run``,
 GEXMK_TRANSPORT=ofi).  In every rank, after ``segment_attach`` (publication)
 and a barrier: the time of the first blocking 8 B get to each peer, of the
-first atomic FADD to each peer, then the median of 200 further gets (the
-steady state), and how long publication took.  Reported: medians over ranks,
+first atomic FADD to each peer, the same again after a 50 ms pause (a first
+operation's cost without any connection set-up: the target's progress thread
+wakes up), then the median of 200 further gets (the steady state), and how
+long publication took.  Reported: medians over ranks,
 peers and rounds, in µs (publication in ms).  Timings are reported, never
 asserted.
 """
@@ -38,11 +40,20 @@ with gexmk.init() as c:
         t0 = time.perf_counter(); tm.get(buf, r, tm.addr(r, 0)); first_get.append(time.perf_counter() - t0)
         t0 = time.perf_counter(); ad.op(r, tm.addr(r, 64), gexmk.OP_FADD, 1); first_amo.append(time.perf_counter() - t0)
     tm.barrier()
+    # the same operations again after an idle pause: what a first operation
+    # costs without any connection set-up (the target's progress wakes up)
+    idle_get, idle_amo = [], []
+    time.sleep(0.05)
+    for k in range(1, tm.size):
+        r = (tm.rank + k) % tm.size
+        t0 = time.perf_counter(); tm.get(buf, r, tm.addr(r, 0)); idle_get.append(time.perf_counter() - t0)
+        t0 = time.perf_counter(); ad.op(r, tm.addr(r, 64), gexmk.OP_FADD, 1); idle_amo.append(time.perf_counter() - t0)
+    tm.barrier()
     r = (tm.rank + 1) % tm.size
     for _ in range(200):
         t0 = time.perf_counter(); tm.get(buf, r, tm.addr(r, 0)); steady.append(time.perf_counter() - t0)
     steady.sort()
-    out = {"pub": pub, "first_get": first_get, "first_amo": first_amo,
+    out = {"pub": pub, "first_get": first_get, "first_amo": first_amo, "idle_get": idle_get, "idle_amo": idle_amo,
            "steady_get": steady[len(steady) // 2], "conn": dict(c.transports["ofi"].connections)}
     with open(os.path.join(sys.argv[1], f"r{tm.rank}.json"), "w") as f:
         json.dump(out, f)
@@ -72,7 +83,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--timeout", type=int, default=60)
     args = ap.parse_args(argv)
-    agg = {m: {"pub": [], "first_get": [], "first_amo": [], "steady_get": []} for m in ("lazy", "eager")}
+    agg = {m: {"pub": [], "first_get": [], "first_amo": [], "idle_get": [], "idle_amo": [],
+               "steady_get": []} for m in ("lazy", "eager")}
     for _ in range(args.rounds):
         for mode in ("lazy", "eager"):          # interleaved: drift hits both alike
             for rk in run(mode, args.n, args.provider, args.timeout):
@@ -80,16 +92,20 @@ def main(argv=None):
                 a["pub"].append(rk["pub"] * 1e3)
                 a["first_get"] += [x * 1e6 for x in rk["first_get"]]
                 a["first_amo"] += [x * 1e6 for x in rk["first_amo"]]
+                a["idle_get"] += [x * 1e6 for x in rk["idle_get"]]
+                a["idle_amo"] += [x * 1e6 for x in rk["idle_amo"]]
                 a["steady_get"].append(rk["steady_get"] * 1e6)
     print(f"ofi first operation to a peer, {args.provider}, {args.n} ranks, {args.rounds} rounds "
           "(medians; max in brackets)")
     print(f"{'GEXMK_OFI_CONNECT':<18} {'publish ms':>14} {'1st get µs':>20} {'1st FADD µs':>20} "
-          f"{'steady get µs':>14}")
+          f"{'get after idle':>20} {'FADD after idle':>20} {'steady get µs':>14}")
     for mode, a in agg.items():
         def f(xs, w, p=1):
             return f"{statistics.median(xs):.{p}f} [{max(xs):.{p}f}]".rjust(w)
         print(f"{mode:<18} {f(a['pub'], 14)} {f(a['first_get'], 20)} {f(a['first_amo'], 20)} "
-              f"{f(a['steady_get'], 14)}")
+              f"{f(a['idle_get'], 20)} {f(a['idle_amo'], 20)} {f(a['steady_get'], 14)}")
+    print("(after idle: the same operations again after a 50 ms pause, connections up: the cost "
+          "of a first operation without connection set-up)")
     return 0
 
 
