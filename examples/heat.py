@@ -112,10 +112,15 @@ def main(argv=None):
             """Address of halo row ``row`` of ``copy`` in ``peer``'s segment."""
             return tm.addr(peer, (copy * stride + row) * row_bytes)
 
+        # The halo exchange is these two functions, one line of gexmk each: with
+        # put_signal / wait_until, send_halo adds to a counter in the neighbour's
+        # segment and wait_halos waits for its own counter to reach 2 per
+        # iteration (1 on the first and last rank).
+        def send_halo(peer, dest, row):
+            tm.put(peer, dest, row)
+
         def wait_halos():
-            # The neighbours' rows have arrived (with put_signal, a wait_until
-            # on a counter here instead).
-            tm.barrier()
+            tm.barrier()                # the neighbours' rows have arrived
 
         tm.barrier()
         t0 = time.perf_counter()
@@ -124,9 +129,9 @@ def main(argv=None):
             new = 1 - cur
             sweep(copies[cur], copies[new])
             if up is not None:      # my first row becomes the bottom halo of the rank above
-                tm.put(up, halo(up, new, up_halo), copies[new][1])
+                send_halo(up, halo(up, new, up_halo), copies[new][1])
             if down is not None:    # my last row becomes the top halo of the rank below
-                tm.put(down, halo(down, new, 0), copies[new][rows])
+                send_halo(down, halo(down, new, 0), copies[new][rows])
             wait_halos()
             cur = new
         per_iter = (time.perf_counter() - t0) / max(args.iters, 1)
