@@ -23,13 +23,17 @@ def _heat():
     return str(path)
 
 
-@pytest.mark.parametrize("n, grid", [(2, 34), (3, 21)])
+@pytest.mark.parametrize("n, grid, transport", [(2, 34, None), (3, 21, None), (2, 34, "ofi")])
 @pytest.mark.timeout(120)
-def test_heat_example_matches_serial(tmp_path, n, grid):
+def test_heat_example_matches_serial(tmp_path, n, grid, transport):
+    env = {"GEXMK_TRANSPORT": transport, "GEXMK_TIMEOUT": 60}
+    if transport == "ofi":
+        pytest.importorskip("gexmk.transports.ofi", reason="gexmk was built without the ofi transport")
+        env.update({"GEXMK_OFI_PROVIDER": "tcp;ofi_rxm", "FI_PROVIDER": None})
     out = tmp_path / "heat.json"
     cmd = [sys.executable, "-P", "-m", "gexmk.run", "-n", str(n), "--timeout", "90", _heat(),
            "--n", str(grid), "--iters", "25", "--json", str(out)]
-    res = mp_util.run_command(cmd, timeout=110, env=mp_util.child_env(), cwd=str(tmp_path),
+    res = mp_util.run_command(cmd, timeout=110, env=mp_util.child_env(env), cwd=str(tmp_path),
                               script="heat.py")
     res.check()
     r = json.loads(out.read_text())

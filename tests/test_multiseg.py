@@ -21,8 +21,14 @@ with gexmk.init() as c:
         c.ep_create()
     ep = c.ep_create()
     seg2 = c.segment_attach(1 << 16, ep=ep)
+    ofi = c.transports.get("ofi") if os.environ.get("GEXMK_TRANSPORT") == "ofi" else None
+    touched = ofi.connections["touched"] if ofi is not None else 0
     tm2 = c.tm.create_for(ep)
     assert (tm2.rank, tm2.size) == (me, n), (tm2.rank, tm2.size)
+    if ofi is not None:     # the new endpoint's routes were connected when the team made them
+        per_peer = 2 if ofi.split_endpoints else 1
+        assert ofi.connections["touched"] - touched == per_peer * (n - 1), ofi.connections
+        assert ofi.connections["failed"] == 0, ofi.connections
     assert tm2.ep is ep
     assert tm2.ep_location(me) == (c.rank, ep.index)
     right, left = (me + 1) % n, (me - 1) % n

@@ -524,33 +524,31 @@ cdef class Client:
             raise err
         return tg
 
-    def _connect(self, targets):
-        """After a publication: hand each transport that can set up connections
-        ahead of time (an optional ``connect(pairs)``) the routes it serves to
-        the targets just published, as (endpoint context, target handle, rma)."""
-        cdef _Target tg
+    def _connect(self, routes):
+        """Let transports that can set up connections ahead of time (an
+        optional ``connect(pairs)``) do so for ``routes`` (after a publication,
+        or when a team makes new routes), so that the first operation on a
+        route costs what the rest do.  Pairs: (endpoint context, target
+        handle, rma) of each route the transport serves."""
         cdef _Route rt
         for tr in self._order:
             connect = getattr(tr, "connect", None)
             if connect is None:
                 continue
             pairs = []
-            for tg in targets:
-                if tg is None:
+            for rt in routes:
+                if rt.keep is None or rt.ep_index >= len(self._eps) or self._eps[rt.ep_index] is None:
                     continue
-                for rt in tg.routes:
-                    if rt.keep is None or rt.ep_index >= len(self._eps) or self._eps[rt.ep_index] is None:
-                        continue
-                    epctx = (<Endpoint>self._eps[rt.ep_index]).contexts.get(tr.name)
-                    for best, rma in ((rt.keep[0], True), (rt.keep[1], False)):
-                        if best is not None and best[1] is epctx:
-                            pairs.append((epctx, best[0].peer, rma))
+                epctx = (<Endpoint>self._eps[rt.ep_index]).contexts.get(tr.name)
+                for best, rma in ((rt.keep[0], True), (rt.keep[1], False)):
+                    if best is not None and best[1] is epctx:
+                        pairs.append((epctx, best[0].peer, rma))
             if pairs:
                 try:
                     connect(pairs)
-                except Exception as e:      # never break the collective: the first op connects
-                    warnings.warn(f"{tr.name}: connection set-up at publication failed ({e}); "
-                                  "the first operation to each peer will set it up",
+                except Exception as e:      # never break the caller: the first op connects
+                    warnings.warn(f"{tr.name}: connection set-up ahead of the first operation "
+                                  f"failed ({e}); the first operation to each peer will set it up",
                                   RuntimeWarning, stacklevel=3)
 
 

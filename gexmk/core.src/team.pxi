@@ -36,6 +36,7 @@ cdef class Team:
         _set_dev_range(&tm.c, ep.segment)
         tm._set_routes()
         client._teams.add(tm)
+        client._connect(tm._route_objs)     # new routes to published targets: connect now
         return tm
 
     cdef int _set_routes(self) except -1:
@@ -192,7 +193,7 @@ cdef class Team:
                     err = err or e
         # Every member is here: transports set up connections to what was
         # published now rather than on its first operation.
-        self.client._connect(applied)
+        self.client._connect([rt for tg in applied if tg is not None for rt in (<_Target>tg).routes])
         # Owners keep their segments until every peer has mapped them.
         self._exchange(None)
         if err is not None:
