@@ -635,14 +635,19 @@ def _report_heat(r, p):
         p()
         return
     p("Heat equation (examples/heat.py: Jacobi sweeps, halo rows by put + tm.barrier) beside "
-      "mpi4py Win.Put + Win.Fence (examples/heat_mpi4py.py), µs per iteration")
-    p(f"{'grid':>11} {'ranks':>5} {'iters':>5} {'gexmk':>10} {'mpi4py':>10} {'gexmk/mpi':>9}  check")
+      "mpi4py Win.Put + Win.Fence (examples/heat_mpi4py.py), µs per iteration (exch: of which "
+      "halo exchange and synchronisation, on rank 0)")
+    p(f"{'grid':>11} {'ranks':>5} {'iters':>5} {'gexmk':>10} {'exch':>9} {'mpi4py':>10} {'exch':>9} "
+      f"{'gexmk/mpi':>9}  check")
     for run in heat["runs"]:
         g, m = run["gexmk"], run["mpi4py"]
         gus = g.get("per_iter_us")
         mus = m.get("per_iter_us")
         gtxt = f"{gus:10.1f}" if gus is not None else f"{'failed':>10}"
         mtxt = f"{mus:10.1f}" if mus is not None else f"{'n/a':>10}"
+        gx, mx = g.get("exchange_us"), m.get("exchange_us")
+        gtxt += f" {gx:9.1f}" if gx is not None else f" {'':>9}"
+        mtxt += f" {mx:9.1f}" if mx is not None else f" {'':>9}"
         ratio = f"{gus / mus:9.2f}" if gus and mus else f"{'':>9}"
         checks = []
         for who, d in (("gexmk", g), ("mpi4py", m)):
