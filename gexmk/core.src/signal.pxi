@@ -362,11 +362,10 @@ cdef int _as_dt(object x, str sig) except -1:
 cdef double _as_timeout(object x, str sig) except -1:
     if x is None:
         return 0.0
-    try:
-        t = float(x)
-    except (TypeError, ValueError):
+    if type(x) is bool or not isinstance(x, numbers.Real):
         raise TypeError(f"{_fn(sig)}: timeout must be a number of seconds or None, "
-                        f"got {_got(x)}") from None
+                        f"got {_got(x)}")
+    t = float(x)
     if not t > 0 or t != t or isinf(t):
         raise ArgumentError(f"{_fn(sig)}: timeout must be a positive, finite number of seconds "
                             f"(or None for GEXMK_TIMEOUT), got {x!r}")
@@ -449,8 +448,17 @@ cdef object _wait(Team tm, str sig, object addrs, object cmp, object value, obje
     cdef double t = _as_timeout(timeout, sig)
     cdef Py_ssize_t n, i, got
     cdef bint vector = False
+    cdef uintptr_t a1
+    cdef void* p
+    cdef gx_val v1, seen
     tm.check_alive()
     if single:
+        # one word already satisfied: answered here, nothing allocated
+        a1 = _as_addr(addrs, sig, "addr")
+        v1.u64 = 0
+        _to_val(d, value, &v1, sig, "value")
+        if gx_own_word(&tm.c, a1, d, &p) == GX_OK and gx_cmp_local(p, d, c, v1, &seen):
+            return 0
         addrs = (addrs,)
     else:
         if isinstance(addrs, (str, bytes)) or not hasattr(addrs, "__len__"):
