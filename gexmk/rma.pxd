@@ -129,10 +129,32 @@ cdef inline int signal_op(const gx_team* tm, int rank, uintptr_t sig_addr, uint6
     return signal_op_slow(tm, rank, sig_addr, value, sig_op, rc)
 
 
-cdef inline int wait_until(const gx_team* tm, uintptr_t addr, int cmp, uint64_t value) except -1 nogil:
+cdef inline int wait_until(const gx_team* tm, uintptr_t addr, int cmp, uint64_t value,
+                           double timeout=0.0) except -1 nogil:
     """Block until the 64-bit word at addr of tm's endpoint's OWN segment
-    compares cmp (GX_CMP_*) to value; GEXMK_TIMEOUT, a dead member or a closed
-    team raise.  Other types and several words: gexmk.core's wait_words."""
+    compares cmp (GX_CMP_*) to value.  timeout (s) <= 0: GEXMK_TIMEOUT; it, a
+    dead team member or a closed team raise.  Other types and several words:
+    gexmk.core's wait_words."""
     cdef gx_val v
+    cdef void* p
     v.u64 = value
-    return wait_until_word(tm, addr, GX_DT_U64, cmp, v, 0.0)
+    if gx_own_word(tm, addr, GX_DT_U64, &p) == GX_OK and gx_cmp_local(p, GX_DT_U64, cmp, v, NULL):
+        return 0
+    return wait_until_word(tm, addr, GX_DT_U64, cmp, v, timeout)
+
+
+cdef inline int signal_fetch(const gx_team* tm, uintptr_t addr, uint64_t* out) except -1 nogil:
+    """*out = the 64-bit signal word at addr of tm's endpoint's OWN segment
+    (an acquire load, after one pass of progress)."""
+    cdef gx_val v
+    cdef void* p
+    cdef Py_ssize_t idx
+    wait_progress(tm)
+    if gx_own_word(tm, addr, GX_DT_U64, &p) != GX_OK:
+        v.u64 = 0         # wait_words names what is wrong with the word
+        wait_words(tm, &addr, 1, GX_DT_U64, GX_CMP_EQ, &v, False, GX_WAIT_ANY, False, 0.0,
+                   NULL, &idx, b"signal_fetch")
+        return -1
+    gx_cmp_local(p, GX_DT_U64, GX_CMP_EQ, v, &v)
+    out[0] = v.u64
+    return 0

@@ -34,18 +34,45 @@ _CMP_NAMES = {CMP_EQ: "CMP_EQ", CMP_NE: "CMP_NE", CMP_GT: "CMP_GT", CMP_GE: "CMP
 _SIG_NAMES = {SIGNAL_SET: "SIGNAL_SET", SIGNAL_ADD: "SIGNAL_ADD"}
 
 cdef enum:
-    _SPIN_PASSES = 64          # passes spent spinning before the first yield
     _NAP_MAX_NS = 100000       # the longest nap between passes
 
 # Seconds a wait gives its peers when the caller passes none (GEXMK_TIMEOUT).
 cdef double _wait_timeout = 300.0
-cdef double _YIELD_FOR = 50e-6  # after the spin, yield for this long before napping
+# A wait spins (CPU pause, progress) for _spin_for s (none on an oversubscribed
+# node), then yields the CPU on each pass until _yield_for s, then naps between
+# passes, 1 us doubling up to 100 us.  Yields cost little when nothing else
+# wants the CPU and hand it over when something does; naps cost a wake-up
+# (timer slack: ~50 us), so they start only after a long wait.
+cdef double _SPIN_FOR = 20e-6
+cdef double _spin_for = _SPIN_FOR
+cdef double _yield_for = 1e-3
 
 
-cdef void _signal_init(double timeout) noexcept:
-    """init(): the client's GEXMK_TIMEOUT becomes the waits' default."""
-    global _wait_timeout
-    _wait_timeout = timeout
+cdef int _signal_init(Client c) except -1:
+    """init(): the client's GEXMK_TIMEOUT becomes the waits' default; a node
+    with more ranks than this process may run on (its CPU affinity) makes
+    waits yield at once instead of spinning first (Open MPI's
+    yield-when-idle rule): a spinning rank there holds the core its peer needs."""
+    global _wait_timeout, _spin_for
+    _wait_timeout = c.config.timeout
+    local = sum(1 for n in c._nodes if n == c._nodes[c.rank])
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    _spin_for = 0.0 if local > cpus else _SPIN_FOR
+    return 0
+
+
+def _wait_tuning(spin_us=None, yield_us=None):
+    """Private: set how long this process's waits spin and yield (µs) before
+    napping; returns the (spin_us, yield_us) in force.  For benchmarks."""
+    global _spin_for, _yield_for
+    if spin_us is not None:
+        _spin_for = float(spin_us) * 1e-6
+    if yield_us is not None:
+        _yield_for = float(yield_us) * 1e-6
+    return (_spin_for * 1e6, _yield_for * 1e6)
 
 
 cdef inline double _mono() noexcept nogil:
@@ -143,6 +170,7 @@ cdef Py_ssize_t wait_words(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t
     cdef gx_val seen, want, last
     cdef Py_ssize_t i, got, need = 0, pending = -1
     cdef unsigned long passes = 0
+    cdef bint spinning = True
     cdef double t0 = 0, deadline = 0, now
     cdef long nap = 1000
     cdef int rc, why = 0, h = -2
@@ -207,24 +235,28 @@ cdef Py_ssize_t wait_words(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t
                 return got
             wait_progress(tm)
             passes += 1
-            if passes < _SPIN_PASSES:
+            if spinning and (passes & 15) != 0:
                 gx_cpu_relax()
                 continue
+            # every 16th pass while spinning, every pass after: the clock and the team
             now = _mono()
             if t0 == 0:
                 t0 = now
                 deadline = now + timeout
-            if (passes & 15) == 0 or now - t0 >= _YIELD_FOR:
-                h = _wait_health(tm)
-                if h != -2:
-                    why = 2 if h == -1 else 1
-                    break
+            h = _wait_health(tm)
+            if h != -2:
+                why = 2 if h == -1 else 1
+                break
             if now > deadline:
                 why = 3
                 break
-            if now - t0 < _YIELD_FOR:
+            if now - t0 < _spin_for:
+                gx_cpu_relax()
+            elif now - t0 < _yield_for:
+                spinning = False
                 sched_yield()
             else:
+                spinning = False
                 ts.tv_sec = 0
                 ts.tv_nsec = nap
                 nanosleep(&ts, NULL)
@@ -449,6 +481,8 @@ cdef object _wait(Team tm, str sig, object addrs, object cmp, object value, obje
     cdef Py_ssize_t n, i, got
     cdef bint vector = False
     cdef uintptr_t a1
+    cdef bytes csig
+    cdef const char* cs
     cdef void* p
     cdef gx_val v1, seen
     tm.check_alive()
@@ -459,7 +493,11 @@ cdef object _wait(Team tm, str sig, object addrs, object cmp, object value, obje
         _to_val(d, value, &v1, sig, "value")
         if gx_own_word(&tm.c, a1, d, &p) == GX_OK and gx_cmp_local(p, d, c, v1, &seen):
             return 0
-        addrs = (addrs,)
+        csig = _fn(sig).encode()
+        cs = csig
+        with nogil:
+            got = wait_words(&tm.c, &a1, 1, d, c, &v1, False, GX_WAIT_ANY, block, t, NULL, &i, cs)
+        return 0 if got else None
     else:
         if isinstance(addrs, (str, bytes)) or not hasattr(addrs, "__len__"):
             raise TypeError(f"{_fn(sig)}: addrs must be a sequence of word addresses, "
@@ -482,8 +520,8 @@ cdef object _wait(Team tm, str sig, object addrs, object cmp, object value, obje
         raise MemoryError()
     cdef gx_val* v = <gx_val*>(a + n)
     cdef Py_ssize_t* idx = <Py_ssize_t*>(v + len(values))
-    cdef bytes csig = _fn(sig).encode()
-    cdef const char* cs = csig
+    csig = _fn(sig).encode()
+    cs = csig
     try:
         for i in range(n):
             a[i] = _as_addr(addrs[i], sig, "addr" if single else f"addrs[{i}]")
