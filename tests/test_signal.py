@@ -533,3 +533,101 @@ def test_four_ranks_on_two_cores_pingpong(tmp_path):
     r.check()
     for rank in range(4):
         assert f"PINGPONG-OK {rank}" in r.stdout, r.report()
+
+
+# ---- 5. device segments (GPU machines; skipped here without a driver) ----------------
+
+def _gpus():
+    try:
+        from gexmk.kinds import cuda
+        p = cuda.probe()
+    except Exception:           # noqa: BLE001 - any failure means: no usable GPU
+        return 0
+    return p.get("device_count", 0) if p.get("driver_loaded") else 0
+
+
+needs_gpu = pytest.mark.skipif(_gpus() < 1, reason="no NVIDIA driver or device on this machine")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.timeout(120)
+def test_put_signal_into_own_process_device_segment(client):
+    """The self device path: the copy completes before the device atomic
+    writes the signal; SET and ADD; NB and NBI; waiting on a device word from
+    the host is refused with UnsupportedError."""
+    hseg = client.segment_attach(1 << 20)
+    mk = client.mk_create(gexmk.CUDA_UVA, 0)
+    ep1 = client.ep_create()
+    d1 = client.segment_create(1 << 20, kind=mk)
+    ep1.bind_segment(d1)
+    to_d1 = client.ep(0).pair(1)
+    assert to_d1.paths(0)["rma"] == "self"
+    sig, data = d1.address, d1.address + 4096
+    src = np.zeros(256 << 10, np.uint8)
+    back = np.zeros_like(src)
+    for i in range(1, 21):
+        src[:] = i
+        if i % 3 == 0:
+            to_d1.put_signal_nb(0, data, src, sig, i).wait()
+        elif i % 3 == 1:
+            to_d1.put_signal(0, data, src, sig, i)
+        else:
+            to_d1.put_signal_nbi(0, data, src, sig, i)
+            gexmk.quiet()
+        assert to_d1.get_val(0, sig) == i
+        to_d1.get(back, 0, data)
+        assert (back == i).all()
+    to_d1.signal_op(0, sig, 5, gexmk.SIGNAL_ADD)
+    to_d1.put_signal(0, data, src[:8], sig, 5, gexmk.SIGNAL_ADD)
+    assert to_d1.get_val(0, sig) == 30
+    own = ep1.pair(1)
+    with pytest.raises(gexmk.UnsupportedError, match="device"):
+        own.wait_until(sig, gexmk.CMP_EQ, 30, timeout=1)
+
+
+DEVICE_RING = r'''
+c = gexmk.init()
+tm = c.tm
+me, peer = tm.rank, 1 - tm.rank
+hseg = c.segment_attach(1 << 16)                 # EP 0: host, acks
+mk = c.mk_create(gexmk.CUDA_UVA, 0)
+ep1 = c.ep_create()
+dseg = c.segment_create(4 << 20, kind=mk)
+ep1.bind_segment(dseg)
+tm.publish_bound_segment([ep1])
+dev = c.ep(0).pair(1)                             # host EP 0 -> EP 1 of each rank
+assert dev.paths(peer)["rma"] == "nbrhd", dev.paths(peer)
+ad = dev.ad_create(gexmk.DT_U64, gexmk.OP_GET)
+BIG = 1 << 20
+src = np.zeros(BIG, np.uint8)
+back = np.zeros(BIG, np.uint8)
+for i in range(1, 41):
+    if me == 0:
+        tm.wait_until(tm.addr(0, 0), gexmk.CMP_GE, i - 1)      # rank 1 checked i-1
+        src[:] = i & 0xFF
+        dev.put_signal(1, dev.addr(1, 4096), src, dev.addr(1, 0), i)
+    else:
+        t = time.monotonic()
+        while ad.op(1, dev.addr(1, 0), gexmk.OP_GET) < i:       # the signal, by device atomic
+            assert time.monotonic() - t < 30, f"signal {i} never came"
+        dev.get(back, 1, dev.addr(1, 4096))
+        assert (back == (i & 0xFF)).all(), f"iteration {i}: signal before data"
+        tm.put_signal(0, tm.addr(0, 64), b"ack", tm.addr(0, 0), i)
+tm.barrier()
+print("DEVICE-OK", me, flush=True)
+c.finalize()
+'''
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.timeout(150)
+def test_put_signal_into_another_process_device_segment(tmp_path):
+    """The nbrhd device path across processes: 40 put_signals of 1 MiB into
+    the peer's device segment; the peer reads the signal by device atomic and
+    finds the data complete every time."""
+    r = mp_util.run_job(tmp_path, DEVICE_RING, 2, launcher_timeout=120,
+                        env={"GEXMK_TRANSPORT": None, "GEXMK_TIMEOUT": 60})
+    r.check()
+    assert r.stdout.count("DEVICE-OK") == 2, r.report()
