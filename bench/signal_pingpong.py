@@ -10,7 +10,9 @@ Runs, in one invocation (the same run, same machine state):
    - ``put8``: an 8 B blocking ``tm.put`` (latency of one call);
    - ``pingpong``: 8 B ``put_signal`` (SIGNAL_SET) to rank 1, which waits for it
      with ``wait_until`` and answers the same way; one round trip per operation;
-   - the same two from a nogil Cython loop (``bench/signal_loop.pyx`` through
+   - ``pingpong_nbi``: the same with ``put_signal_nbi`` (over the network the
+     signal's atomic is not waited for; the put still completes first);
+   - the 8 B put and the blocking ping-pong from a nogil Cython loop (``bench/signal_loop.pyx`` through
      ``from gexmk cimport rma``, built on the fly), rank 1 echoing nogil too;
 2. the mpi4py + MPICH baseline (``mpiexec -n 2 ... --mpi``):
    - ``put_flush``: ``Win.Put`` 8 B + ``Win.Flush`` (passive target, Lock_all);
@@ -87,6 +89,16 @@ def _gexmk(args):
             put_signal(peer, data, x, peer_sig, seq, SET)
             wait_until(my_sig, GE, seq)
 
+    put_signal_nbi = tm.put_signal_nbi
+
+    def py_pingpong_nbi(k):
+        nonlocal seq
+        for _ in repeat(None, k):
+            seq += 1
+            x[0] = seq
+            put_signal_nbi(peer, data, x, peer_sig, seq, SET)
+            wait_until(my_sig, GE, seq)
+
     def py_echo():
         seen = 0
         while True:
@@ -100,7 +112,8 @@ def _gexmk(args):
     # phase 1: Python on both sides
     tm.barrier()
     if me == 0:
-        m = measure({"put8": py_put8, "pingpong": py_pingpong}, iters, bns)
+        m = measure({"put8": py_put8, "pingpong": py_pingpong, "pingpong_nbi": py_pingpong_nbi},
+                    iters, bns)
         res["python"] = {k: _us(v) for k, v in m.items()}
         tm.signal_op(peer, peer_sig, STOP)
     else:
@@ -294,6 +307,10 @@ def report(res, file=None):
         sr = med(m, "sendrecv_pingpong")
         if pp and sr:
             print(f"  gexmk Python round trip / MPI Send/Recv round trip = {pp / sr:.2f}", file=file)
+    nbi = med(g, "python", "pingpong_nbi")
+    if nbi:
+        print(f"  gexmk python, put_signal_nbi (the signal completes in the background): "
+              f"round trip {f(nbi)} us", file=file)
 
 
 def main(argv=None):
