@@ -51,6 +51,24 @@ def test_constants_exported():
         assert hasattr(gexmk, name)
 
 
+def test_stub_has_the_signal_api():
+    import ast
+    stub = os.path.join(os.path.dirname(gexmk.__file__), "__init__.pyi")
+    tree = ast.parse(open(stub).read())
+    lits = {n.target.id: n.annotation.slice.value for n in tree.body
+            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+            and n.target.id.startswith(("SIGNAL_", "CMP_"))}
+    assert lits == {k: getattr(gexmk, k) for k in lits} and len(lits) == 8, lits
+    team = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Team")
+    methods = {f.name for f in team.body if isinstance(f, ast.FunctionDef)}
+    api = {"put_signal", "put_signal_nb", "put_signal_nbi", "signal_op", "signal_fetch",
+           "wait_until", "wait_until_all", "wait_until_any", "wait_until_some",
+           "test", "test_all", "test_any", "test_some"}
+    assert api <= methods, api - methods
+    for name in api:
+        assert getattr(gexmk.Team, name).__doc__, name
+
+
 def test_put_signal_self_set_add_and_fetch(client, seg):
     tm = client.tm
     mem = np.asarray(seg)

@@ -368,6 +368,8 @@ cdef int signal_op_slow(const gx_team* tm, int rank, uintptr_t sig_addr, uint64_
 # ---- the Python API (Team methods delegate here) ------------------------------------
 
 cdef int _as_sig_op(object x, str sig) except -1:
+    if x is SIGNAL_SET or x is SIGNAL_ADD:      # the constants themselves: no conversion
+        return <int>x
     if type(x) is not bool and hasattr(type(x), "__index__"):
         v = PyNumber_Index(x)
         if v == GX_SIGNAL_SET or v == GX_SIGNAL_ADD:
@@ -376,6 +378,9 @@ cdef int _as_sig_op(object x, str sig) except -1:
 
 
 cdef int _as_cmp(object x, str sig) except -1:
+    cdef long long v0
+    if type(x) is int and _exact_int_ll(x, &v0) and 0 <= v0 < GX_CMP_COUNT:
+        return <int>v0
     if type(x) is not bool and hasattr(type(x), "__index__"):
         v = PyNumber_Index(x)
         if 0 <= v < GX_CMP_COUNT:
@@ -385,6 +390,9 @@ cdef int _as_cmp(object x, str sig) except -1:
 
 
 cdef int _as_dt(object x, str sig) except -1:
+    cdef long long v0
+    if type(x) is int and _exact_int_ll(x, &v0) and 0 <= v0 < GX_DT_COUNT:
+        return <int>v0
     if type(x) is not bool and hasattr(type(x), "__index__"):
         v = PyNumber_Index(x)
         if v in _DT_NAMES:
