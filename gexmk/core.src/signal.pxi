@@ -326,7 +326,8 @@ cdef int put_signal_slow(const gx_team* tm, int rank, uintptr_t dest, const void
     r = tm.routes[rank]
     if handle != NULL:
         handle[0] = NULL
-    if r.rma.ops == r.amo.ops and r.rma.peer == r.amo.peer:
+    # (a table without the slot, e.g. a plug-in older than it, gets the composition)
+    if r.rma.ops == r.amo.ops and r.rma.peer == r.amo.peer and r.rma.ops.put_signal != NULL:
         _xfer_init(&x, &r.rma, r.t, dest, <void*>src, n, mode)
         if gx_in_dev(tm, src, n):
             x.local_kind = tm.ep.seg_kind
