@@ -112,6 +112,13 @@ def _gexmk(args):
     # phase 1: Python on both sides
     tm.barrier()
     if me == 0:
+        # warm-up: over the network the first few hundred ms after init are slow
+        # (connection set-up, progress threads settling); untimed
+        import time
+        t_end = time.monotonic() + args.warmup
+        while time.monotonic() < t_end:
+            py_pingpong(16)
+            py_put8(16)
         m = measure({"put8": py_put8, "pingpong": py_pingpong, "pingpong_nbi": py_pingpong_nbi},
                     iters, bns)
         res["python"] = {k: _us(v) for k, v in m.items()}
@@ -232,10 +239,10 @@ def _last_json(r, what):
         return {"skipped": f"no JSON from {what}: {r.stdout[-300:]!r}"}
 
 
-def run(iters=300, batch_us=200.0, transport="auto", provider=None, timeout=300):
+def run(iters=300, batch_us=200.0, transport="auto", provider=None, timeout=300, warmup=1.0):
     """Run both sides; returns {"gexmk": ..., "mpi": ...} (times in µs)."""
     flags = ["-P"] if getattr(sys.flags, "safe_path", False) else []
-    common = ["--iters", str(iters), "--batch-us", str(batch_us)]
+    common = ["--iters", str(iters), "--batch-us", str(batch_us), "--warmup", str(warmup)]
     env = dict(os.environ)
     env["GEXMK_TRANSPORT"] = transport
     if provider:
@@ -320,6 +327,8 @@ def main(argv=None):
     ap.add_argument("--transport", default="auto", help="GEXMK_TRANSPORT of the gexmk job")
     ap.add_argument("--provider", default=None, help="GEXMK_OFI_PROVIDER (with --transport ofi)")
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--warmup", type=float, default=1.0,
+                    help="seconds of untimed ping-pong and puts before measuring (default 1)")
     ap.add_argument("--json", action="store_true", help="print the raw JSON too")
     ap.add_argument("--gexmk", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mpi", action="store_true", help=argparse.SUPPRESS)
@@ -328,7 +337,8 @@ def main(argv=None):
         return _gexmk(args)
     if args.mpi:
         return _mpi(args)
-    res = run(args.iters, args.batch_us, args.transport, args.provider, args.timeout)
+    res = run(args.iters, args.batch_us, args.transport, args.provider, args.timeout,
+              args.warmup)
     report(res)
     if args.json:
         print(json.dumps(res))
