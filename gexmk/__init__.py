@@ -31,6 +31,7 @@ from gexmk.core import (
     OP_SET, OP_GET, OP_SWAP, OP_CAS, OP_FCAS, OP_ADD, OP_FADD, OP_SUB, OP_FSUB, OP_INC, OP_FINC,
     OP_DEC, OP_FDEC, OP_AND, OP_FAND, OP_OR, OP_FOR, OP_XOR, OP_FXOR, OP_MIN, OP_FMIN, OP_MAX,
     OP_FMAX,
+    SIGNAL_SET, SIGNAL_ADD, CMP_EQ, CMP_NE, CMP_GT, CMP_GE, CMP_LT, CMP_LE,
 )
 
 #: Memory kind classes (GASNet-EX GEX_MK_CLASS_*), for client.mk_create(cls, device).

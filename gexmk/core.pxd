@@ -1,6 +1,6 @@
 # Core objects: client, endpoints, teams, events.  Cython users cimport this
 # (and gexmk.rma for the nogil data path).
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport uintptr_t, uint64_t
 from gexmk.lib.gx cimport gx_team, gx_target, gx_route, gx_ep, gx_val, gx_tr_ops
 from gexmk.memory cimport Segment
 
@@ -104,3 +104,19 @@ cdef int atomic_slow(const gx_team* tm, int rank, uintptr_t addr, int dt, int op
 cdef int rma_nbi_slow(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* local,
                       size_t n, int rc) except -1 nogil
 cdef int nbi_sync(const gx_team* tm, int categories) except -1 nogil
+
+# Signals and waiting (core.src/signal.pxi): put_signal/signal_op the inline
+# path declined, and the waiting primitive (words of the team endpoint's own
+# segment; GX_WAIT_ALL/ANY/SOME; timeout <= 0: GEXMK_TIMEOUT).
+cdef int put_signal_slow(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n,
+                         uintptr_t sig_addr, uint64_t value, int sig_op, int mode,
+                         void** handle, const gx_tr_ops** handle_ops, int rc) except -1 nogil
+cdef int signal_op_slow(const gx_team* tm, int rank, uintptr_t sig_addr, uint64_t value,
+                        int sig_op, int rc) except -1 nogil
+cdef int wait_progress(const gx_team* tm) except -1 nogil
+cdef Py_ssize_t wait_words(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t n, int dt,
+                           int cmp, const gx_val* vals, bint vector, int mode, bint block,
+                           double timeout, const unsigned char* skip, Py_ssize_t* indices,
+                           const char* sig) except -1 nogil
+cdef int wait_until_word(const gx_team* tm, uintptr_t addr, int dt, int cmp, gx_val value,
+                         double timeout) except -1 nogil

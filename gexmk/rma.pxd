@@ -8,8 +8,12 @@
 #
 # The handle stays valid until the team's client is finalized.  Every call
 # returns 0 or raises (except -1): bad rank, out-of-segment address, dead peer.
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport uintptr_t, uint64_t
 from gexmk.lib.gx cimport (gx_team, gx_val, gx_put, gx_get, gx_atomic,
+                           gx_put_signal, gx_signal_op, gx_own_word, gx_cmp_local,
+                           GX_SIGNAL_SET, GX_SIGNAL_ADD, GX_BLOCKING, GX_NBI_LCNOW,
+                           GX_CMP_EQ, GX_CMP_NE, GX_CMP_GT, GX_CMP_GE, GX_CMP_LT, GX_CMP_LE,
+                           GX_WAIT_ALL, GX_WAIT_ANY, GX_WAIT_SOME,
                            GX_OK, GX_CAT_ALL, GX_CAT_PUT, GX_CAT_RMW,
                            GX_DT_I32, GX_DT_U32, GX_DT_I64, GX_DT_U64, GX_DT_FLT, GX_DT_DBL,
                            GX_OP_SET, GX_OP_GET, GX_OP_SWAP, GX_OP_CAS, GX_OP_FCAS,
@@ -17,7 +21,9 @@ from gexmk.lib.gx cimport (gx_team, gx_val, gx_put, gx_get, gx_atomic,
                            GX_OP_INC, GX_OP_FINC, GX_OP_DEC, GX_OP_FDEC,
                            GX_OP_AND, GX_OP_FAND, GX_OP_OR, GX_OP_FOR, GX_OP_XOR, GX_OP_FXOR,
                            GX_OP_MIN, GX_OP_FMIN, GX_OP_MAX, GX_OP_FMAX)
-from gexmk.core cimport Team, put_slow, get_slow, atomic_slow, rma_nbi_slow, nbi_sync
+from gexmk.core cimport (Team, put_slow, get_slow, atomic_slow, rma_nbi_slow, nbi_sync,
+                         put_signal_slow, signal_op_slow, wait_words, wait_until_word,
+                         wait_progress)
 
 
 cdef inline gx_team* team_handle(Team tm) except NULL:
@@ -87,3 +93,68 @@ cdef inline int quiet(const gx_team* tm) except -1 nogil:
     """Complete every outstanding put/atomic of tm's endpoint (NVSHMEM quiet),
     the same as Team.quiet()."""
     return nbi_sync(tm, (1 << GX_CAT_PUT) | (1 << GX_CAT_RMW))
+
+
+# ---- signals and waiting (NVSHMEM put_signal / wait_until) ----
+
+cdef inline int put_signal(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n,
+                           uintptr_t sig_addr, uint64_t signal, int sig_op) except -1 nogil:
+    """Blocking put of n bytes, then the 64-bit signal word at (rank, sig_addr)
+    set (GX_SIGNAL_SET) or added to (GX_SIGNAL_ADD); the signal is never
+    visible before the data."""
+    cdef int rc = gx_put_signal(tm, rank, dest, src, n, sig_addr, signal, sig_op)
+    if rc == GX_OK:
+        return 0
+    return put_signal_slow(tm, rank, dest, src, n, sig_addr, signal, sig_op, GX_BLOCKING,
+                           NULL, NULL, rc)
+
+
+cdef inline int put_signal_nbi(const gx_team* tm, int rank, uintptr_t dest, const void* src,
+                               size_t n, uintptr_t sig_addr, uint64_t signal,
+                               int sig_op) except -1 nogil:
+    """Implicit-event put_signal: src reusable on return; complete after quiet(tm)."""
+    cdef int rc = gx_put_signal(tm, rank, dest, src, n, sig_addr, signal, sig_op)
+    if rc == GX_OK:
+        return 0
+    return put_signal_slow(tm, rank, dest, src, n, sig_addr, signal, sig_op, GX_NBI_LCNOW,
+                           NULL, NULL, rc)
+
+
+cdef inline int signal_op(const gx_team* tm, int rank, uintptr_t sig_addr, uint64_t value,
+                          int sig_op) except -1 nogil:
+    """Set or add to the 64-bit signal word at (rank, sig_addr); blocking."""
+    cdef int rc = gx_signal_op(tm, rank, sig_addr, value, sig_op)
+    if rc == GX_OK:
+        return 0
+    return signal_op_slow(tm, rank, sig_addr, value, sig_op, rc)
+
+
+cdef inline int wait_until(const gx_team* tm, uintptr_t addr, int cmp, uint64_t value,
+                           double timeout=0.0) except -1 nogil:
+    """Block until the 64-bit word at addr of tm's endpoint's OWN segment
+    compares cmp (GX_CMP_*) to value.  timeout (s) <= 0: GEXMK_TIMEOUT; it, a
+    dead team member or a closed team raise.  Other types and several words:
+    gexmk.core's wait_words."""
+    cdef gx_val v
+    cdef void* p
+    v.u64 = value
+    if gx_own_word(tm, addr, GX_DT_U64, &p) == GX_OK and gx_cmp_local(p, GX_DT_U64, cmp, v, NULL):
+        return 0
+    return wait_until_word(tm, addr, GX_DT_U64, cmp, v, timeout)
+
+
+cdef inline int signal_fetch(const gx_team* tm, uintptr_t addr, uint64_t* out) except -1 nogil:
+    """*out = the 64-bit signal word at addr of tm's endpoint's OWN segment
+    (an acquire load, after one pass of progress)."""
+    cdef gx_val v
+    cdef void* p
+    cdef Py_ssize_t idx
+    wait_progress(tm)
+    if gx_own_word(tm, addr, GX_DT_U64, &p) != GX_OK:
+        v.u64 = 0         # wait_words names what is wrong with the word
+        wait_words(tm, &addr, 1, GX_DT_U64, GX_CMP_EQ, &v, False, GX_WAIT_ANY, False, 0.0,
+                   NULL, &idx, b"signal_fetch")
+        return -1
+    gx_cmp_local(p, GX_DT_U64, GX_CMP_EQ, v, &v)
+    out[0] = v.u64
+    return 0

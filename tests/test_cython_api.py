@@ -157,3 +157,26 @@ def test_team_handle_of_none_raises(api_user, tmp_path):
                             env=mp_util.child_env(), script=str(script))
     assert r.returncode == 0, r.report()
     assert "RAISED" in r.stdout
+
+
+def test_nogil_put_signal_wait_until_fetch(api_user, client):
+    seg = client.segment_attach(4096)
+    tm = client.tm
+    mem = np.asarray(seg)
+    sig = seg.address
+    assert api_user.put_signal_then_wait(tm, 0, seg.address + 64, 77, sig, 5, 0, sig, 5, 10.0) == 5
+    assert int(mem[64:72].view(np.int64)[0]) == 77
+    assert api_user.put_signal_then_wait(tm, 0, seg.address + 72, 78, sig, 2, 1, sig, 7, 10.0) == 7
+    api_user.signal_op(tm, 0, sig, 10, 1)
+    assert tm.signal_fetch(sig) == 17
+    # a word nobody sets: TimeoutError from the nogil wait, naming the word
+    with pytest.raises(gexmk.TimeoutError, match=f"0x{sig:x}"):
+        api_user.put_signal_then_wait(tm, 0, seg.address + 64, 1, seg.address + 8, 1, 0, sig, 100,
+                                      0.05)
+    # bad input raises from nogil code too
+    with pytest.raises(gexmk.BoundsError, match="aligned to 8"):
+        api_user.signal_op(tm, 0, sig + 4, 1, 0)
+    with pytest.raises(gexmk.RankError):
+        api_user.signal_op(tm, 1, sig, 1, 0)
+    with pytest.raises(gexmk.BoundsError, match="own"):
+        api_user.put_signal_then_wait(tm, 0, seg.address + 64, 1, sig, 1, 0, sig + 4096, 1, 1.0)

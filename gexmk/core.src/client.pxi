@@ -48,6 +48,7 @@ def init(comm=None):
         boot.close()
         raise
     _client = c
+    _signal_init(c)
     return c
 
 

@@ -269,6 +269,10 @@ cdef int _none_atomic(gx_xfer* x) except -1 nogil:
     return _none_raise(x, "atomic")
 
 
+cdef int _none_put_signal(gx_xfer* x) except -1 nogil:
+    return _none_raise(x, "put_signal")
+
+
 cdef int _none_op(void* op, gx_val* result) except -1 nogil:
     with gil:
         raise UnsupportedError("none: this path has no operations to test or wait for")
@@ -296,6 +300,7 @@ _NO_PATH.wait = _none_op
 _NO_PATH.orphan = _none_orphan
 _NO_PATH.sync = _none_sync
 _NO_PATH.nbi_test = _none_nbi_test
+_NO_PATH.put_signal = _none_put_signal
 
 
 cdef str _kind_name(int cls):

@@ -594,6 +594,92 @@ cdef class Team:
         return AtomicDomain._make(self, _as_int(dt, sig, "dt", False), _as_int(ops, sig, "ops", False),
                                   _as_int(flags, sig, "flags", False))
 
+    # -- signals and point-to-point synchronisation (NVSHMEM; core.src/signal.pxi) --
+
+    def put_signal(self, rank, dest, src, sig_addr, signal, sig_op=GX_SIGNAL_SET):
+        """Put ``src`` to ``dest`` of team rank ``rank``, then update the 64-bit
+        signal word at ``sig_addr`` (same target) with ``signal``: SIGNAL_SET
+        stores it, SIGNAL_ADD adds it (NVSHMEM ``putmem_signal``).  A rank
+        that sees the new signal value (``wait_until``, ``signal_fetch``) sees
+        the data, on every path.  Blocking: complete on return."""
+        _signal_issue(self, "put_signal(rank, dest, src, sig_addr, signal, sig_op=SIGNAL_SET)",
+                      rank, dest, src, sig_addr, signal, sig_op, GX_BLOCKING)
+
+    def put_signal_nb(self, rank, dest, src, sig_addr, signal, sig_op=GX_SIGNAL_SET):
+        """Non-blocking put_signal: an Event for its completion (the signal at
+        the target).  ``src`` is reusable on return."""
+        ev = _signal_issue(self, "put_signal_nb(rank, dest, src, sig_addr, signal, "
+                           "sig_op=SIGNAL_SET)", rank, dest, src, sig_addr, signal, sig_op, GX_NB)
+        return _DONE if ev is None else ev
+
+    def put_signal_nbi(self, rank, dest, src, sig_addr, signal, sig_op=GX_SIGNAL_SET):
+        """Implicit-event put_signal (NVSHMEM ``putmem_signal_nbi``): completed
+        by ``quiet``/``nbi_wait``; ``src`` is reusable on return."""
+        _signal_issue(self, "put_signal_nbi(rank, dest, src, sig_addr, signal, sig_op=SIGNAL_SET)",
+                      rank, dest, src, sig_addr, signal, sig_op, GX_NBI_LCNOW)
+
+    def signal_op(self, rank, sig_addr, value, sig_op=GX_SIGNAL_SET):
+        """Set (SIGNAL_SET) or add to (SIGNAL_ADD) the 64-bit signal word at
+        ``sig_addr`` of team rank ``rank`` (NVSHMEM ``signal_op``); blocking."""
+        _signal_op(self, rank, sig_addr, value, sig_op)
+
+    def signal_fetch(self, sig_addr):
+        """The 64-bit signal word at ``sig_addr`` of this rank's OWN bound
+        segment (``tm.addr(tm.rank, off)``), read atomically (NVSHMEM
+        ``signal_fetch``)."""
+        return _signal_fetch(self, sig_addr)
+
+    def wait_until(self, addr, cmp, value, dt=DT_U64, timeout=None):
+        """Block until the word at ``addr`` of this rank's OWN bound segment
+        compares ``cmp`` (CMP_EQ, CMP_NE, CMP_GT, CMP_GE, CMP_LT, CMP_LE) to
+        ``value``: ``word cmp value`` (NVSHMEM ``wait_until``).  ``dt``: the
+        word's type (DT_*, default DT_U64, naturally aligned).  Spins briefly,
+        then yields and naps, driving the transports' progress; raises
+        gexmk.TimeoutError after ``timeout`` s (default GEXMK_TIMEOUT) and
+        PeerDeadError when a team member dies meanwhile."""
+        _wait(self, "wait_until(addr, cmp, value, dt=DT_U64, timeout=None)", addr, cmp, value, dt,
+              timeout, GX_WAIT_ANY, True, True)
+
+    def wait_until_all(self, addrs, cmp, value, dt=DT_U64, timeout=None):
+        """Block until every word of ``addrs`` (own segment) has compared
+        ``cmp`` to ``value`` (one value, or one per word)."""
+        _wait(self, "wait_until_all(addrs, cmp, value, dt=DT_U64, timeout=None)", addrs, cmp,
+              value, dt, timeout, GX_WAIT_ALL, True, False)
+
+    def wait_until_any(self, addrs, cmp, value, dt=DT_U64, timeout=None):
+        """Block until some word of ``addrs`` satisfies the comparison; return
+        its index."""
+        return _wait(self, "wait_until_any(addrs, cmp, value, dt=DT_U64, timeout=None)", addrs,
+                     cmp, value, dt, timeout, GX_WAIT_ANY, True, False)
+
+    def wait_until_some(self, addrs, cmp, value, dt=DT_U64, timeout=None):
+        """Block until at least one word of ``addrs`` satisfies the
+        comparison; return the indices of all that do (ascending)."""
+        return _wait(self, "wait_until_some(addrs, cmp, value, dt=DT_U64, timeout=None)", addrs,
+                     cmp, value, dt, timeout, GX_WAIT_SOME, True, False)
+
+    def test(self, addr, cmp, value, dt=DT_U64):
+        """True when the word at ``addr`` (own segment) compares ``cmp`` to
+        ``value`` now (NVSHMEM ``test``; drives progress once, never blocks)."""
+        return _wait(self, "test(addr, cmp, value, dt=DT_U64)", addr, cmp, value, dt, None,
+                     GX_WAIT_ANY, False, True) is not None
+
+    def test_all(self, addrs, cmp, value, dt=DT_U64):
+        """True when every word of ``addrs`` satisfies the comparison now."""
+        return _wait(self, "test_all(addrs, cmp, value, dt=DT_U64)", addrs, cmp, value, dt, None,
+                     GX_WAIT_ALL, False, False)
+
+    def test_any(self, addrs, cmp, value, dt=DT_U64):
+        """Index of a word of ``addrs`` that satisfies the comparison now, or None."""
+        return _wait(self, "test_any(addrs, cmp, value, dt=DT_U64)", addrs, cmp, value, dt, None,
+                     GX_WAIT_ANY, False, False)
+
+    def test_some(self, addrs, cmp, value, dt=DT_U64):
+        """Indices of the words of ``addrs`` that satisfy the comparison now
+        (possibly empty)."""
+        return _wait(self, "test_some(addrs, cmp, value, dt=DT_U64)", addrs, cmp, value, dt, None,
+                     GX_WAIT_SOME, False, False)
+
 
 cdef str _issue_sig(bint is_put, int mode):
     """The call an _issue comes from, for messages."""

@@ -63,6 +63,7 @@ cdef extern from "gexmk/gexmk.h" nogil:
         gx_val b
         gx_val* result
         void** handle
+        uintptr_t sig_addr
 
     ctypedef int (*gx_tr_xfer_fn)(gx_xfer* x) except -1 nogil
     ctypedef int (*gx_tr_op_fn)(void* op, gx_val* result) except -1 nogil
@@ -79,6 +80,7 @@ cdef extern from "gexmk/gexmk.h" nogil:
         gx_tr_orphan_fn orphan
         gx_tr_sync_fn sync
         gx_tr_sync_fn nbi_test
+        gx_tr_xfer_fn put_signal
 
     ctypedef struct gx_path:
         const gx_tr_ops* ops
@@ -143,6 +145,27 @@ cdef extern from "gexmk/gexmk.h" nogil:
     int gx_atomic_local(void* p, int dt, int op, gx_val a, gx_val b, gx_val* result)
     int gx_atomic(const gx_team* tm, int rank, uintptr_t addr, int dt, int op,
                   gx_val a, gx_val b, gx_val* result)
+
+    enum:
+        GX_SIGNAL_SET
+        GX_SIGNAL_ADD
+
+    enum:
+        GX_CMP_EQ, GX_CMP_NE, GX_CMP_GT, GX_CMP_GE, GX_CMP_LT, GX_CMP_LE
+        GX_CMP_COUNT
+
+    enum:
+        GX_WAIT_ALL
+        GX_WAIT_ANY
+        GX_WAIT_SOME
+
+    void gx_cpu_relax()
+    int gx_cmp_local(const void* p, int dt, int cmp, gx_val v, gx_val* seen)
+    int gx_own_word(const gx_team* tm, uintptr_t addr, int dt, void** out)
+    void gx_signal_local(void* p, uint64_t value, int sig_op)
+    int gx_put_signal(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n,
+                      uintptr_t sig_addr, uint64_t value, int sig_op)
+    int gx_signal_op(const gx_team* tm, int rank, uintptr_t sig_addr, uint64_t value, int sig_op)
 
     int gx_xchg_int(int* p, int v)
     int gx_load_int(const int* p)

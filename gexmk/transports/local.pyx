@@ -24,7 +24,7 @@ import pickle
 from gexmk.transports import fdpass
 
 from libc.errno cimport errno, EPERM, ESRCH, EFAULT
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport uintptr_t, uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED
@@ -359,6 +359,99 @@ cdef int _pvm_atomic(gx_xfer* x) except -1 nogil:
             "atomics; use a library-allocated segment")
 
 
+# ---- put_signal: the data, complete, then the signal word ------------------------
+
+cdef int _sig_misaligned(gx_xfer* x) except -1 with gil:
+    from gexmk.errors import BoundsError
+    raise BoundsError(f"put_signal: signal address 0x{x.sig_addr:x} is not aligned to 8 bytes")
+
+
+cdef int _mapped_put_signal(gx_xfer* x) except -1 nogil:
+    """The data by memcpy (or the endpoint's copy engine from its device
+    segment, synchronously), then the signal by a CPU atomic on the mapping:
+    release ordering puts it after the data for any reader that acquires it."""
+    cdef lp_peer* p = <lp_peer*>x.peer
+    cdef char* s
+    cdef int mode = x.mode
+    cdef void** handle = x.handle
+    if x.sig_addr & 7:
+        return _sig_misaligned(x)
+    x.mode = GX_BLOCKING
+    x.handle = NULL
+    _mapped_put(x)
+    x.mode = mode
+    x.handle = handle
+    s = <char*>x.sig_addr if p == NULL else p.local_base + (x.sig_addr - x.t.remote_base)
+    gx_signal_local(s, x.a.u64, x.op)
+    _done(x)
+    return 0
+
+
+cdef int _dev_put_signal(gx_xfer* x) except -1 nogil:
+    """A device segment target: the copy synchronously (complete on return),
+    then the signal through the kind's device atomic, so that the signal is
+    written after the copy has completed."""
+    cdef lp_dev* d = <lp_dev*>x.peer
+    cdef gx_val old
+    cdef gx_val zero
+    cdef int mode = x.mode
+    cdef void** handle = x.handle
+    cdef uintptr_t remote = x.remote
+    if x.stream != NULL:
+        with gil:
+            raise UnsupportedError("put_signal: stream-ordered signals (put_signal_on_stream) "
+                                   "are not implemented on the self/nbrhd device paths")
+    if d.k.atomic == NULL:
+        with gil:
+            raise UnsupportedError("put_signal: the device segment's memory kind has no atomics "
+                                   "here, so the signal word cannot be updated after the data")
+    if x.sig_addr & 7:
+        return _sig_misaligned(x)
+    x.mode = GX_BLOCKING
+    x.handle = NULL
+    _dev_copy(x, _dev_addr(x), <uintptr_t>x.local)
+    x.mode = mode
+    x.handle = handle
+    x.remote = x.sig_addr
+    zero.u64 = 0
+    try:
+        d.k.atomic(d.k.kctx, NULL, _dev_addr(x), GX_DT_U64,
+                   GX_OP_SET if x.op == GX_SIGNAL_SET else GX_OP_ADD, x.a, zero, &old)
+    finally:
+        x.remote = remote
+    _done(x)
+    return 0
+
+
+cdef int _pvm_put_signal(gx_xfer* x) except -1 nogil:
+    """process_vm: the data, then (the first call has returned, so the data is
+    in the target's memory) the signal word as one 8-byte process_vm write.
+    SIGNAL_ADD would need a read-modify-write process_vm cannot do."""
+    cdef uint64_t v = x.a.u64
+    cdef void* local = x.local
+    cdef size_t n = x.n
+    cdef uintptr_t remote = x.remote
+    if x.op != GX_SIGNAL_SET:
+        with gil:
+            raise UnsupportedError(
+                "put_signal: SIGNAL_ADD to a segment reached by process_vm (pvm: a client-"
+                "allocated segment of another process, or GEXMK_TRANSPORT=pvm) is not possible: "
+                "process_vm has no atomics; use SIGNAL_SET or a library-allocated segment")
+    if x.sig_addr & 7:
+        return _sig_misaligned(x)
+    _pvm(x, True)
+    x.local = &v
+    x.n = 8
+    x.remote = x.sig_addr
+    try:
+        _pvm(x, True)
+    finally:
+        x.local = local
+        x.n = n
+        x.remote = remote
+    return 0
+
+
 cdef int _no_op(void* op, gx_val* result) except -1 nogil:
     with gil:
         raise UnsupportedError("local transport: its operations complete at issue; "
@@ -389,7 +482,7 @@ cdef gx_tr_ops _SELF, _NBRHD, _PVM, _SELF_DEV, _NBRHD_DEV
 
 
 cdef void _fill(gx_tr_ops* t, const char* name, gx_tr_xfer_fn put, gx_tr_xfer_fn get,
-                gx_tr_xfer_fn atomic) noexcept:
+                gx_tr_xfer_fn atomic, gx_tr_xfer_fn put_signal) noexcept:
     t.name = name
     t.put = put
     t.get = get
@@ -399,13 +492,14 @@ cdef void _fill(gx_tr_ops* t, const char* name, gx_tr_xfer_fn put, gx_tr_xfer_fn
     t.orphan = _no_orphan
     t.sync = _sync
     t.nbi_test = _nbi_test
+    t.put_signal = put_signal
 
 
-_fill(&_SELF, b"self", _mapped_put, _mapped_get, _mapped_atomic)
-_fill(&_NBRHD, b"nbrhd", _mapped_put, _mapped_get, _mapped_atomic)
-_fill(&_PVM, b"pvm", _pvm_put, _pvm_get, _pvm_atomic)
-_fill(&_SELF_DEV, b"self", _dev_put, _dev_get, _dev_atomic)
-_fill(&_NBRHD_DEV, b"nbrhd", _dev_put, _dev_get, _dev_atomic)
+_fill(&_SELF, b"self", _mapped_put, _mapped_get, _mapped_atomic, _mapped_put_signal)
+_fill(&_NBRHD, b"nbrhd", _mapped_put, _mapped_get, _mapped_atomic, _mapped_put_signal)
+_fill(&_PVM, b"pvm", _pvm_put, _pvm_get, _pvm_atomic, _pvm_put_signal)
+_fill(&_SELF_DEV, b"self", _dev_put, _dev_get, _dev_atomic, _dev_put_signal)
+_fill(&_NBRHD_DEV, b"nbrhd", _dev_put, _dev_get, _dev_atomic, _dev_put_signal)
 _SELF_DEV.test = _NBRHD_DEV.test = _dev_test       # NB device copies: events
 _SELF_DEV.wait = _NBRHD_DEV.wait = _dev_wait
 _SELF_DEV.orphan = _NBRHD_DEV.orphan = _dev_orphan

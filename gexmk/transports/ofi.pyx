@@ -187,6 +187,28 @@ cdef int ofi_atomic(gx_xfer* x) except -1 nogil:
                       x.mode, x.handle)
 
 
+cdef int ofi_put_signal(gx_xfer* x) except -1 nogil:
+    """put_signal over the network: the put with FI_DELIVERY_COMPLETE first
+    (blocking: the data has landed at the target when it returns), then the
+    signal as a 64-bit atomic in the caller's mode.  Completing the put first
+    is what orders them whatever the provider grants: on tcp;ofi_rxm with
+    split endpoints, RMA and atomics travel on different endpoints and are not
+    ordered with each other at all, and even one endpoint would need
+    FI_ORDER_ATOMIC_WAW-class ordering that rxm does not promise."""
+    cdef gx_val zero
+    if x.local_kind != GX_MK_HOST or x.stream != NULL:
+        return _no_device(x, "put_signal")
+    if x.sig_addr & 7:
+        with gil:
+            from gexmk.errors import BoundsError
+            raise BoundsError(f"put_signal: signal address 0x{x.sig_addr:x} is not aligned to 8 bytes")
+    net_put(x.ep, <ofi_peer*>x.peer, x.remote, x.local, x.n, GX_BLOCKING, NULL)
+    zero.u64 = 0
+    return net_atomic(x.ep, <ofi_peer*>x.peer, x.sig_addr, GX_DT_U64,
+                      GX_OP_SET if x.op == GX_SIGNAL_SET else GX_OP_ADD, x.a, zero, NULL,
+                      x.mode if x.mode != GX_NBI_LCNOW else GX_NBI, x.handle)
+
+
 cdef gx_tr_ops _OPS
 _OPS.name = b"ofi"
 _OPS.put = ofi_put
@@ -197,6 +219,7 @@ _OPS.wait = net_wait
 _OPS.orphan = net_orphan
 _OPS.sync = net_nbi_wait
 _OPS.nbi_test = net_nbi_test
+_OPS.put_signal = ofi_put_signal
 
 
 # Scores against the local transport's (gexmk/transports/local.pyx): the only

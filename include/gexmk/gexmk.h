@@ -89,6 +89,8 @@ typedef struct gx_xfer {
     gx_val a, b;
     gx_val *result;  /* atomics: the fetched value (NULL allowed) */
     void **handle;           /* GX_NB: the pending op, or NULL when complete at issue */
+    uintptr_t sig_addr;      /* put_signal: the 64-bit signal word in the target's segment
+                              * (value in a.u64, GX_SIGNAL_* in op) */
 } gx_xfer;
 
 typedef int (*gx_tr_xfer_fn)(gx_xfer *x);
@@ -105,7 +107,10 @@ typedef struct gx_tr_ops {
     gx_tr_op_fn wait;        /* an NB op: block until complete, then free it */
     gx_tr_orphan_fn orphan;  /* an NB op nobody will wait for: free it when it completes */
     gx_tr_sync_fn sync;      /* complete the endpoint's implicit ops of these categories */
-    gx_tr_sync_fn nbi_test;  /* 1 when none of these categories is outstanding */
+    gx_tr_sync_fn nbi_test;  /* 1 when none of these categories is outstanding; with
+                              * categories 0 it only drives the endpoint's progress */
+    gx_tr_xfer_fn put_signal; /* put, then set/add the signal word: the signal is never
+                               * visible at the target before the data (NVSHMEM put_signal) */
 } gx_tr_ops;
 
 /* One way to reach a target: a transport's table and its two contexts. */
@@ -355,6 +360,129 @@ static inline int gx_atomic(const gx_team *tm, int rank, uintptr_t addr, int dt,
     if (((uintptr_t)p & (n - 1)) != 0)
         return GX_ERANGE;
     return gx_atomic_local(p, dt, op, a, b, result);
+}
+
+/* ---- point-to-point synchronisation (NVSHMEM signals and wait_until) ----
+ *
+ * A signal is a 64-bit unsigned word of a bound segment.  put_signal writes
+ * data and then updates the signal word at the target; whoever sees the new
+ * signal value (by an acquire load, as gx_cmp_local does) sees the data.  The
+ * inline form serves CPU-mapped targets: memcpy, then the signal update with
+ * release ordering.  Waiting (gexmk.core's wait_words) polls the word with
+ * gx_cmp_local. */
+
+enum { GX_SIGNAL_SET = 0, GX_SIGNAL_ADD = 1 };
+enum { GX_CMP_EQ = 0, GX_CMP_NE, GX_CMP_GT, GX_CMP_GE, GX_CMP_LT, GX_CMP_LE, GX_CMP_COUNT };
+/* What a wait over several words waits for (gexmk.core's wait_words). */
+enum { GX_WAIT_ALL = 0, GX_WAIT_ANY = 1, GX_WAIT_SOME = 2 };
+
+/* A CPU hint inside spin loops. */
+static inline void gx_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
+#define GX_CMP_(a, b, cmp)                                                  \
+    ((cmp) == GX_CMP_EQ ? (a) == (b) : (cmp) == GX_CMP_NE ? (a) != (b) :    \
+     (cmp) == GX_CMP_GT ? (a) > (b) : (cmp) == GX_CMP_GE ? (a) >= (b) :     \
+     (cmp) == GX_CMP_LT ? (a) < (b) : (a) <= (b))
+
+/* 1 when the naturally aligned object of type dt at p compares `cmp` to v
+ * (object `cmp` v); *seen receives its value.  The load acquires: what was
+ * written before the value was stored (a put_signal's data) is visible. */
+static inline int gx_cmp_local(const void *p, int dt, int cmp, gx_val v, gx_val *seen)
+{
+    gx_val o;
+    o.u64 = 0;
+    if (gx_dt_size(dt) == 4)
+        o.u32 = __atomic_load_n((const uint32_t *)p, __ATOMIC_ACQUIRE);
+    else
+        o.u64 = __atomic_load_n((const uint64_t *)p, __ATOMIC_ACQUIRE);
+    if (seen)
+        *seen = o;
+    switch (dt) {
+    case GX_DT_I32: return GX_CMP_(o.i32, v.i32, cmp);
+    case GX_DT_U32: return GX_CMP_(o.u32, v.u32, cmp);
+    case GX_DT_I64: return GX_CMP_(o.i64, v.i64, cmp);
+    case GX_DT_U64: return GX_CMP_(o.u64, v.u64, cmp);
+    case GX_DT_FLT: return GX_CMP_(o.flt, v.flt, cmp);
+    case GX_DT_DBL: return GX_CMP_(o.dbl, v.dbl, cmp);
+    }
+    return 0;
+}
+
+/* The object (addr, dt) of the team endpoint's OWN bound segment (addr as
+ * tm.addr(tm.rank, off) gives it) as a local pointer: GX_OK; GX_ERANGE when
+ * outside the segment or not aligned to its size; GX_NOT_MAPPED when the
+ * segment is not CPU-addressable here (device memory). */
+static inline int gx_own_word(const gx_team *tm, uintptr_t addr, int dt, void **out)
+{
+    char *p; gx_route *r;
+    size_t n = gx_dt_size(dt);
+    int rc = gx_locate(tm, tm->rank, addr, n, &p, &r);
+    if (rc != GX_OK)
+        return rc;
+    if (((uintptr_t)p & (n - 1)) != 0 || gx_in_dev(tm, p, n))
+        return ((uintptr_t)p & (n - 1)) != 0 ? GX_ERANGE : GX_NOT_MAPPED;
+    *out = p;
+    return GX_OK;
+}
+
+/* Update a signal word at local p (GX_SIGNAL_SET / GX_SIGNAL_ADD), ordered
+ * after every earlier store of this thread. */
+static inline void gx_signal_local(void *p, uint64_t value, int sig_op)
+{
+    if (sig_op == GX_SIGNAL_SET)
+        __atomic_store_n((uint64_t *)p, value, __ATOMIC_RELEASE);
+    else
+        __atomic_fetch_add((uint64_t *)p, value, __ATOMIC_SEQ_CST);
+}
+
+/* put_signal to a CPU-mapped target: copy n bytes from src to (rank, dest),
+ * then set or add `value` to the 64-bit word at (rank, sig_addr).  Complete on
+ * return.  GX_NOT_MAPPED: take the route's transport (gexmk.core's
+ * put_signal_slow). */
+static inline int gx_put_signal(const gx_team *tm, int rank, uintptr_t dest, const void *src,
+                                size_t n, uintptr_t sig_addr, uint64_t value, int sig_op)
+{
+    char *p, *s; gx_route *r;
+    int rc;
+    if (sig_op != GX_SIGNAL_SET && sig_op != GX_SIGNAL_ADD)
+        return GX_EOP;
+    rc = gx_locate(tm, rank, dest, n, &p, &r);
+    if (rc != GX_OK)
+        return rc;
+    rc = gx_locate(tm, rank, sig_addr, 8, &s, &r);
+    if (rc != GX_OK)
+        return rc;
+    if (((uintptr_t)s & 7) != 0)
+        return GX_ERANGE;
+    if (gx_in_dev(tm, src, n))
+        return GX_NOT_MAPPED;
+    memcpy(p, src, n);
+    gx_signal_local(s, value, sig_op);
+    return GX_OK;
+}
+
+/* signal_op on a CPU-mapped target: set or add `value` to (rank, sig_addr). */
+static inline int gx_signal_op(const gx_team *tm, int rank, uintptr_t sig_addr, uint64_t value,
+                               int sig_op)
+{
+    char *s; gx_route *r;
+    int rc;
+    if (sig_op != GX_SIGNAL_SET && sig_op != GX_SIGNAL_ADD)
+        return GX_EOP;
+    rc = gx_locate(tm, rank, sig_addr, 8, &s, &r);
+    if (rc != GX_OK)
+        return rc;
+    if (((uintptr_t)s & 7) != 0)
+        return GX_ERANGE;
+    gx_signal_local(s, value, sig_op);
+    return GX_OK;
 }
 
 /* Small atomics for completion state shared with progress threads. */

@@ -2,7 +2,7 @@
 """An outside Cython project using gexmk's nogil C-level RMA API, as a user's
 extension would: it knows gexmk only through the installed .pxd files and
 gexmk.get_include().  Built and run by tests/test_cython_api.py."""
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
 
 from gexmk cimport rma
 from gexmk.core cimport Team
@@ -53,3 +53,24 @@ def get_word(Team tm, int rank, uintptr_t src):
     with nogil:
         rma.get(t, &v, rank, src, 8)
     return v
+
+
+def put_signal_then_wait(Team tm, int rank, uintptr_t dest, int64_t value, uintptr_t sig_addr,
+                         uint64_t signal, int add, uintptr_t my_sig, uint64_t wait_for,
+                         double timeout):
+    """nogil: rma.put_signal of one word (SIGNAL_ADD when add), then
+    rma.wait_until(my_sig >= wait_for) and rma.signal_fetch of it."""
+    cdef rma.gx_team* t = rma.team_handle(tm)
+    cdef uint64_t seen = 0
+    with nogil:
+        rma.put_signal(t, rank, dest, &value, 8, sig_addr, signal,
+                       rma.GX_SIGNAL_ADD if add else rma.GX_SIGNAL_SET)
+        rma.wait_until(t, my_sig, rma.GX_CMP_GE, wait_for, timeout)
+        rma.signal_fetch(t, my_sig, &seen)
+    return seen
+
+
+def signal_op(Team tm, int rank, uintptr_t sig_addr, uint64_t value, int add):
+    cdef rma.gx_team* t = rma.team_handle(tm)
+    with nogil:
+        rma.signal_op(t, rank, sig_addr, value, rma.GX_SIGNAL_ADD if add else rma.GX_SIGNAL_SET)

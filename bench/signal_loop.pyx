@@ -1,0 +1,56 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""nogil loops of bench/signal_pingpong.py: put_signal + wait_until ping-pong
+and 8 B blocking puts through gexmk's C-level API (``from gexmk cimport rma``),
+built on the fly by ``gexmk.bench.build_extension`` like an outside project.
+
+Signal words are counters: the initiator sends ``seq + 1`` and waits for the
+echo of the same value; the responder echoes every value until it sees STOP.
+"""
+from libc.stdint cimport uintptr_t, uint64_t
+
+from gexmk cimport rma
+from gexmk.core cimport Team
+
+STOP = 2**63
+
+
+def put8(Team tm, int rank, uintptr_t dest, Py_ssize_t n):
+    """``n`` blocking 8-byte puts to (rank, dest)."""
+    cdef rma.gx_team* t = rma.team_handle(tm)
+    cdef uint64_t x = 0
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(n):
+            x = <uint64_t>i
+            rma.put(t, rank, dest, &x, 8)
+
+
+def pingpong(Team tm, int rank, uintptr_t data, uintptr_t peer_sig, uintptr_t my_sig,
+             uint64_t seq, Py_ssize_t n):
+    """``n`` round trips: 8 B put_signal (SIGNAL_SET seq+1, ...) to rank, then
+    wait until my_sig reaches the same value.  Returns the last seq used."""
+    cdef rma.gx_team* t = rma.team_handle(tm)
+    cdef uint64_t x
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(n):
+            seq += 1
+            x = seq
+            rma.put_signal(t, rank, data, &x, 8, peer_sig, seq, rma.GX_SIGNAL_SET)
+            rma.wait_until(t, my_sig, rma.GX_CMP_GE, seq)
+    return seq
+
+
+def echo(Team tm, int rank, uintptr_t data, uintptr_t peer_sig, uintptr_t my_sig):
+    """Echo every signal value back (8 B put_signal) until one is >= STOP."""
+    cdef rma.gx_team* t = rma.team_handle(tm)
+    cdef uint64_t seen = 0, stop = STOP
+    with nogil:
+        while True:
+            rma.wait_until(t, my_sig, rma.GX_CMP_GT, seen)
+            rma.signal_fetch(t, my_sig, &seen)
+            if seen >= stop:
+                break
+            rma.put_signal(t, rank, data, &seen, 8, peer_sig, seen, rma.GX_SIGNAL_SET)
+    return seen
+

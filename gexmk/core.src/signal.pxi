@@ -1,0 +1,552 @@
+# ---- point-to-point synchronisation: signals and wait_until (NVSHMEM) -----------
+#
+# A signal is a 64-bit unsigned word of a bound segment.  put_signal writes
+# data, then updates the signal word at the target (SIGNAL_SET or SIGNAL_ADD);
+# the signal is never visible before the data, on any path: inline (memcpy,
+# then a release store / atomic add on the mapping), or through the route's
+# transport (its put_signal slot; a route whose RMA and atomics take different
+# transports composes a completed put with the atomic).
+#
+# wait_until and its forms wait on words of the caller's OWN bound segment
+# (addresses from tm.addr(tm.rank, off)).  The waiting primitive is
+# wait_words (nogil, exported in core.pxd): it polls with acquire loads,
+# drives the progress of every transport of the team's endpoint (over the
+# network the word is written by the network), spins briefly, then yields,
+# then naps with a growing sleep, so that more ranks than cores still make
+# progress; a dead team member, a closed team or GEXMK_TIMEOUT end it with an
+# error naming the word and the value seen.
+
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC, nanosleep
+from libc.stdlib cimport malloc
+from libc.string cimport memset
+from gexmk.errors import TimeoutError as TimeoutError_
+
+SIGNAL_SET = GX_SIGNAL_SET     #: put_signal/signal_op: store the signal value (NVSHMEM_SIGNAL_SET)
+SIGNAL_ADD = GX_SIGNAL_ADD     #: ... add it (NVSHMEM_SIGNAL_ADD)
+CMP_EQ = GX_CMP_EQ             #: wait_until comparisons (NVSHMEM_CMP_*): word == value
+CMP_NE = GX_CMP_NE
+CMP_GT = GX_CMP_GT
+CMP_GE = GX_CMP_GE
+CMP_LT = GX_CMP_LT
+CMP_LE = GX_CMP_LE
+_CMP_NAMES = {CMP_EQ: "CMP_EQ", CMP_NE: "CMP_NE", CMP_GT: "CMP_GT", CMP_GE: "CMP_GE",
+              CMP_LT: "CMP_LT", CMP_LE: "CMP_LE"}
+_SIG_NAMES = {SIGNAL_SET: "SIGNAL_SET", SIGNAL_ADD: "SIGNAL_ADD"}
+
+cdef enum:
+    _NAP_MAX_NS = 100000       # the longest nap between passes
+
+# Seconds a wait gives its peers when the caller passes none (GEXMK_TIMEOUT).
+cdef double _wait_timeout = 300.0
+# A wait spins (CPU pause, progress) for _spin_for s (none on an oversubscribed
+# node), then yields the CPU on each pass until _yield_for s, then naps between
+# passes, 1 us doubling up to 100 us.  Yields cost little when nothing else
+# wants the CPU and hand it over when something does; naps cost a wake-up
+# (timer slack: ~50 us), so they start only after a long wait.
+cdef double _SPIN_FOR = 20e-6
+cdef double _spin_for = _SPIN_FOR
+cdef double _yield_for = 1e-3
+
+
+cdef int _signal_init(Client c) except -1:
+    """init(): the client's GEXMK_TIMEOUT becomes the waits' default; a node
+    with more ranks than this process may run on (its CPU affinity) makes
+    waits yield at once instead of spinning first (Open MPI's
+    yield-when-idle rule): a spinning rank there holds the core its peer needs."""
+    global _wait_timeout, _spin_for
+    _wait_timeout = c.config.timeout
+    local = sum(1 for n in c._nodes if n == c._nodes[c.rank])
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    _spin_for = 0.0 if local > cpus else _SPIN_FOR
+    return 0
+
+
+def _wait_tuning(spin_us=None, yield_us=None):
+    """Private: set how long this process's waits spin and yield (µs) before
+    napping; returns the (spin_us, yield_us) in force.  For benchmarks."""
+    global _spin_for, _yield_for
+    if spin_us is not None:
+        _spin_for = float(spin_us) * 1e-6
+    if yield_us is not None:
+        _yield_for = float(yield_us) * 1e-6
+    return (_spin_for * 1e6, _yield_for * 1e6)
+
+
+cdef inline double _mono() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef str _val_text(int dt, gx_val v):
+    return repr(_from_val(dt, &v))
+
+
+cdef int _word_error(const gx_team* tm, uintptr_t addr, int dt, int rc, str sig) except -1 with gil:
+    """Why (addr, dt) is not a word this team's endpoint may wait on."""
+    cdef Team team = <Team>tm.owner if tm.owner != NULL else None
+    cdef size_t n = gx_dt_size(dt)
+    cdef gx_target* t
+    if team is not None and team._closed is not None:
+        raise StateError(f"{_fn(sig)}: {team._closed}")
+    if rc == GX_ERANK or tm.size == 0:
+        raise StateError(f"{_fn(sig)}: the team is closed")
+    t = tm.routes[tm.rank].t
+    if t.size == 0:
+        raise SegmentError(f"{_fn(sig)}: this rank's endpoint {tm.ep.index} has no bound "
+                           "segment (bind one, and publish it for peers to signal)")
+    if rc == GX_NOT_MAPPED:
+        raise UnsupportedError(f"{_fn(sig)}: this rank's bound segment is device memory; waiting "
+                               "on a device word from the host is not implemented (wait on a "
+                               "host segment's word)")
+    if t.remote_base <= addr and addr - t.remote_base + n <= t.size:
+        raise BoundsError(f"{_fn(sig)}: address 0x{addr:x} is not aligned to {n} bytes "
+                          f"({_DT_NAMES[dt]})")
+    raise BoundsError(f"{_fn(sig)}: [0x{addr:x}, 0x{addr:x} + {n}) is not inside this rank's own "
+                      f"bound segment [0x{t.remote_base:x}, 0x{t.remote_base:x} + {t.size}): "
+                      f"wait and test forms take a word of the caller's segment, "
+                      f"tm.addr(tm.rank, offset)")
+
+
+cdef int _wait_failed(const gx_team* tm, uintptr_t addr, int dt, int cmp, gx_val want,
+                      gx_val seen, int why, double timeout, int dead_rank, str sig) except -1 with gil:
+    what = (f"word 0x{addr:x} ({_DT_NAMES[dt]}) {_CMP_NAMES[cmp]} {_val_text(dt, want)}, "
+            f"last value seen {_val_text(dt, seen)}")
+    if why == 1:
+        t = tm.routes[dead_rank].t
+        raise PeerDeadError(f"{_fn(sig)}: team rank {dead_rank} (job rank {t.jobrank}) died while "
+                            f"waiting for {what}")
+    if why == 2:
+        raise StateError(f"{_fn(sig)}: the team or its endpoint was closed while waiting for {what}")
+    raise TimeoutError_(f"{_fn(sig)}: timed out after {timeout:g} s (GEXMK_TIMEOUT or timeout=) "
+                        f"waiting for {what}")
+
+
+cdef int _wait_health(const gx_team* tm) noexcept nogil:
+    """-1 when the team or endpoint is closed; the team rank of a dead member,
+    or -2 when all are alive."""
+    cdef int i
+    if tm.size == 0 or tm.ep.destroyed:
+        return -1
+    for i in range(tm.size):
+        if tm.routes[i].dead:
+            return i
+    return -2
+
+
+cdef int wait_progress(const gx_team* tm) except -1 nogil:
+    """Drive the progress of every transport of the team's endpoint once (a
+    network transport lands incoming data, signals included, only when
+    progressed).  Every transport's nbi_test with no categories does just that."""
+    cdef gx_ep* e = tm.ep
+    cdef int i
+    for i in range(e.ntr):
+        e.tr[i].ops.nbi_test(e.tr[i].ep, 0)
+    return 0
+
+
+cdef Py_ssize_t wait_words(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t n, int dt,
+                           int cmp, const gx_val* vals, bint vector, int mode, bint block,
+                           double timeout, const unsigned char* skip, Py_ssize_t* indices,
+                           const char* sig) except -1 nogil:
+    """Wait (``block``) or test once for words of the team endpoint's own
+    bound segment: ``addrs[n]``, type ``dt`` (GX_DT_*), each compared
+    ``cmp`` (GX_CMP_*) against ``vals[i]`` (``vector``) or ``vals[0]``.
+    ``skip[i]`` nonzero (``skip`` may be NULL) leaves word i out (NVSHMEM's
+    status array).  ``mode``: GX_WAIT_ALL (returns the number of words waited
+    on once all satisfied; a test returns 0 unless all are), GX_WAIT_ANY (one
+    satisfied index into ``indices[0]``; returns 1, or 0 for a test that
+    finds none), GX_WAIT_SOME (every satisfied index into ``indices``, which
+    holds n; returns how many).  Under GX_WAIT_ALL a word counts once it has
+    been seen satisfied (NVSHMEM).  ``timeout`` <= 0: GEXMK_TIMEOUT.  Raises
+    on a bad word, a bad cmp/dt/mode, a dead team member, a closed team or
+    the timeout.  Callable from any nogil code (``gexmk.rma.wait_until``)."""
+    cdef unsigned char small[64]
+    cdef unsigned char* done = small
+    cdef void* p
+    cdef gx_val seen, want, last
+    cdef Py_ssize_t i, got, need = 0, pending = -1
+    cdef unsigned long passes = 0
+    cdef bint spinning = True
+    cdef double t0 = 0, deadline = 0, now
+    cdef long nap = 1000
+    cdef int rc, why = 0, h = -2
+    cdef timespec ts
+    if cmp < 0 or cmp >= GX_CMP_COUNT or dt < 0 or dt >= GX_DT_COUNT or mode < 0 or mode > 2 \
+            or n < 0:
+        with gil:
+            raise ArgumentError(f"{sig.decode()}: cmp={cmp}, dt={dt}, mode={mode} or n={n} is out "
+                                "of range (CMP_*, DT_*, GX_WAIT_ALL/ANY/SOME, n >= 0)")
+    for i in range(n):
+        rc = gx_own_word(tm, addrs[i], dt, &p)
+        if rc != GX_OK:
+            with gil:
+                _word_error(tm, addrs[i], dt, rc, sig.decode())
+        if skip == NULL or not skip[i]:
+            need += 1
+    if need == 0:
+        if mode == GX_WAIT_ALL:
+            return 0
+        with gil:
+            raise ArgumentError(f"{sig.decode()}: every word is excluded (status), so none can "
+                                "satisfy the condition")
+    if timeout <= 0:
+        timeout = _wait_timeout
+    if n > 64:
+        done = <unsigned char*>malloc(n)
+        if done == NULL:
+            with gil:
+                raise MemoryError()
+    memset(done, 0, n if n <= 64 else n)
+    last.u64 = 0
+    if not block:
+        wait_progress(tm)       # a test drives progress once: over the network it lands signals
+    try:
+        while True:
+            got = 0
+            pending = -1
+            for i in range(n):
+                if (skip != NULL and skip[i]) or (mode == GX_WAIT_ALL and done[i]):
+                    continue
+                rc = gx_own_word(tm, addrs[i], dt, &p)   # a segment unbound meanwhile: raise
+                if rc != GX_OK:
+                    with gil:
+                        _word_error(tm, addrs[i], dt, rc, sig.decode())
+                want = vals[i if vector else 0]
+                if gx_cmp_local(p, dt, cmp, want, &seen):
+                    if mode == GX_WAIT_ALL:
+                        done[i] = 1
+                        need -= 1
+                        continue
+                    indices[got] = i
+                    got += 1
+                    if mode == GX_WAIT_ANY:
+                        return 1
+                elif pending < 0:
+                    pending = i         # the first unsatisfied word: named if the wait fails
+                    last = seen
+            if mode == GX_WAIT_ALL:
+                if need == 0:
+                    return n
+                if not block:
+                    return 0
+            elif got > 0 or not block:
+                return got
+            wait_progress(tm)
+            passes += 1
+            if spinning and (passes & 15) != 0:
+                gx_cpu_relax()
+                continue
+            # every 16th pass while spinning, every pass after: the clock and the team
+            now = _mono()
+            if t0 == 0:
+                t0 = now
+                deadline = now + timeout
+            h = _wait_health(tm)
+            if h != -2:
+                why = 2 if h == -1 else 1
+                break
+            if now > deadline:
+                why = 3
+                break
+            if now - t0 < _spin_for:
+                gx_cpu_relax()
+            elif now - t0 < _yield_for:
+                spinning = False
+                sched_yield()
+            else:
+                spinning = False
+                ts.tv_sec = 0
+                ts.tv_nsec = nap
+                nanosleep(&ts, NULL)
+                nap = nap * 2 if nap < _NAP_MAX_NS // 2 else _NAP_MAX_NS
+    finally:
+        if done != small:
+            free(done)
+    if pending < 0:
+        pending = 0
+    want = vals[pending if vector else 0]
+    with gil:
+        _wait_failed(tm, addrs[pending], dt, cmp, want, last, why, timeout, h, sig.decode())
+    return -1
+
+
+cdef int wait_until_word(const gx_team* tm, uintptr_t addr, int dt, int cmp, gx_val value,
+                         double timeout) except -1 nogil:
+    """Block until the word (addr, dt) of the team endpoint's own segment
+    compares ``cmp`` to ``value``: the one-word form of wait_words (the
+    primitive collectives can wait with)."""
+    cdef Py_ssize_t idx
+    wait_words(tm, &addr, 1, dt, cmp, &value, False, GX_WAIT_ANY, True, timeout, NULL, &idx,
+               b"wait_until")
+    return 0
+
+
+# ---- put_signal and signal_op through the route ------------------------------------
+
+cdef int _sig_check(const gx_team* tm, int rank, uintptr_t dest, size_t n, uintptr_t sig_addr,
+                    int sig_op, str what) except -1 with gil:
+    """Report what the inline path refused (bad op, rank, range, alignment, death)."""
+    cdef char* p
+    cdef gx_route* r
+    cdef int rc
+    if sig_op != GX_SIGNAL_SET and sig_op != GX_SIGNAL_ADD:
+        raise ArgumentError(f"{what}: sig_op must be SIGNAL_SET or SIGNAL_ADD (got {sig_op})")
+    if what == "put_signal":
+        rc = gx_locate(tm, rank, dest, n, &p, &r)
+        if rc != GX_OK and rc != GX_NOT_MAPPED:
+            return _raise_rc(tm, rank, dest, n, rc, what)
+    rc = gx_locate(tm, rank, sig_addr, 8, &p, &r)
+    if rc != GX_OK and rc != GX_NOT_MAPPED:
+        return _raise_rc(tm, rank, sig_addr, 8, rc, what + " (signal word)")
+    if sig_addr & 7:
+        raise BoundsError(f"{what}: signal address 0x{sig_addr:x} is not aligned to 8 bytes")
+    return 0
+
+
+cdef int put_signal_slow(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n,
+                         uintptr_t sig_addr, uint64_t value, int sig_op, int mode,
+                         void** handle, const gx_tr_ops** handle_ops, int rc) except -1 nogil:
+    """A put_signal the inline path declined (rc): errors reported, else the
+    route's transport.  Where RMA and atomics take one transport, its
+    put_signal slot orders them; else the put is completed (blocking) before
+    the atomics path updates the signal.  GX_NB: ``*handle`` receives a
+    pending op of the table ``*handle_ops`` (or NULL when complete)."""
+    cdef gx_route* r
+    cdef char* p
+    cdef gx_xfer x
+    cdef gx_val a, b
+    # checked without the GIL; taken only to raise
+    if (sig_op != GX_SIGNAL_SET and sig_op != GX_SIGNAL_ADD) or (sig_addr & 7) or gx_locate(tm, rank, sig_addr, 8, &p, &r) < 0 \
+            or gx_locate(tm, rank, dest, n, &p, &r) < 0:
+        return _sig_check(tm, rank, dest, n, sig_addr, sig_op, "put_signal")
+    r = tm.routes[rank]
+    if handle != NULL:
+        handle[0] = NULL
+    # (a table without the slot, e.g. a plug-in older than it, gets the composition)
+    if r.rma.ops == r.amo.ops and r.rma.peer == r.amo.peer and r.rma.ops.put_signal != NULL:
+        _xfer_init(&x, &r.rma, r.t, dest, <void*>src, n, mode)
+        if gx_in_dev(tm, src, n):
+            x.local_kind = tm.ep.seg_kind
+            x.local_device = tm.ep.seg_device
+        x.sig_addr = sig_addr
+        x.a.u64 = value
+        x.b.u64 = 0
+        x.op = sig_op
+        x.dt = GX_DT_U64
+        x.handle = handle
+        if handle_ops != NULL:
+            handle_ops[0] = r.rma.ops
+        return r.rma.ops.put_signal(&x)
+    # the generic composition: data complete at the target, then the signal
+    _rma(tm, rank, True, dest, <void*>src, n, GX_BLOCKING, NULL, NULL)
+    a.u64 = value
+    b.u64 = 0
+    if handle_ops != NULL:
+        handle_ops[0] = r.amo.ops
+    return _amo(tm, rank, sig_addr, GX_DT_U64, GX_OP_SET if sig_op == GX_SIGNAL_SET else GX_OP_ADD,
+                a, b, NULL, mode if mode != GX_NBI_LCNOW else GX_NBI, handle, GX_NOT_MAPPED)
+
+
+cdef int signal_op_slow(const gx_team* tm, int rank, uintptr_t sig_addr, uint64_t value,
+                        int sig_op, int rc) except -1 nogil:
+    """A signal_op the inline path declined: errors, or the route's atomics path."""
+    cdef gx_val a, b
+    cdef gx_route* r
+    cdef char* p
+    if (sig_op != GX_SIGNAL_SET and sig_op != GX_SIGNAL_ADD) or (sig_addr & 7) \
+            or gx_locate(tm, rank, sig_addr, 8, &p, &r) < 0:
+        return _sig_check(tm, rank, 0, 0, sig_addr, sig_op, "signal_op")
+    a.u64 = value
+    b.u64 = 0
+    return _amo(tm, rank, sig_addr, GX_DT_U64, GX_OP_SET if sig_op == GX_SIGNAL_SET else GX_OP_ADD,
+                a, b, NULL, GX_BLOCKING, NULL, GX_NOT_MAPPED)
+
+
+# ---- the Python API (Team methods delegate here) ------------------------------------
+
+cdef int _as_sig_op(object x, str sig) except -1:
+    if x is SIGNAL_SET or x is SIGNAL_ADD:      # the constants themselves: no conversion
+        return <int>x
+    if type(x) is not bool and hasattr(type(x), "__index__"):
+        v = PyNumber_Index(x)
+        if v == GX_SIGNAL_SET or v == GX_SIGNAL_ADD:
+            return <int>v
+    raise ArgumentError(f"{_fn(sig)}: sig_op must be SIGNAL_SET or SIGNAL_ADD, got {_got(x)}")
+
+
+cdef int _as_cmp(object x, str sig) except -1:
+    cdef long long v0
+    if type(x) is int and _exact_int_ll(x, &v0) and 0 <= v0 < GX_CMP_COUNT:
+        return <int>v0
+    if type(x) is not bool and hasattr(type(x), "__index__"):
+        v = PyNumber_Index(x)
+        if 0 <= v < GX_CMP_COUNT:
+            return <int>v
+    raise ArgumentError(f"{_fn(sig)}: cmp must be one of CMP_EQ, CMP_NE, CMP_GT, CMP_GE, CMP_LT, "
+                        f"CMP_LE, got {_got(x)}")
+
+
+cdef int _as_dt(object x, str sig) except -1:
+    cdef long long v0
+    if type(x) is int and _exact_int_ll(x, &v0) and 0 <= v0 < GX_DT_COUNT:
+        return <int>v0
+    if type(x) is not bool and hasattr(type(x), "__index__"):
+        v = PyNumber_Index(x)
+        if v in _DT_NAMES:
+            return <int>v
+    raise ArgumentError(f"{_fn(sig)}: dt must be one of DT_I32, DT_U32, DT_I64, DT_U64, DT_FLT, "
+                        f"DT_DBL, got {_got(x)}")
+
+
+cdef double _as_timeout(object x, str sig) except -1:
+    if x is None:
+        return 0.0
+    if type(x) is bool or not isinstance(x, numbers.Real):
+        raise TypeError(f"{_fn(sig)}: timeout must be a number of seconds or None, "
+                        f"got {_got(x)}")
+    t = float(x)
+    if not t > 0 or t != t or isinf(t):
+        raise ArgumentError(f"{_fn(sig)}: timeout must be a positive, finite number of seconds "
+                            f"(or None for GEXMK_TIMEOUT), got {x!r}")
+    return t
+
+
+cdef object _signal_issue(Team tm, str sig, object rank, object dest, object src,
+                          object sig_addr, object signal, object sig_op, int mode):
+    """put_signal in every mode: None, or (GX_NB) an Event."""
+    cdef Py_buffer view
+    cdef _Local loc
+    cdef int r = _as_rank(rank, sig, &tm.c)
+    cdef uintptr_t d = _as_addr(dest, sig, "dest")
+    cdef uintptr_t sa = _as_addr(sig_addr, sig, "sig_addr")
+    cdef gx_val v
+    cdef int so = _as_sig_op(sig_op, sig)
+    cdef int rc
+    cdef void* op = NULL
+    cdef const gx_tr_ops* ops = NULL
+    _to_val(GX_DT_U64, signal, &v, sig, "signal")
+    _take(src, &view, &loc, False, sig, b"src", &tm.c)
+    try:
+        rc = gx_put_signal(&tm.c, r, d, loc.p, loc.n, sa, v.u64, so) if loc.n < _NOGIL_BYTES \
+            else GX_NOT_MAPPED
+        if rc == GX_OK:
+            return None
+        tm.client._inflight += 1
+        try:
+            with nogil:
+                if loc.n >= _NOGIL_BYTES:
+                    rc = gx_put_signal(&tm.c, r, d, loc.p, loc.n, sa, v.u64, so)
+                if rc != GX_OK:
+                    put_signal_slow(&tm.c, r, d, loc.p, loc.n, sa, v.u64, so, mode,
+                                    &op if mode == GX_NB else NULL, &ops, rc)
+        finally:
+            tm.client._inflight -= 1
+        if op != NULL:
+            return _op_event(tm.client, ops, op, (src, tm), -1)
+        return None
+    finally:
+        _drop(&view, &loc)
+
+
+cdef object _signal_op(Team tm, object rank, object sig_addr, object value, object sig_op):
+    sig = "signal_op(rank, sig_addr, value, sig_op=SIGNAL_SET)"
+    cdef int r = _as_rank(rank, sig, &tm.c)
+    cdef uintptr_t sa = _as_addr(sig_addr, sig, "sig_addr")
+    cdef int so = _as_sig_op(sig_op, sig)
+    cdef gx_val v
+    _to_val(GX_DT_U64, value, &v, sig, "value")
+    cdef int rc = gx_signal_op(&tm.c, r, sa, v.u64, so)
+    if rc == GX_OK:
+        return None
+    with nogil:
+        signal_op_slow(&tm.c, r, sa, v.u64, so, rc)
+    return None
+
+
+cdef object _signal_fetch(Team tm, object sig_addr):
+    sig = "signal_fetch(sig_addr)"
+    cdef uintptr_t sa = _as_addr(sig_addr, sig, "sig_addr")
+    cdef void* p
+    cdef gx_val seen
+    tm.check_alive()
+    cdef int rc = gx_own_word(&tm.c, sa, GX_DT_U64, &p)
+    if rc != GX_OK:
+        _word_error(&tm.c, sa, GX_DT_U64, rc, sig)
+    with nogil:
+        wait_progress(&tm.c)        # over the network the word is written by the network
+    seen.u64 = 0
+    gx_cmp_local(p, GX_DT_U64, GX_CMP_EQ, seen, &seen)
+    return seen.u64
+
+
+cdef object _wait(Team tm, str sig, object addrs, object cmp, object value, object dt,
+                  object timeout, int mode, bint block, bint single):
+    """Every wait/test form: arguments checked here, the waiting in wait_words."""
+    cdef int c = _as_cmp(cmp, sig)
+    cdef int d = _as_dt(dt, sig)
+    cdef double t = _as_timeout(timeout, sig)
+    cdef Py_ssize_t n, i, got
+    cdef bint vector = False
+    cdef uintptr_t a1
+    cdef bytes csig
+    cdef const char* cs
+    cdef void* p
+    cdef gx_val v1, seen
+    tm.check_alive()
+    if single:
+        # one word already satisfied: answered here, nothing allocated
+        a1 = _as_addr(addrs, sig, "addr")
+        v1.u64 = 0
+        _to_val(d, value, &v1, sig, "value")
+        if gx_own_word(&tm.c, a1, d, &p) == GX_OK and gx_cmp_local(p, d, c, v1, &seen):
+            return 0
+        csig = _fn(sig).encode()
+        cs = csig
+        with nogil:
+            got = wait_words(&tm.c, &a1, 1, d, c, &v1, False, GX_WAIT_ANY, block, t, NULL, &i, cs)
+        return 0 if got else None
+    else:
+        if isinstance(addrs, (str, bytes)) or not hasattr(addrs, "__len__"):
+            raise TypeError(f"{_fn(sig)}: addrs must be a sequence of word addresses, "
+                            f"got {_got(addrs)}")
+        addrs = list(addrs)
+    n = len(addrs)
+    if n == 0:
+        raise ArgumentError(f"{_fn(sig)}: addrs is empty")
+    if not single and not isinstance(value, (str, bytes)) and hasattr(value, "__len__"):
+        values = list(value)
+        if len(values) != n:
+            raise ArgumentError(f"{_fn(sig)}: {len(values)} values for {n} words; give one value "
+                                "or one per word")
+        vector = True
+    else:
+        values = [value]
+    cdef uintptr_t* a = <uintptr_t*>malloc(n * sizeof(uintptr_t) + len(values) * sizeof(gx_val)
+                                           + n * sizeof(Py_ssize_t))
+    if a == NULL:
+        raise MemoryError()
+    cdef gx_val* v = <gx_val*>(a + n)
+    cdef Py_ssize_t* idx = <Py_ssize_t*>(v + len(values))
+    csig = _fn(sig).encode()
+    cs = csig
+    try:
+        for i in range(n):
+            a[i] = _as_addr(addrs[i], sig, "addr" if single else f"addrs[{i}]")
+        for i in range(len(values)):
+            v[i].u64 = 0
+            _to_val(d, values[i], &v[i], sig, "value" if not vector else f"value[{i}]")
+        with nogil:
+            got = wait_words(&tm.c, a, n, d, c, v, vector, mode, block, t, NULL, idx, cs)
+        if mode == GX_WAIT_ALL:
+            return True if not block and got == n else (None if block else False)
+        if mode == GX_WAIT_ANY:
+            if got:
+                return idx[0]
+            return None
+        return [idx[i] for i in range(got)]
+    finally:
+        free(a)
