@@ -76,6 +76,11 @@ class Config:
     ofi_split: bool = True
     #: GEXMK_OFI_ORDERED_FLUSH: implicit puts complete by a read-after-write flush where ordered.
     ofi_ordered_flush: bool = True
+    #: GEXMK_STAGED: ``allow`` (default) or ``refuse`` degraded paths that copy
+    #: device memory through host bounce buffers; refused, a route whose only
+    #: path is staged raises UnsupportedError naming it (``gexmk.init(staged=)``
+    #: overrides the variable).
+    staged: str = "allow"
 
 
 def load(env=None) -> Config:
@@ -95,4 +100,25 @@ def load(env=None) -> Config:
         ofi_iface=_text(env, "GEXMK_OFI_IFACE") or None,
         ofi_split=split != "0",
         ofi_ordered_flush=_choice(env, "GEXMK_OFI_ORDERED_FLUSH", _BOOL, True),
+        staged=staged_option(_text(env, "GEXMK_STAGED"), "GEXMK_STAGED"),
     )
+
+
+_STAGED = {"allow": "allow", "refuse": "refuse", "1": "allow", "0": "refuse", "yes": "allow",
+           "no": "refuse", "on": "allow", "off": "refuse"}
+
+
+def staged_option(value, name="staged") -> str:
+    """``allow`` or ``refuse`` from GEXMK_STAGED's text or ``init(staged=)``
+    (also a bool: True allows); empty text means ``allow``."""
+    if isinstance(value, bool):
+        return "allow" if value else "refuse"
+    if not isinstance(value, str):
+        raise ArgumentError(f"{name}: expected 'allow' or 'refuse', got {type(value).__name__}")
+    text = value.strip().lower()
+    if not text:
+        return "allow"
+    if text not in _STAGED:
+        raise ArgumentError(f"{name}={value!r}: expected allow or refuse (staged paths copy device memory "
+                            "through host bounce buffers)")
+    return _STAGED[text]
