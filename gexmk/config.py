@@ -81,6 +81,19 @@ class Config:
     #: path is staged raises UnsupportedError naming it (``gexmk.init(staged=)``
     #: overrides the variable).
     staged: str = "allow"
+    #: GEXMK_PAGEABLE_CHUNK / _BUFFERS / _MIN / _THREADS: copies of at least _MIN bytes
+    #: between device memory and pageable host memory go through _BUFFERS pinned
+    #: bounce buffers of _CHUNK bytes per endpoint (0 buffers: never), the CPU
+    #: side split over _THREADS helper threads (0: the calling thread alone).
+    #: Sizes take a K, M or G suffix.  (bench/cuda_pageable.py sweeps them.)
+    pageable_chunk: int = 4 << 20
+    pageable_buffers: int = 4
+    pageable_min: int = 1 << 20
+    pageable_threads: int = 4
+    #: GEXMK_CUDA_SMALL_PUT: ``copy`` (default) or ``write_value``: how a put of 4
+    #: or 8 host bytes into device memory is done (a copy-engine copy, or
+    #: cuStreamWriteValue32/64 from the stream's front end).
+    cuda_small_put: str = "copy"
 
 
 def load(env=None) -> Config:
@@ -101,7 +114,34 @@ def load(env=None) -> Config:
         ofi_split=split != "0",
         ofi_ordered_flush=_choice(env, "GEXMK_OFI_ORDERED_FLUSH", _BOOL, True),
         staged=staged_option(_text(env, "GEXMK_STAGED"), "GEXMK_STAGED"),
+        pageable_chunk=_bytes(env, "GEXMK_PAGEABLE_CHUNK", 4 << 20, 4096, 1 << 30),
+        pageable_buffers=_bytes(env, "GEXMK_PAGEABLE_BUFFERS", 4, 0, 16, suffix=False),
+        pageable_min=_bytes(env, "GEXMK_PAGEABLE_MIN", 1 << 20, 0, 1 << 62),
+        pageable_threads=_bytes(env, "GEXMK_PAGEABLE_THREADS", 4, 0, 64, suffix=False),
+        cuda_small_put=_choice(env, "GEXMK_CUDA_SMALL_PUT",
+                               {"copy": "copy", "write_value": "write_value"}, "copy"),
     )
+
+
+_SUFFIX = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def _bytes(env, name, default, lo, hi, suffix=True):
+    """An integer setting in [lo, hi] (with suffix: K, M or G multiply)."""
+    text = _text(env, name).lower()
+    if not text:
+        return default
+    mult = 1
+    if suffix and text[-1:] in _SUFFIX:
+        mult, text = _SUFFIX[text[-1]], text[:-1].strip()
+    try:
+        value = int(text) * mult
+    except ValueError:
+        value = None
+    if value is None or not lo <= value <= hi:
+        unit = " (K, M or G suffix allowed)" if suffix else ""
+        raise ArgumentError(f"{name}={_text(env, name)!r}: expected an integer from {lo} to {hi}{unit}")
+    return value
 
 
 _STAGED = {"allow": "allow", "refuse": "refuse", "1": "allow", "0": "refuse", "yes": "allow",

@@ -25,14 +25,16 @@ from gexmk.transports import fdpass
 
 from libc.errno cimport errno, EPERM, ESRCH, EFAULT
 from libc.stdint cimport uintptr_t
+from libc.stdint cimport uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
+from posix.stdlib cimport posix_memalign
 from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED
 from posix.unistd cimport close, sysconf, _SC_PAGESIZE
 
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from gexmk.lib.gx cimport *
-from gexmk.kinds.kind cimport gx_kind_ops
+from gexmk.kinds.kind cimport gx_kind_ops, gx_mk_atomic_fn
 from gexmk.lib.linux cimport iovec, process_vm_readv, process_vm_writev
 from gexmk.memory cimport Segment
 
@@ -50,14 +52,46 @@ cdef struct lp_peer:
     char* local_base           # nbrhd: the mapping of the target's first byte; pvm: NULL
 
 
-# A memory kind as the data plane uses it: its table, context and atomics.
-ctypedef int (*kind_atomic_fn)(void* kctx, void* stream, uintptr_t addr, int dt, int op,
-                               gx_val a, gx_val b, void* result) except -1 nogil
+cdef extern from "copypool.h" nogil:
+    ctypedef struct gx_cpool:
+        int nthreads
+    gx_cpool* gx_cpool_create(int nthreads)
+    void gx_cpool_destroy(gx_cpool* p)
+    void gx_cpool_copy(gx_cpool* p, void* dst, const void* src, size_t n)
 
+
+# A memory kind as the data plane uses it: its table, context and atomics.
 cdef struct lp_kind:
     const gx_kind_ops* ops     # NULL: host memory
     void* kctx
-    kind_atomic_fn atomic      # device atomics (NULL where the kind has none)
+    gx_mk_atomic_fn atomic     # device atomics (NULL where the kind has none)
+
+
+# Copies whose host side is pageable go through pinned bounce buffers of the
+# endpoint, chunk by chunk: the CPU copy of one chunk (split over the copy
+# pool's threads) overlaps the DMA of the one before.  Settings from
+# gexmk.config (GEXMK_PAGEABLE_*), set when the transport opens.
+cdef enum:
+    LP_BOUNCE_MAX = 16         # buffers per endpoint, at most
+
+cdef size_t _pg_chunk = 4 << 20    # bytes per bounce buffer
+cdef int _pg_nbuf = 4              # bounce buffers per endpoint (0: never pipeline)
+cdef size_t _pg_min = 1 << 20      # smaller copies go to the driver as they are
+cdef int _pg_threads = 4           # helper threads of the copy pool
+cdef gx_cpool* _pool = NULL        # made with the first bound device segment
+cdef long _pg_count = 0            # copies pipelined so far (pipeline_settings(), tests)
+cdef bint _small_write = False     # GEXMK_CUDA_SMALL_PUT=write_value: <= 8 B host->device puts
+                                   # by the kind's write_value instead of a copy
+
+
+cdef struct lp_bounce:         # an endpoint's pinned bounce buffers
+    char* buf                  # nbuf * chunk bytes, pinned with ops/kctx
+    size_t chunk
+    int nbuf
+    const gx_kind_ops* ops     # the kind that pinned them (unpinned at close)
+    void* kctx
+    void* ev[LP_BOUNCE_MAX]    # the event after the last DMA through each buffer, or NULL
+    int busy                   # one copy at a time uses them (others take the plain path)
 
 
 cdef enum:
@@ -75,6 +109,7 @@ cdef struct lp_ep:             # an endpoint's context: the kind of its bound se
     lp_stream s[LP_STREAMS]
     int ns
     long nbi_dev               # implicit device copies issued on those streams since the last sync
+    lp_bounce* bb              # pinned bounce buffers for pageable host memory (made on first use)
 
 
 cdef struct lp_op:             # an NB device copy in flight: the event recorded after it
@@ -105,7 +140,8 @@ cdef int _mapped_put(gx_xfer* x) except -1 nogil:
         return _mapped_on_stream(x, True)
     if x.local_kind != GX_MK_HOST:
         # from the endpoint's device segment: the copy engine of its kind
-        ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>_mapped(x), <uintptr_t>x.local, x.n)
+        if not _pipelined(ep, &ep.k, <uintptr_t>_mapped(x), <uintptr_t>x.local, x.n, False):
+            ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>_mapped(x), <uintptr_t>x.local, x.n)
     else:
         memcpy(_mapped(x), x.local, x.n)
     gx_mem_fence()
@@ -119,7 +155,8 @@ cdef int _mapped_get(gx_xfer* x) except -1 nogil:
         return _mapped_on_stream(x, False)
     gx_mem_fence()
     if x.local_kind != GX_MK_HOST:
-        ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>x.local, <uintptr_t>_mapped(x), x.n)
+        if not _pipelined(ep, &ep.k, <uintptr_t>x.local, <uintptr_t>_mapped(x), x.n, True):
+            ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>x.local, <uintptr_t>_mapped(x), x.n)
     else:
         memcpy(x.local, _mapped(x), x.n)
     _done(x)
@@ -153,11 +190,13 @@ cdef inline uintptr_t _dev_addr(gx_xfer* x) noexcept nogil:
     return <uintptr_t>d.local_base + (x.remote - x.t.remote_base)
 
 
-cdef int _dev_copy(gx_xfer* x, uintptr_t dst, uintptr_t src) except -1 nogil:
+cdef int _dev_copy(gx_xfer* x, uintptr_t dst, uintptr_t src, bint put) except -1 nogil:
     """A copy to or from a device segment.  On the caller's stream when given;
     NB and implicit (LC_GROUP / get) ones on the endpoint's own stream for that
     kind, completed by an event (NB) or the endpoint's sync (NBI); the rest,
-    and LC_NOW puts whose source must be reusable on return, synchronously."""
+    and LC_NOW puts whose source must be reusable on return, synchronously.
+    A large copy whose host side is pageable is pipelined through the
+    endpoint's pinned bounce buffers and complete on return, whatever the mode."""
     cdef lp_dev* d = <lp_dev*>x.peer
     cdef lp_ep* ep = <lp_ep*>x.ep
     cdef void* s = NULL
@@ -165,14 +204,18 @@ cdef int _dev_copy(gx_xfer* x, uintptr_t dst, uintptr_t src) except -1 nogil:
     cdef lp_op* op
     if x.stream != NULL:
         return d.k.ops.copy(d.k.kctx, x.stream, dst, src, x.n)
+    if x.local_kind == GX_MK_HOST and ep != NULL and x.n >= _pg_min:
+        if _pipelined(ep, &d.k, dst, src, x.n, not put):
+            _done(x)
+            return 0
     if (x.mode == GX_NB or x.mode == GX_NBI) and ep != NULL:
         s = _ep_stream(ep, &d.k)
     if s == NULL:
-        d.k.ops.copy(d.k.kctx, NULL, dst, src, x.n)     # complete on return
+        _issue_copy(x, &d.k, NULL, dst, src, put)       # complete on return
         _done(x)
         return 0
     if x.mode == GX_NB:
-        d.k.ops.copy(d.k.kctx, s, dst, src, x.n)
+        _issue_copy(x, &d.k, s, dst, src, put)
         d.k.ops.event_record(d.k.kctx, s, &ev)
         op = <lp_op*>calloc(1, sizeof(lp_op))
         if op == NULL:
@@ -186,7 +229,181 @@ cdef int _dev_copy(gx_xfer* x, uintptr_t dst, uintptr_t src) except -1 nogil:
         x.handle[0] = op
         return 0
     gx_add_long(&ep.nbi_dev, 1)
-    return d.k.ops.copy(d.k.kctx, s, dst, src, x.n)
+    return _issue_copy(x, &d.k, s, dst, src, put)
+
+
+cdef inline int _issue_copy(gx_xfer* x, lp_kind* k, void* s, uintptr_t dst, uintptr_t src,
+                            bint put) except -1 nogil:
+    """The kind's copy; a put of 4 or 8 host bytes to an aligned device
+    address by the kind's write_value instead where GEXMK_CUDA_SMALL_PUT says
+    so (the value is read here, at issue: the source is reusable at once)."""
+    cdef uint64_t v = 0
+    if _small_write and put and x.local_kind == GX_MK_HOST and (x.n == 8 or x.n == 4) \
+            and (dst & (x.n - 1)) == 0 and k.ops.write_value != NULL:
+        memcpy(&v, <void*>src, x.n)
+        return k.ops.write_value(k.kctx, s, dst, v, <int>x.n)
+    return k.ops.copy(k.kctx, s, dst, src, x.n)
+
+
+# ---- pageable host memory: pipelined through pinned bounce buffers ----------------
+
+cdef int _pipelined(lp_ep* ep, lp_kind* k, uintptr_t dst, uintptr_t src, size_t n,
+                    bint to_host) except -1 nogil:
+    """Copy n bytes between device memory and host memory that is pageable
+    (``to_host``: dst is the host side) through the endpoint's pinned bounce
+    buffers, complete on return.  0 when it does not apply and nothing was
+    done: a small copy, pinned host memory (the driver's copy runs at full
+    speed there), a kind that cannot tell, no stream, or the buffers busy with
+    another thread's copy."""
+    cdef uintptr_t host = dst if to_host else src
+    cdef lp_bounce* bb
+    cdef void* s
+    cdef int r
+    if n < _pg_min or _pg_nbuf <= 0 or ep == NULL or k.ops == NULL or k.ops.host_pinned == NULL:
+        return 0
+    if k.ops.host_pinned(k.kctx, <void*>host, n):
+        return 0
+    bb = ep.bb
+    if bb == NULL:
+        bb = _bounce_make(ep, k)
+        if bb == NULL:
+            return 0
+    if gx_xchg_int(&bb.busy, 1) != 0:
+        return 0
+    try:
+        s = _ep_stream(ep, k)
+        if s == NULL:
+            return 0
+        gx_add_long(&_pg_count, 1)
+        if to_host:
+            _bounce_dtoh(bb, k, s, dst, src, n)
+        else:
+            _bounce_htod(bb, k, s, dst, src, n)
+    finally:
+        gx_xchg_int(&bb.busy, 0)
+    return 1
+
+
+cdef lp_bounce* _bounce_make(lp_ep* ep, lp_kind* k) except? NULL nogil:
+    """The endpoint's bounce buffers, pinned with k (portable: every context
+    reaches them); NULL (plain copies) where memory or pinning fails."""
+    cdef lp_bounce* bb
+    cdef void* mem = NULL
+    with gil:
+        if ep.bb != NULL:
+            return ep.bb
+        bb = <lp_bounce*>calloc(1, sizeof(lp_bounce))
+        if bb == NULL:
+            return NULL
+        bb.nbuf = _pg_nbuf if _pg_nbuf <= LP_BOUNCE_MAX else LP_BOUNCE_MAX
+        bb.chunk = _pg_chunk
+        if posix_memalign(&mem, 4096, bb.chunk * <size_t>bb.nbuf) != 0:
+            free(bb)
+            return NULL
+        try:
+            k.ops.host_register(k.kctx, mem, bb.chunk * <size_t>bb.nbuf, 1)
+        except Exception:       # noqa: BLE001 - no pinned memory: plain (driver) copies
+            free(mem)
+            free(bb)
+            return NULL
+        bb.buf = <char*>mem
+        bb.ops = k.ops
+        bb.kctx = k.kctx
+        gx_mem_fence()
+        ep.bb = bb
+    return bb
+
+
+cdef int _bounce_wait(lp_bounce* bb, lp_kind* k, int b) except -1 nogil:
+    """Wait for the DMA last issued through buffer b, then forget its event."""
+    cdef void* ev = bb.ev[b]
+    if ev == NULL:
+        return 0
+    bb.ev[b] = NULL
+    try:
+        k.ops.event_sync(k.kctx, ev)
+    finally:
+        k.ops.event_destroy(k.kctx, ev)
+    return 0
+
+
+cdef int _bounce_drain(lp_bounce* bb, lp_kind* k, int b=0) except -1 nogil:
+    """Wait for every DMA through buffers b.. (also after a failure, each
+    one: the buffers must not be reused while the copy engine reads them)."""
+    if b >= bb.nbuf:
+        return 0
+    try:
+        _bounce_wait(bb, k, b)
+    finally:
+        _bounce_drain(bb, k, b + 1)
+    return 0
+
+
+cdef int _bounce_htod(lp_bounce* bb, lp_kind* k, void* s, uintptr_t dst, uintptr_t src,
+                      size_t n) except -1 nogil:
+    """Pageable host src -> device dst: chunk i is copied into a free buffer
+    (by the copy pool) while the DMA of chunk i - 1 runs."""
+    cdef size_t off = 0, m
+    cdef int b = 0
+    cdef char* buf
+    try:
+        while off < n:
+            m = n - off if n - off < bb.chunk else bb.chunk
+            _bounce_wait(bb, k, b)
+            buf = bb.buf + <size_t>b * bb.chunk
+            gx_cpool_copy(_pool, buf, <void*>(src + off), m)
+            k.ops.copy(k.kctx, s, dst + off, <uintptr_t>buf, m)
+            k.ops.event_record(k.kctx, s, &bb.ev[b])
+            off += m
+            b = (b + 1) % bb.nbuf
+    finally:
+        _bounce_drain(bb, k)
+    return 0
+
+
+cdef int _bounce_dtoh(lp_bounce* bb, lp_kind* k, void* s, uintptr_t dst, uintptr_t src,
+                      size_t n) except -1 nogil:
+    """Device src -> pageable host dst: the DMAs of the next chunks run while
+    the copy pool drains a finished one."""
+    cdef size_t issued = 0, done = 0, m
+    cdef int bi = 0, bd = 0, inflight = 0
+    try:
+        while done < n:
+            while issued < n and inflight < bb.nbuf:
+                m = n - issued if n - issued < bb.chunk else bb.chunk
+                k.ops.copy(k.kctx, s, <uintptr_t>(bb.buf + <size_t>bi * bb.chunk), src + issued, m)
+                k.ops.event_record(k.kctx, s, &bb.ev[bi])
+                issued += m
+                inflight += 1
+                bi = (bi + 1) % bb.nbuf
+            m = n - done if n - done < bb.chunk else bb.chunk
+            _bounce_wait(bb, k, bd)
+            gx_cpool_copy(_pool, <void*>(dst + done), bb.buf + <size_t>bd * bb.chunk, m)
+            done += m
+            inflight -= 1
+            bd = (bd + 1) % bb.nbuf
+    finally:
+        _bounce_drain(bb, k)
+    return 0
+
+
+cdef int _bounce_free(lp_ep* ep) except -1:
+    """Unpin and free the endpoint's bounce buffers (its streams are idle)."""
+    cdef lp_bounce* bb = ep.bb
+    cdef int b
+    if bb == NULL:
+        return 0
+    ep.bb = NULL
+    try:
+        for b in range(bb.nbuf):
+            if bb.ev[b] != NULL:
+                bb.ops.event_destroy(bb.kctx, bb.ev[b])
+        bb.ops.host_register(bb.kctx, bb.buf, bb.chunk * <size_t>bb.nbuf, 0)
+    except Exception:       # noqa: BLE001 - the kind may be closed: its context took them
+        pass
+    free(bb.buf)
+    free(bb)
+    return 0
 
 
 cdef void* _ep_stream(lp_ep* ep, lp_kind* k) except? NULL nogil:
@@ -231,11 +448,11 @@ cdef int _ep_streams_done(lp_ep* ep, bint block) except -1 nogil:
 
 
 cdef int _dev_put(gx_xfer* x) except -1 nogil:
-    return _dev_copy(x, _dev_addr(x), <uintptr_t>x.local)
+    return _dev_copy(x, _dev_addr(x), <uintptr_t>x.local, True)
 
 
 cdef int _dev_get(gx_xfer* x) except -1 nogil:
-    return _dev_copy(x, <uintptr_t>x.local, _dev_addr(x))
+    return _dev_copy(x, <uintptr_t>x.local, _dev_addr(x), False)
 
 
 cdef int _dev_test(void* opv, gx_val* result) except -1 nogil:
@@ -421,8 +638,7 @@ cdef int _set_kind(lp_kind* k, object mk) except -1:
         return 0
     k.ops = <const gx_kind_ops*>PyCapsule_GetPointer(impl.ops_capsule(), b"gexmk.kind_ops")
     k.kctx = <void*><uintptr_t>impl.handle
-    if hasattr(impl, "atomic_capsule"):
-        k.atomic = <kind_atomic_fn>PyCapsule_GetPointer(impl.atomic_capsule(), b"gexmk.cuda_atomic")
+    k.atomic = k.ops.atomic         # NULL where the kind has no device atomics
     return 0
 
 
@@ -483,6 +699,7 @@ cdef class _EndpointContext:
             with nogil:
                 _ep_streams_done(&self.c, True)
         finally:
+            _bounce_free(&self.c)
             for i in range(self.c.ns):
                 try:
                     self.c.s[i].ops.stream_destroy(self.c.s[i].kctx, self.c.s[i].stream)
@@ -548,6 +765,7 @@ cdef class LocalTransport:
         self._hosts = {}
         self._kinds = {}
         self._gen = 0
+        _configure(job.config)
 
     def open_endpoint(self, int index):
         cdef _EndpointContext ctx = _EndpointContext()
@@ -555,8 +773,11 @@ cdef class LocalTransport:
         return ctx
 
     def _device_bound(self, Segment seg):
+        global _pool
         cdef _DeviceContext d = self._devsegs.get(seg.address)
         cdef _DeviceContext o
+        if _pool == NULL and _pg_nbuf > 0 and _pg_threads > 0:
+            _pool = gx_cpool_create(_pg_threads)    # NULL: plain memcpy, one thread
         if d is None:
             d = _DeviceContext()
             _set_kind(&d.c.k, seg.kind)
@@ -738,10 +959,16 @@ cdef class LocalTransport:
         pass
 
     def close(self):
-        """Unmap every peer segment (teardown: no route uses them any more)."""
+        """Unmap every peer segment (teardown: no route uses them any more),
+        stop the copy pool."""
+        global _pool
         if self.closed:
             return
         self.closed = True
+        if _pool != NULL:
+            with nogil:
+                gx_cpool_destroy(_pool)
+            _pool = NULL
         for entry in list(self._hosts.values()):
             self._host_unbound(entry[0])
         for p in list(self._peers.values()) + self._retired:
@@ -774,6 +1001,48 @@ cdef class LocalTransport:
         if m[2] == 0:
             del self._maps[key]
             munmap(<void*><uintptr_t>m[0], <size_t>m[1])
+
+
+cdef int _configure(object cfg) except -1:
+    """The pageable-copy pipeline's and small puts' settings (gexmk.config)."""
+    global _pg_chunk, _pg_nbuf, _pg_min, _pg_threads, _small_write
+    _pg_chunk = getattr(cfg, "pageable_chunk", _pg_chunk)
+    _pg_nbuf = getattr(cfg, "pageable_buffers", _pg_nbuf)
+    _pg_min = getattr(cfg, "pageable_min", _pg_min)
+    _pg_threads = getattr(cfg, "pageable_threads", _pg_threads)
+    _small_write = getattr(cfg, "cuda_small_put", "copy") == "write_value"
+    return 0
+
+
+def pipeline_settings():
+    """The pageable-copy pipeline as configured in this process: chunk
+    bytes, buffers, threshold bytes, helper threads (configured and running),
+    the small-put mechanism, and how many copies were pipelined so far."""
+    return {"chunk": _pg_chunk, "buffers": _pg_nbuf, "min": _pg_min, "threads": _pg_threads,
+            "threads_running": _pool.nthreads if _pool != NULL else 0,
+            "small_put": "write_value" if _small_write else "copy", "pipelined": _pg_count}
+
+
+def _pool_copy(dst, src):
+    """Test hook: copy the bytes of writable buffer ``src`` into ``dst``
+    (same length) through the copy pool as the pipeline does (a pool of the
+    configured threads is made for the call when none runs)."""
+    cdef const unsigned char[::1] sv = src
+    cdef unsigned char[::1] dv = dst
+    cdef gx_cpool* p = _pool
+    cdef bint own = p == NULL
+    if dv.shape[0] != sv.shape[0]:
+        raise ValueError("dst and src must have the same length")
+    if dv.shape[0] == 0:
+        return
+    if own:
+        p = gx_cpool_create(_pg_threads)
+    try:
+        with nogil:
+            gx_cpool_copy(p, &dv[0], &sv[0], <size_t>sv.shape[0])
+    finally:
+        if own:
+            gx_cpool_destroy(p)
 
 
 def open(job):
