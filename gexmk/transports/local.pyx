@@ -1023,6 +1023,18 @@ def pipeline_settings():
             "small_put": "write_value" if _small_write else "copy", "pipelined": _pg_count}
 
 
+def _set_small_put(mode):
+    """Bench hook: switch the small-put mechanism of this process at run
+    time (``"copy"`` or ``"write_value"``, as GEXMK_CUDA_SMALL_PUT) and
+    return the previous one."""
+    global _small_write
+    if mode not in ("copy", "write_value"):
+        raise ValueError(f"small put mechanism must be 'copy' or 'write_value', got {mode!r}")
+    old = "write_value" if _small_write else "copy"
+    _small_write = mode == "write_value"
+    return old
+
+
 def _pool_copy(dst, src):
     """Test hook: copy the bytes of writable buffer ``src`` into ``dst``
     (same length) through the copy pool as the pipeline does (a pool of the
