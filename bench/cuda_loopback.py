@@ -13,8 +13,9 @@ Cases (median of --iters timed calls each, interleaved gexmk / baseline):
   (+ synchronisation: cuMemcpyHtoD is synchronous);
 - 8 B device -> device put between two device endpoints vs cuMemcpyDtoD
   + cuCtxSynchronize;
-- 8 B put_val with the small-put mechanism switched to cuStreamWriteValue64
-  (GEXMK_CUDA_SMALL_PUT=write_value) vs the same baseline;
+- 8 B put_val with the small-put mechanism switched to cuStreamWriteValue64,
+  and the 8 B device -> device put by a one-thread kernel
+  (GEXMK_CUDA_SMALL_PUT=write_value,kernel) vs the same baselines;
 then the pageable and pinned figures beside the C driver-API program's
 (bench/cuda/driver_baseline.c, built and run here; skipped with a message
 where it cannot be built), and the pipeline's settings and path counters.
@@ -114,10 +115,14 @@ def main(argv=None):
                          lambda: (_check(cu.cuMemcpyDtoD(dbuf, d2.address, 8)),
                                   _check(cu.cuCtxSynchronize())), args.small_iters))
         from gexmk.transports import local
-        prev = local._set_small_put("write_value")
+        prev = local._set_small_put("write_value,kernel")
         rows.append(pair("8 B put_val (write_value) -> device segment",
                          lambda: to_d1.put_val(0, d1.address, 5),
                          lambda: _check(cu.cuMemcpyHtoD(dbuf, small, 8)), args.small_iters))
+        rows.append(pair("8 B put device -> device (kernel)",
+                         lambda: from_d2.put(0, d1.address, (d2.address, 8)),
+                         lambda: (_check(cu.cuMemcpyDtoD(dbuf, d2.address, 8)),
+                                  _check(cu.cuCtxSynchronize())), args.small_iters))
         local._set_small_put(prev)
         got = np.zeros(16, np.uint8)
         to_d1.get(got, 0, d1.address)
@@ -147,7 +152,8 @@ def main(argv=None):
                   "(target >= 0.95)")
             for case, key in (("8 B put_val -> device segment", "htod8_pinned_us"),
                               ("8 B put_val (write_value) -> device segment", "htod8_pinned_us"),
-                              ("8 B put device -> device (2 endpoints)", "dtod8_us")):
+                              ("8 B put device -> device (2 endpoints)", "dtod8_us"),
+                              ("8 B put device -> device (kernel)", "dtod8_us")):
                 g = by[case]["gexmk_s"] * 1e6
                 print(f"{case}: gexmk {g:.2f} us, C {key} {cres[key]:.2f} us: {g / cres[key]:.3f} x")
             print(f"C small mechanisms: copy D->D {cres['dtod8_us']:.2f}, pinned H->D "

@@ -90,9 +90,11 @@ class Config:
     pageable_buffers: int = 4
     pageable_min: int = 1 << 20
     pageable_threads: int = 4
-    #: GEXMK_CUDA_SMALL_PUT: ``copy`` (default) or ``write_value``: how a put of 4
-    #: or 8 host bytes into device memory is done (a copy-engine copy, or
-    #: cuStreamWriteValue32/64 from the stream's front end).
+    #: GEXMK_CUDA_SMALL_PUT: how tiny device copies are done: ``copy`` (default:
+    #: the copy engine), or any of ``write_value`` (a put of 4 or 8 host bytes by
+    #: cuStreamWriteValue32/64) and ``kernel`` (a device<->device copy of at most
+    #: 8 bytes by a one-thread kernel), comma-separated; bench/cuda_nbrhd.py and
+    #: bench/cuda_loopback.py measure each beside the others.
     cuda_small_put: str = "copy"
 
 
@@ -118,9 +120,23 @@ def load(env=None) -> Config:
         pageable_buffers=_bytes(env, "GEXMK_PAGEABLE_BUFFERS", 4, 0, 16, suffix=False),
         pageable_min=_bytes(env, "GEXMK_PAGEABLE_MIN", 1 << 20, 0, 1 << 62),
         pageable_threads=_bytes(env, "GEXMK_PAGEABLE_THREADS", 4, 0, 64, suffix=False),
-        cuda_small_put=_choice(env, "GEXMK_CUDA_SMALL_PUT",
-                               {"copy": "copy", "write_value": "write_value"}, "copy"),
+        cuda_small_put=small_put_option(_text(env, "GEXMK_CUDA_SMALL_PUT"), "GEXMK_CUDA_SMALL_PUT"),
     )
+
+
+_SMALL = ("write_value", "kernel")
+
+
+def small_put_option(text, name="small put") -> str:
+    """``copy``, or a comma-separated subset of write_value and kernel, in a
+    fixed order (``write_value,kernel``); empty text means ``copy``."""
+    words = {w.strip().lower() for w in text.split(",") if w.strip()}
+    if not words or words == {"copy"}:
+        return "copy"
+    if not words <= set(_SMALL):
+        raise ArgumentError(f"{name}={text!r}: expected copy, or write_value and/or kernel "
+                            "(comma-separated)")
+    return ",".join(w for w in _SMALL if w in words)
 
 
 _SUFFIX = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}

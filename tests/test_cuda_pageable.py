@@ -46,12 +46,15 @@ def test_pageable_settings_parse():
                      "GEXMK_CUDA_SMALL_PUT": "write_value"})
     assert (c.pageable_chunk, c.pageable_buffers, c.pageable_min, c.pageable_threads,
             c.cuda_small_put) == (2 * MiB, 3, 512 * 1024, 0, "write_value")
+    assert config.load({"GEXMK_CUDA_SMALL_PUT": " Kernel, write_value"}).cuda_small_put == \
+        "write_value,kernel"
     d = config.load({})
     assert (d.pageable_chunk, d.pageable_buffers, d.pageable_min, d.pageable_threads,
             d.cuda_small_put) == (4 * MiB, 4, MiB, 4, "copy")
     for name, bad in (("GEXMK_PAGEABLE_CHUNK", "12"), ("GEXMK_PAGEABLE_CHUNK", "lots"),
                       ("GEXMK_PAGEABLE_BUFFERS", "17"), ("GEXMK_PAGEABLE_BUFFERS", "2M"),
-                      ("GEXMK_PAGEABLE_THREADS", "-1"), ("GEXMK_CUDA_SMALL_PUT", "kernel")):
+                      ("GEXMK_PAGEABLE_THREADS", "-1"), ("GEXMK_CUDA_SMALL_PUT", "dma"),
+                      ("GEXMK_CUDA_SMALL_PUT", "copy,kernel")):
         with pytest.raises(E.ArgumentError, match=name):
             config.load({name: bad})
 
@@ -133,7 +136,7 @@ def _fetch(tm, d1, m):
 @gpu
 @needs_gpu
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("mode", ["copy", "write_value"])
+@pytest.mark.parametrize("mode", ["copy", "write_value", "kernel", "write_value,kernel"])
 def test_small_put_mechanisms(monkeypatch, mode):
     monkeypatch.setenv("GEXMK_CUDA_SMALL_PUT", mode)
     from gexmk.transports import local
@@ -141,10 +144,13 @@ def test_small_put_mechanisms(monkeypatch, mode):
         assert local.pipeline_settings()["small_put"] == mode
         mk = c.mk_create(gexmk.CUDA_UVA, 0)
         c.segment_attach(4096)
-        ep1 = c.ep_create()
+        ep1, ep2 = c.ep_create(), c.ep_create()
         d1 = c.segment_create(1 * MiB, kind=mk)
+        d2 = c.segment_create(1 * MiB, kind=mk)
         ep1.bind_segment(d1)
-        tm = c.ep(0).pair(1)
+        ep2.bind_segment(d2)
+        tm = c.ep(0).pair(1)                           # host EP -> d1
+        dd = ep2.pair(1)                               # d2 -> d1: device to device
         a = d1.address
         tm.put_val(0, a, 0x1122334455667788)           # 8 B aligned
         tm.put_val(0, a + 8, 0xAABBCCDD, 4)            # 4 B aligned
@@ -161,7 +167,32 @@ def test_small_put_mechanisms(monkeypatch, mode):
         assert list(got[24:27]) == [7, 8, 9]
         assert got[32:40].view(np.uint64)[0] == 0x55AA55AA55AA55AA
         assert got[40:44].view(np.uint32)[0] == 0x01020304
+        # device -> device, 1..9 bytes at odd offsets, blocking, NB and NBI, and gets back
+        pat = np.random.default_rng(3).integers(1, 256, 4096, dtype=np.uint8)
+        c.ep(0).pair(2).put(0, d2.address, pat)        # fill d2 from the host
+        for m in range(1, 10):
+            dd.put(0, a + 100 * m + m, (d2.address + m, m))
+            dd.put_nb(0, a + 2000 + 16 * m + 1, (d2.address + 3, m)).wait()
+            dd.put_nbi(0, a + 3000 + 16 * m, (d2.address + 5, m), lc=gexmk.LC_GROUP)
+            dd.get((d2.address + 1000 + 16 * m, m), 0, a + 100 * m + m)
+        gexmk.nbi_wait()
+        whole = np.zeros(4096, np.uint8)
+        tm.get(whole, 0, a)
+        back = np.zeros(4096, np.uint8)
+        c.ep(0).pair(2).get(back, 0, d2.address)
+        for m in range(1, 10):
+            assert (whole[100 * m + m:100 * m + 2 * m] == pat[m:2 * m]).all(), m
+            assert (whole[2000 + 16 * m + 1:2000 + 16 * m + 1 + m] == pat[3:3 + m]).all(), m
+            assert (whole[3000 + 16 * m:3000 + 16 * m + m] == pat[5:5 + m]).all(), m
+            assert (back[1000 + 16 * m:1000 + 16 * m + m] == pat[m:2 * m]).all(), m
+        # the kind's slots from Python
         mk.impl.write_value(a + 16, 0xDEADBEEF, 4)
         assert tm.get_val(0, a + 16, 4) == 0xDEADBEEF
         with pytest.raises(E.ArgumentError, match="aligned"):
             mk.impl.write_value(a + 2, 1, 8)
+        for m in (0, 1, 7, 64):
+            mk.impl.copy_small(a + 500, d2.address + 64, m)
+            if m:
+                assert (_fetch(tm, d1, 600)[500:500 + m] == pat[64:64 + m]).all(), m
+        with pytest.raises(E.ArgumentError, match="nbytes"):
+            mk.impl.copy_small(a, d2.address, 65)

@@ -84,3 +84,5 @@ cdef struct gx_kind_ops:
                                   # reaches directly, 0 when pageable (copies then go through a driver bounce)
     gx_mk_write_fn write_value    # store nbytes (4 or 8) of value at aligned device dst from the
                                   # stream's front end (no copy); stream NULL: complete on return
+    gx_mk_copy_fn copy_small      # dst <- src, n <= 64 bytes, both device memory, by a kernel
+                                  # instead of the copy engine; stream NULL: complete on return

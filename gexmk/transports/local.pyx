@@ -80,8 +80,10 @@ cdef size_t _pg_min = 1 << 20      # smaller copies go to the driver as they are
 cdef int _pg_threads = 4           # helper threads of the copy pool
 cdef gx_cpool* _pool = NULL        # made with the first bound device segment
 cdef long _pg_count = 0            # copies pipelined so far (pipeline_settings(), tests)
-cdef bint _small_write = False     # GEXMK_CUDA_SMALL_PUT=write_value: <= 8 B host->device puts
-                                   # by the kind's write_value instead of a copy
+cdef bint _small_write = False     # GEXMK_CUDA_SMALL_PUT has write_value: 4/8 B host->device
+                                   # puts by the kind's write_value instead of a copy
+cdef bint _small_kernel = False    # ... has kernel: <= 8 B device<->device copies by the kind's
+                                   # copy_small kernel
 
 
 cdef struct lp_bounce:         # an endpoint's pinned bounce buffers
@@ -234,14 +236,19 @@ cdef int _dev_copy(gx_xfer* x, uintptr_t dst, uintptr_t src, bint put) except -1
 
 cdef inline int _issue_copy(gx_xfer* x, lp_kind* k, void* s, uintptr_t dst, uintptr_t src,
                             bint put) except -1 nogil:
-    """The kind's copy; a put of 4 or 8 host bytes to an aligned device
-    address by the kind's write_value instead where GEXMK_CUDA_SMALL_PUT says
-    so (the value is read here, at issue: the source is reusable at once)."""
+    """The kind's copy; where GEXMK_CUDA_SMALL_PUT says so, a put of 4 or 8
+    host bytes to an aligned device address by the kind's write_value (the
+    value is read here, at issue: the source is reusable at once), and a
+    device<->device copy of at most 8 bytes by the kind's copy_small kernel."""
     cdef uint64_t v = 0
-    if _small_write and put and x.local_kind == GX_MK_HOST and (x.n == 8 or x.n == 4) \
-            and (dst & (x.n - 1)) == 0 and k.ops.write_value != NULL:
-        memcpy(&v, <void*>src, x.n)
-        return k.ops.write_value(k.kctx, s, dst, v, <int>x.n)
+    if x.n <= 8:
+        if x.local_kind == GX_MK_HOST:
+            if _small_write and put and (x.n == 8 or x.n == 4) and (dst & (x.n - 1)) == 0 \
+                    and k.ops.write_value != NULL:
+                memcpy(&v, <void*>src, x.n)
+                return k.ops.write_value(k.kctx, s, dst, v, <int>x.n)
+        elif _small_kernel and k.ops.copy_small != NULL:
+            return k.ops.copy_small(k.kctx, s, dst, src, x.n)
     return k.ops.copy(k.kctx, s, dst, src, x.n)
 
 
@@ -1010,7 +1017,7 @@ cdef int _configure(object cfg) except -1:
     _pg_nbuf = getattr(cfg, "pageable_buffers", _pg_nbuf)
     _pg_min = getattr(cfg, "pageable_min", _pg_min)
     _pg_threads = getattr(cfg, "pageable_threads", _pg_threads)
-    _small_write = getattr(cfg, "cuda_small_put", "copy") == "write_value"
+    _set_small_put(getattr(cfg, "cuda_small_put", "copy"))
     return 0
 
 
@@ -1020,18 +1027,24 @@ def pipeline_settings():
     the small-put mechanism, and how many copies were pipelined so far."""
     return {"chunk": _pg_chunk, "buffers": _pg_nbuf, "min": _pg_min, "threads": _pg_threads,
             "threads_running": _pool.nthreads if _pool != NULL else 0,
-            "small_put": "write_value" if _small_write else "copy", "pipelined": _pg_count}
+            "small_put": _small_put_name(), "pipelined": _pg_count}
+
+
+def _small_put_name():
+    words = [w for w, on in (("write_value", _small_write), ("kernel", _small_kernel)) if on]
+    return ",".join(words) or "copy"
 
 
 def _set_small_put(mode):
-    """Bench hook: switch the small-put mechanism of this process at run
-    time (``"copy"`` or ``"write_value"``, as GEXMK_CUDA_SMALL_PUT) and
-    return the previous one."""
-    global _small_write
-    if mode not in ("copy", "write_value"):
-        raise ValueError(f"small put mechanism must be 'copy' or 'write_value', got {mode!r}")
-    old = "write_value" if _small_write else "copy"
-    _small_write = mode == "write_value"
+    """Bench hook: switch the small-put mechanisms of this process at run
+    time (as GEXMK_CUDA_SMALL_PUT: ``"copy"``, ``"write_value"``,
+    ``"kernel"`` or ``"write_value,kernel"``); returns the previous setting."""
+    global _small_write, _small_kernel
+    from gexmk.config import small_put_option
+    words = small_put_option(mode, "small put").split(",")
+    old = _small_put_name()
+    _small_write = "write_value" in words
+    _small_kernel = "kernel" in words
     return old
 
 

@@ -23,6 +23,7 @@ _OPS.event_destroy = _cu_event_destroy
 _OPS.atomic = cuda_atomic
 _OPS.host_pinned = _cu_host_pinned
 _OPS.write_value = _cu_write_value
+_OPS.copy_small = _cu_copy_small
 
 cdef object _UINTPTR_MAX = <uintptr_t>-1
 cdef object _SIZE_MAX = <size_t>-1
@@ -325,6 +326,18 @@ cdef class CudaKind:
         with nogil:
             r = _cu_host_pinned(k, <void*>p, n)
         return bool(r)
+
+    def copy_small(self, dst, src, nbytes, stream=0):
+        """Copy ``nbytes`` (at most 64) between device addresses with a
+        one-thread kernel instead of the copy engine; ``stream`` 0: complete
+        on return."""
+        cdef CudaCtx* k = self._open()
+        cdef uintptr_t d = _index(dst, "dst", 1, _UINTPTR_MAX)
+        cdef uintptr_t sr = _index(src, "src", 1, _UINTPTR_MAX)
+        cdef uintptr_t st = _index(stream, "stream", 0, _UINTPTR_MAX)
+        cdef size_t n = _index(nbytes, "nbytes", 0, 64)
+        with nogil:
+            _cu_copy_small(k, <void*>st, d, sr, n)
 
     def write_value(self, addr, value, nbytes=8, stream=0):
         """Store ``nbytes`` (4 or 8) of ``value`` at aligned device address
