@@ -14,7 +14,6 @@ cdef int _pipelined(lp_ep* ep, lp_kind* k, uintptr_t dst, uintptr_t src, size_t 
     cdef uintptr_t host = dst if to_host else src
     cdef lp_bounce* bb
     cdef void* s
-    cdef int r
     if n < _pg_min or _pg_nbuf <= 0 or ep == NULL or k.ops == NULL or k.ops.host_pinned == NULL:
         return 0
     if k.ops.host_pinned(k.kctx, <void*>host, n):
@@ -164,7 +163,7 @@ cdef int _bounce_free(lp_ep* ep) except -1:
 
 cdef int _configure(object cfg) except -1:
     """The pageable-copy pipeline's and small puts' settings (gexmk.config)."""
-    global _pg_chunk, _pg_nbuf, _pg_min, _pg_threads, _small_write
+    global _pg_chunk, _pg_nbuf, _pg_min, _pg_threads
     _pg_chunk = getattr(cfg, "pageable_chunk", _pg_chunk)
     _pg_nbuf = getattr(cfg, "pageable_buffers", _pg_nbuf)
     _pg_min = getattr(cfg, "pageable_min", _pg_min)
@@ -201,9 +200,9 @@ def _set_small_put(mode):
 
 
 def _pool_copy(dst, src):
-    """Test hook: copy the bytes of writable buffer ``src`` into ``dst``
-    (same length) through the copy pool as the pipeline does (a pool of the
-    configured threads is made for the call when none runs)."""
+    """Test hook: copy the bytes of buffer ``src`` into writable buffer
+    ``dst`` (same length) through the copy pool as the pipeline does (a pool
+    of the configured threads is made for the call when none runs)."""
     cdef const unsigned char[::1] sv = src
     cdef unsigned char[::1] dv = dst
     cdef gx_cpool* p = _pool
