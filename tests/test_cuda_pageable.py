@@ -39,6 +39,24 @@ def test_copy_pool_copies_every_byte(monkeypatch, threads, n):
         assert not dst[:32].any() and not dst[32 + n:].any()
 
 
+@pytest.mark.parametrize("to_host", [False, True], ids=["htod", "dtoh"])
+@pytest.mark.parametrize("nbuf", [1, 2, 3])
+@pytest.mark.parametrize("n,chunk", [(4 * 65536, 65536), (3 * 65536 + 5, 65536), (4097, 8192),
+                                     (1, 4096), (2 * MiB + 77, 256 * 1024)])
+def test_pipeline_chunking_on_a_stand_in_kind(to_host, nbuf, n, chunk):
+    """The pipeline's ring of bounce buffers, both directions, sizes that
+    are and are not multiples of the chunk, 1 to 3 buffers: every byte
+    arrives once, nothing outside the destination is touched, one 'DMA' per
+    chunk (a stand-in kind whose DMA is a memcpy; the GPU tests run the real one)."""
+    from gexmk.transports import local
+    src = np.random.default_rng([n, chunk, nbuf]).integers(0, 256, n, dtype=np.uint8)
+    dst = np.zeros(n + 128, np.uint8)
+    dmas = local._selftest_pipeline(dst[64:64 + n], src, to_host, chunk, nbuf, threads=3)
+    assert (dst[64:64 + n] == src).all()
+    assert not dst[:64].any() and not dst[64 + n:].any()
+    assert dmas == -(-n // chunk)
+
+
 def test_pageable_settings_parse():
     from gexmk import config
     c = config.load({"GEXMK_PAGEABLE_CHUNK": "2M", "GEXMK_PAGEABLE_BUFFERS": "3",

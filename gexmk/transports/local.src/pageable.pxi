@@ -219,3 +219,85 @@ def _pool_copy(dst, src):
     finally:
         if own:
             gx_cpool_destroy(p)
+
+
+# ---- a host-only stand-in kind, so that the pipeline's chunking is tested on any machine ----
+
+cdef int _fk_copy(void* kctx, void* stream, uintptr_t dst, uintptr_t src, size_t n) except -1 nogil:
+    memcpy(<void*>dst, <void*>src, n)
+    (<long*>kctx)[0] += 1           # DMAs issued
+    return 0
+
+
+cdef int _fk_register(void* kctx, void* p, size_t n, int on) except -1 nogil:
+    return 0
+
+
+cdef int _fk_pinned(void* kctx, const void* p, size_t n) except -1 nogil:
+    return 0
+
+
+cdef int _fk_stream(void* kctx, void** stream) except -1 nogil:
+    stream[0] = <void*>1
+    return 0
+
+
+cdef int _fk_handle(void* kctx, void* h) except -1 nogil:
+    return 0
+
+
+cdef int _fk_record(void* kctx, void* stream, void** event) except -1 nogil:
+    event[0] = <void*>1
+    return 0
+
+
+cdef gx_kind_ops _FAKE_KIND
+_FAKE_KIND.name = b"test-host-as-device"
+_FAKE_KIND.copy = _fk_copy
+_FAKE_KIND.host_register = _fk_register
+_FAKE_KIND.host_pinned = _fk_pinned
+_FAKE_KIND.stream_create = _fk_stream
+_FAKE_KIND.stream_destroy = _fk_handle
+_FAKE_KIND.event_record = _fk_record
+_FAKE_KIND.event_sync = _fk_handle
+_FAKE_KIND.event_destroy = _fk_handle
+
+
+def _selftest_pipeline(dst, src, bint to_host, size_t chunk, int nbuf, int threads=-1):
+    """Test hook: run the pipeline between two host buffers (same length)
+    through a stand-in kind whose 'DMA' is a memcpy, with these bounce
+    settings (threads: copy-pool helpers, -1 the configured number).
+    Returns the number of chunks the stand-in copied."""
+    global _pg_chunk, _pg_nbuf, _pg_min, _pool
+    cdef const unsigned char[::1] sv = src
+    cdef unsigned char[::1] dv = dst
+    cdef lp_ep* ep
+    cdef lp_kind k
+    cdef long dmas = 0
+    cdef int done = 0
+    cdef size_t n = <size_t>sv.shape[0]
+    cdef gx_cpool* pool
+    cdef gx_cpool* saved_pool = _pool
+    if dv.shape[0] != sv.shape[0] or n == 0:
+        raise ValueError("dst and src must have the same, non-zero length")
+    saved = (_pg_chunk, _pg_nbuf, _pg_min)
+    ep = <lp_ep*>calloc(1, sizeof(lp_ep))
+    if ep == NULL:
+        raise MemoryError()
+    pool = gx_cpool_create(_pg_threads if threads < 0 else threads)
+    k.ops = &_FAKE_KIND
+    k.kctx = &dmas
+    k.atomic = NULL
+    _pg_chunk, _pg_nbuf, _pg_min, _pool = chunk, nbuf, 0, pool
+    try:
+        with nogil:
+            done = _pipelined(ep, &k, <uintptr_t>&dv[0], <uintptr_t>&sv[0], n, to_host)
+    finally:
+        _pg_chunk, _pg_nbuf, _pg_min = saved
+        _pool = saved_pool
+        _bounce_free(ep)
+        free(ep)
+        gx_cpool_destroy(pool)
+    if not done:
+        raise AssertionError("the pipeline declined the copy")
+    return dmas
