@@ -271,3 +271,45 @@ def test_staged_option_values(monkeypatch):
         gexmk.init(staged=3)
     with gexmk.init(staged=False) as c:
         assert c.config.staged == "refuse"
+
+
+# ---- GPU: device segments are counted too (through the kind's copy engine, never inline) ----
+
+def _have_gpu():
+    try:
+        from gexmk.kinds import cuda
+        p = cuda.probe()
+        return bool(p.get("driver_loaded") and p.get("device_count"))
+    except Exception:           # noqa: BLE001 - any failure means: no usable GPU
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _have_gpu(), reason="no NVIDIA driver or device on this machine")
+def test_device_routes_are_counted():
+    with gexmk.init() as c:
+        mk = c.mk_create(gexmk.CUDA_UVA, 0)
+        c.segment_attach(4096)
+        ep1, ep2 = c.ep_create(), c.ep_create()
+        d1 = c.segment_create(1 << 20, kind=mk)
+        d2 = c.segment_create(1 << 20, kind=mk)
+        ep1.bind_segment(d1)
+        ep2.bind_segment(d2)
+        h = c.ep(0).pair(1)                     # host EP -> d1
+        dd = ep2.pair(1)                        # d2 -> d1
+        h.put(0, d1.address, np.arange(16, dtype=np.uint8))           # 16 B
+        h.put_val(0, d1.address + 64, 3)                               # 8 B
+        dd.put(0, d1.address + 128, (d2.address, 100))                 # 100 B
+        dd.put_nb(0, d1.address + 256, (d2.address, 4)).wait()         # 4 B
+        out = np.zeros(16, np.uint8)
+        h.get(out, 0, d1.address)                                      # 16 B
+        assert (out == np.arange(16)).all()
+        ad = h.ad_create(gexmk.DT_U64, gexmk.OP_FADD)
+        ad.op(0, d1.address + 512, gexmk.OP_FADD, 2)                   # 8 B
+        ad.destroy()
+        assert h.path_stats(0) == {"self": {"put": _row(2, 24), "get": _row(1, 16),
+                                            "atomic": _row(1, 8)}}
+        assert dd.path_stats(0) == {"self": {"put": _row(2, 104), "get": _row(),
+                                             "atomic": _row()}}
+        total = c.path_stats()["self"]
+        assert total["put"] == _row(4, 128) and total["get"] == _row(1, 16)

@@ -17,6 +17,13 @@ Three paths, each with its own table:
 Every operation completes at issue; NB operations hand out no op.  The inline
 fast path of ``gexmk.h`` serves ``self`` and ``nbrhd`` for host buffers; the
 tables here serve what it declines.
+
+Device segments (``self`` and ``nbrhd`` too) go through their memory kind's
+table: copies on the endpoint's own streams (NB ones completed by events);
+large copies whose host side is pageable pipelined through the endpoint's
+pinned bounce buffers (``local.src/pageable.pxi``); tiny ones by the kind's
+write_value or copy_small where GEXMK_CUDA_SMALL_PUT asks; atomics by the
+kind's ``atomic`` slot.
 """
 import os
 import pickle
