@@ -166,8 +166,10 @@ def compare(iters):
               f" GB/s: {n / g64 / 1e9 / c['dtod64m_imported_GBps']:.3f} x (target >= 0.95)")
         print(f"8 B D->D put (faster mechanism): gexmk {g8:.2f} us, C copy+sync {c['dtod8_us']:.2f} us: "
               f"{g8 / c['dtod8_us']:.3f} x (target <= 1.1); C kernel+sync {c['kernel8_us']:.2f} us")
-        print(f"8 B put_val (copy): gexmk {gval:.2f} us, write_value {gwv:.2f} us, C pinned HtoD+sync {c['htod8_pinned_us']:.2f} us: "
-              f"{gval / c['htod8_pinned_us']:.3f} x (target <= 1.1); C cuStreamWriteValue64+sync "
+        gv = min(gval, gwv)
+        print(f"8 B put_val (faster mechanism): gexmk {gv:.2f} us, C pinned HtoD+sync "
+              f"{c['htod8_pinned_us']:.2f} us: "
+              f"{gv / c['htod8_pinned_us']:.3f} x (target <= 1.1); C cuStreamWriteValue64+sync "
               f"{c['wv64_us']:.2f} us, WriteValue32 {c['wv32_us']:.2f} us, bare sync {c['sync_us']:.2f}"
               f" us, async 8 B copy issue {c['dtod8_issue_us']:.2f} us")
         print(f"import + map of a 64 MiB VMM FD (C): {c['import_map_64MiB_ms']:.3f} ms")
