@@ -3,9 +3,9 @@
  * Used by the local transport to fill and drain pinned bounce buffers when a
  * device copy's host side is pageable: one CPU thread copies about 10 GB/s,
  * less than the copy engine's 50 GB/s, so the memcpy of each chunk is shared
- * by the caller and `nthreads` helpers.  Helpers sleep on a condition
- * variable between jobs and block every signal (Python's handlers run on the
- * main thread).  One caller at a time: a second concurrent caller, a caller
+ * by the caller and `nthreads` helpers.  Between jobs helpers poll briefly
+ * (tens of microseconds), then sleep on a condition variable; they block
+ * every signal (Python's handlers run on the main thread).  One caller at a time: a second concurrent caller, a caller
  * in a forked child (the helpers did not survive fork) and small copies do a
  * plain memcpy.  Nothing here touches the GIL; every function is nogil-safe.
  */
@@ -20,6 +20,21 @@
 
 /* Below this many bytes per thread, splitting costs more than it saves. */
 #define GX_CPOOL_MIN_PART ((size_t)256 * 1024)
+
+/* Helpers poll for the next job this many times (a pause each: tens of
+ * microseconds) before sleeping, and the caller polls for their end as long
+ * before it sleeps: in a pipelined copy the jobs follow each other every few
+ * tens of microseconds, about what a sleeping thread takes to wake. */
+#define GX_CPOOL_SPINS 2000
+
+static inline void gx_cpool_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
 
 typedef struct gx_cpool gx_cpool;
 
@@ -40,8 +55,9 @@ struct gx_cpool {
     char *dst;
     const char *src;
     size_t n, part;
-    unsigned long gen;
-    int left;                /* helpers still copying the current job */
+    unsigned long gen;       /* job number (written under mu, polled without) */
+    int left;                /* helpers still copying the current job (atomic) */
+    int sleepers;            /* helpers waiting on `go` (under mu) */
     int stop;
 };
 
@@ -50,12 +66,24 @@ static void *gx_cpool_main(void *arg)
     gx_cpool_worker *w = (gx_cpool_worker *)arg;
     gx_cpool *p = w->pool;
     unsigned long seen = 0;
-    pthread_mutex_lock(&p->mu);
+    int i;
     for (;;) {
-        while (!p->stop && p->gen == seen)
+        for (i = 0; i < GX_CPOOL_SPINS; i++) {
+            if (__atomic_load_n(&p->gen, __ATOMIC_ACQUIRE) != seen
+                    || __atomic_load_n(&p->stop, __ATOMIC_ACQUIRE))
+                break;
+            gx_cpool_relax();
+        }
+        pthread_mutex_lock(&p->mu);
+        while (!p->stop && p->gen == seen) {
+            p->sleepers++;
             pthread_cond_wait(&p->go, &p->mu);
-        if (p->stop)
+            p->sleepers--;
+        }
+        if (p->stop) {
+            pthread_mutex_unlock(&p->mu);
             break;
+        }
         seen = p->gen;
         char *d = p->dst;
         const char *s = p->src;
@@ -63,11 +91,12 @@ static void *gx_cpool_main(void *arg)
         pthread_mutex_unlock(&p->mu);
         if (off < n)
             memcpy(d + off, s + off, n - off < part ? n - off : part);
-        pthread_mutex_lock(&p->mu);
-        if (--p->left == 0)
+        if (__atomic_sub_fetch(&p->left, 1, __ATOMIC_ACQ_REL) == 0) {
+            pthread_mutex_lock(&p->mu);          /* the caller may be asleep */
             pthread_cond_signal(&p->idle);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -79,7 +108,7 @@ static void gx_cpool_destroy(gx_cpool *p)
         return;
     if (p->pid == getpid()) {
         pthread_mutex_lock(&p->mu);
-        p->stop = 1;
+        __atomic_store_n(&p->stop, 1, __ATOMIC_RELEASE);
         pthread_cond_broadcast(&p->go);
         pthread_mutex_unlock(&p->mu);
         for (i = 0; i < p->nthreads; i++)
@@ -135,6 +164,7 @@ static gx_cpool *gx_cpool_create(int nthreads)
 static void gx_cpool_copy(gx_cpool *p, void *dst, const void *src, size_t n)
 {
     size_t parts, part;
+    int i;
     if (p == NULL || p->nthreads == 0 || n < 2 * GX_CPOOL_MIN_PART || p->pid != getpid()
             || pthread_mutex_trylock(&p->busy) != 0) {
         memcpy(dst, src, n);
@@ -150,13 +180,16 @@ static void gx_cpool_copy(gx_cpool *p, void *dst, const void *src, size_t n)
     p->src = (const char *)src;
     p->n = n;
     p->part = part;
-    p->left = p->nthreads;
-    p->gen++;
-    pthread_cond_broadcast(&p->go);
+    __atomic_store_n(&p->left, p->nthreads, __ATOMIC_RELEASE);
+    __atomic_store_n(&p->gen, p->gen + 1, __ATOMIC_RELEASE);
+    if (p->sleepers > 0)
+        pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
     memcpy(dst, src, n < part ? n : part);
+    for (i = 0; i < GX_CPOOL_SPINS && __atomic_load_n(&p->left, __ATOMIC_ACQUIRE) > 0; i++)
+        gx_cpool_relax();
     pthread_mutex_lock(&p->mu);
-    while (p->left > 0)
+    while (__atomic_load_n(&p->left, __ATOMIC_ACQUIRE) > 0)
         pthread_cond_wait(&p->idle, &p->mu);
     pthread_mutex_unlock(&p->mu);
     pthread_mutex_unlock(&p->busy);
