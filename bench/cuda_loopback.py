@@ -12,7 +12,13 @@ Cases (median of --iters timed calls each, interleaved gexmk / baseline):
 - 8 B put_val into a device segment vs an 8 B cuMemcpyHtoD from pinned memory
   (+ synchronisation: cuMemcpyHtoD is synchronous);
 - 8 B device -> device put between two device endpoints vs cuMemcpyDtoD
-  + cuCtxSynchronize.
+  + cuCtxSynchronize;
+- 8 B put_val with the small-put mechanism switched to cuStreamWriteValue64,
+  and the 8 B device -> device put by a one-thread kernel
+  (GEXMK_CUDA_SMALL_PUT=write_value,kernel) vs the same baselines;
+then the pageable and pinned figures beside the C driver-API program's
+(bench/cuda/driver_baseline.c, built and run here; skipped with a message
+where it cannot be built), and the pipeline's settings and path counters.
 Timings are reported, never asserted.
 """
 import argparse
@@ -62,6 +68,7 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--small-iters", type=int, default=2000)
     ap.add_argument("--json")
+    ap.add_argument("--no-baselines", action="store_true", help="leave out the C driver baseline")
     args = ap.parse_args(argv)
     from cuda.bindings import driver as cu
     import gexmk
@@ -107,12 +114,52 @@ def main(argv=None):
                          lambda: from_d2.put(0, d1.address, (d2.address, 8)),
                          lambda: (_check(cu.cuMemcpyDtoD(dbuf, d2.address, 8)),
                                   _check(cu.cuCtxSynchronize())), args.small_iters))
+        from gexmk.transports import local
+        prev = local._set_small_put("write_value,kernel")
+        rows.append(pair("8 B put_val (write_value) -> device segment",
+                         lambda: to_d1.put_val(0, d1.address, 5),
+                         lambda: _check(cu.cuMemcpyHtoD(dbuf, small, 8)), args.small_iters))
+        rows.append(pair("8 B put device -> device (kernel)",
+                         lambda: from_d2.put(0, d1.address, (d2.address, 8)),
+                         lambda: (_check(cu.cuMemcpyDtoD(dbuf, d2.address, 8)),
+                                  _check(cu.cuCtxSynchronize())), args.small_iters))
+        local._set_small_put(prev)
         got = np.zeros(16, np.uint8)
         to_d1.get(got, 0, d1.address)
+        print(f"pageable pipeline: {local.pipeline_settings()}")
+        print(f"path counters host EP -> device segment: {to_d1.path_stats(0)}")
         _check(cu.cuMemFreeHost(pinned))
         _check(cu.cuMemFreeHost(small))
         _check(cu.cuMemFree(dbuf))
         _check(cu.cuCtxPopCurrent())
+    if not args.no_baselines:
+        import os
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import cuda_baseline
+        cres = cuda_baseline.run_c(args.small_iters)
+        rows.append({"c_baseline": cres})
+        if "skip" in cres:
+            print(f"C driver baseline skipped: {cres['skip']}")
+        else:
+            by = {r["case"]: r for r in rows if "case" in r}
+            pg = by["64 MiB put pageable numpy -> device"]["gexmk_GBps"]
+            pn = by["64 MiB put host segment -> device (HtoD)"]["gexmk_GBps"]
+            print(f"64 MiB pageable numpy -> device: gexmk {pg:.2f} GB/s, C cuMemcpyHtoD pageable "
+                  f"{cres['htod64m_pageable_GBps']:.2f} GB/s: {pg / cres['htod64m_pageable_GBps']:.2f} x "
+                  "(target >= 3)")
+            print(f"64 MiB host segment -> device: gexmk {pn:.2f} GB/s, C pinned "
+                  f"{cres['htod64m_pinned_GBps']:.2f} GB/s: {pn / cres['htod64m_pinned_GBps']:.3f} x "
+                  "(target >= 0.95)")
+            for case, key in (("8 B put_val -> device segment", "htod8_pinned_us"),
+                              ("8 B put_val (write_value) -> device segment", "htod8_pinned_us"),
+                              ("8 B put device -> device (2 endpoints)", "dtod8_us"),
+                              ("8 B put device -> device (kernel)", "dtod8_us")):
+                g = by[case]["gexmk_s"] * 1e6
+                print(f"{case}: gexmk {g:.2f} us, C {key} {cres[key]:.2f} us: {g / cres[key]:.3f} x")
+            print(f"C small mechanisms: copy D->D {cres['dtod8_us']:.2f}, pinned H->D "
+                  f"{cres['htod8_pinned_us']:.2f}, WriteValue64 {cres['wv64_us']:.2f}, WriteValue32 "
+                  f"{cres['wv32_us']:.2f}, kernel {cres['kernel8_us']:.2f}, bare sync "
+                  f"{cres['sync_us']:.2f} us (each + sync)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

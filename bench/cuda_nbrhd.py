@@ -12,7 +12,13 @@ Rank 0 times; rank 1 waits.  Cases:
   pinned memory + synchronize;
 - publication of a 1 GiB device segment (the collective, on both ranks).
 The baselines are driver calls from Python (cuda.bindings), about 1-2 us of
-call overhead per call more than C.  Timings are reported, never asserted.
+call overhead per call more than C.  Then, on rank 0 after the job, the same
+figures beside the issue's other baselines measured in this run
+(bench/cuda_baseline.py): the C driver-API program (two processes, VMM FD
+import), CuPy legacy IPC + memcpyAsync and PyTorch tensor sharing + copy_
+per 8 B put + sync (each skipped with a message where its package is
+missing).  ``--no-baselines`` leaves them out.  Timings are reported, never
+asserted.
 """
 import argparse
 import statistics
@@ -36,12 +42,16 @@ def med(fn, iters):
     return statistics.median(ts) * 1e-9
 
 
+RESULTS = {}        # case -> (gexmk seconds, Python driver seconds, bytes)
+
+
 def both(name, a, b, iters, nbytes=None, rounds=5):
     ta, tb = [], []
     for _ in range(rounds):                       # interleaved rounds
         ta.append(med(a, iters))
         tb.append(med(b, iters))
     ma, mb = statistics.median(ta), statistics.median(tb)
+    RESULTS[name] = (ma, mb, nbytes)
     if nbytes and nbytes > 4096:
         print(f"{name:44s} gexmk {nbytes / ma / 1e9:8.1f} GB/s  driver {nbytes / mb / 1e9:8.1f} GB/s"
               f"  ratio {mb / ma:5.2f}", flush=True)
@@ -55,6 +65,8 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=400)
     ap.add_argument("--gpu-per-rank", action="store_true",
                     help="rank r on device r (two GPUs: the NVLink path) instead of all on device 0")
+    ap.add_argument("--no-baselines", action="store_true",
+                    help="leave out the C, CuPy and PyTorch baselines")
     args = ap.parse_args(argv)
     from cuda.bindings import driver as cu
     import numpy as np
@@ -90,6 +102,15 @@ def main(argv=None):
                 _ok(cu.cuStreamSynchronize(stream))
             both("8 B put_val -> peer device segment", lambda: hostep.put_val(1, dst, 7),
                  h2d, args.iters, 8)
+            # the small-put mechanisms, same run: copy (above) vs cuStreamWriteValue64 for
+            # put_val, vs a one-thread kernel for the device -> device put
+            from gexmk.transports import local
+            prev = local._set_small_put("write_value,kernel")
+            both("8 B put_val (write_value) -> peer device", lambda: hostep.put_val(1, dst, 7),
+                 h2d, args.iters, 8)
+            both("8 B device -> peer device put (kernel)",
+                 lambda: mine.put(1, dst, (dseg.address, 8)), lambda: d2d(8), args.iters, 8)
+            local._set_small_put(prev)
             _ok(cu.cuMemFreeHost(pinned))
             _ok(cu.cuStreamDestroy(stream))
             _ok(cu.cuCtxPopCurrent())
@@ -110,7 +131,53 @@ def main(argv=None):
             print(f"publication of a 1 GiB device segment: {took * 1e3:.2f} ms "
                   f"(of which a bootstrap barrier costs about {bar * 1e3:.2f} ms; the collective "
                   "has two exchanges)", flush=True)
+            stats = mine.path_stats(1)
+            print(f"path counters, device EP -> rank 1: {stats}", flush=True)
+        rank = tm.rank
+    if rank == 0 and not args.no_baselines and not args.gpu_per_rank:
+        compare(args.iters)
     return 0
+
+
+def compare(iters):
+    """gexmk's figures of this run beside the C, CuPy and PyTorch baselines."""
+    import os
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import cuda_baseline
+    c = cuda_baseline.run_c(max(iters * 5, 1000))
+    peers = {w: cuda_baseline.run_peer(w, max(iters * 5, 1000)) for w in ("cupy", "torch")}
+    print("\n== beside the issue's baselines (same run) ==", flush=True)
+    for name, res in (("C driver API", c), *peers.items()):
+        if "skip" in res:
+            print(f"{name}: skipped: {res['skip']}", flush=True)
+    g64, _, n = RESULTS["64 MiB device -> peer device put"]
+    g8 = RESULTS["8 B device -> peer device put"][0] * 1e6
+    gval = RESULTS["8 B put_val -> peer device segment"][0] * 1e6
+    gwv = RESULTS["8 B put_val (write_value) -> peer device"][0] * 1e6
+    gk = RESULTS["8 B device -> peer device put (kernel)"][0] * 1e6
+    print(f"8 B put_val mechanisms: copy {gval:.2f} us, write_value {gwv:.2f} us -> "
+          f"{'write_value' if gwv < gval else 'copy'} is faster (GEXMK_CUDA_SMALL_PUT)")
+    print(f"8 B D->D put mechanisms: copy {g8:.2f} us, kernel {gk:.2f} us -> "
+          f"{'kernel' if gk < g8 else 'copy'} is faster (GEXMK_CUDA_SMALL_PUT)")
+    g8 = min(g8, gk)            # the faster mechanism against the baselines below
+    if "skip" not in c:
+        print(f"64 MiB D->D into the peer's mapping: gexmk {n / g64 / 1e9:.1f} GB/s, C "
+              f"cuMemcpyDtoDAsync+sync into an imported VMM FD mapping {c['dtod64m_imported_GBps']:.1f}"
+              f" GB/s: {n / g64 / 1e9 / c['dtod64m_imported_GBps']:.3f} x (target >= 0.95)")
+        print(f"8 B D->D put (faster mechanism): gexmk {g8:.2f} us, C copy+sync {c['dtod8_us']:.2f} us: "
+              f"{g8 / c['dtod8_us']:.3f} x (target <= 1.1); C kernel+sync {c['kernel8_us']:.2f} us")
+        gv = min(gval, gwv)
+        print(f"8 B put_val (faster mechanism): gexmk {gv:.2f} us, C pinned HtoD+sync "
+              f"{c['htod8_pinned_us']:.2f} us: "
+              f"{gv / c['htod8_pinned_us']:.3f} x (target <= 1.1); C cuStreamWriteValue64+sync "
+              f"{c['wv64_us']:.2f} us, WriteValue32 {c['wv32_us']:.2f} us, bare sync {c['sync_us']:.2f}"
+              f" us, async 8 B copy issue {c['dtod8_issue_us']:.2f} us")
+        print(f"import + map of a 64 MiB VMM FD (C): {c['import_map_64MiB_ms']:.3f} ms")
+    for w, res in peers.items():
+        if "skip" not in res:
+            print(f"8 B D->D put (faster mechanism): gexmk {g8:.2f} us, {w} {res['put8_us']:.2f} us: "
+                  f"{g8 / res['put8_us']:.3f} x (target < 1)")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

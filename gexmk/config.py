@@ -80,6 +80,26 @@ class Config:
     #: publication (the first operation costs what the rest do); ``lazy`` leaves
     #: each to the first operation between two endpoints.
     ofi_connect: str = "eager"
+    #: GEXMK_STAGED: ``allow`` (default) or ``refuse`` degraded paths that copy
+    #: device memory through host bounce buffers; refused, a route whose only
+    #: path is staged raises UnsupportedError naming it (``gexmk.init(staged=)``
+    #: overrides the variable).
+    staged: str = "allow"
+    #: GEXMK_PAGEABLE_CHUNK / _BUFFERS / _MIN / _THREADS: copies of at least _MIN bytes
+    #: between device memory and pageable host memory go through _BUFFERS pinned
+    #: bounce buffers of _CHUNK bytes per endpoint (0 buffers: never), the CPU
+    #: side split over _THREADS helper threads (0: the calling thread alone).
+    #: Sizes take a K, M or G suffix.  (bench/cuda_pageable.py sweeps them.)
+    pageable_chunk: int = 4 << 20
+    pageable_buffers: int = 4
+    pageable_min: int = 1 << 20
+    pageable_threads: int = 4
+    #: GEXMK_CUDA_SMALL_PUT: how tiny device copies are done: ``copy`` (default:
+    #: the copy engine), or any of ``write_value`` (a put of 4 or 8 host bytes by
+    #: cuStreamWriteValue32/64) and ``kernel`` (a device<->device copy of at most
+    #: 8 bytes by a one-thread kernel), comma-separated; bench/cuda_nbrhd.py and
+    #: bench/cuda_loopback.py measure each beside the others.
+    cuda_small_put: str = "copy"
 
 
 def load(env=None) -> Config:
@@ -100,4 +120,66 @@ def load(env=None) -> Config:
         ofi_split=split != "0",
         ofi_ordered_flush=_choice(env, "GEXMK_OFI_ORDERED_FLUSH", _BOOL, True),
         ofi_connect=_choice(env, "GEXMK_OFI_CONNECT", {"eager": "eager", "lazy": "lazy"}, "eager"),
+        staged=staged_option(_text(env, "GEXMK_STAGED"), "GEXMK_STAGED"),
+        pageable_chunk=_bytes(env, "GEXMK_PAGEABLE_CHUNK", 4 << 20, 4096, 1 << 30),
+        pageable_buffers=_bytes(env, "GEXMK_PAGEABLE_BUFFERS", 4, 0, 16, suffix=False),
+        pageable_min=_bytes(env, "GEXMK_PAGEABLE_MIN", 1 << 20, 0, 1 << 62),
+        pageable_threads=_bytes(env, "GEXMK_PAGEABLE_THREADS", 4, 0, 64, suffix=False),
+        cuda_small_put=small_put_option(_text(env, "GEXMK_CUDA_SMALL_PUT"), "GEXMK_CUDA_SMALL_PUT"),
     )
+
+
+_SMALL = ("write_value", "kernel")
+
+
+def small_put_option(text, name="small put") -> str:
+    """``copy``, or a comma-separated subset of write_value and kernel, in a
+    fixed order (``write_value,kernel``); empty text means ``copy``."""
+    words = {w.strip().lower() for w in text.split(",") if w.strip()}
+    if not words or words == {"copy"}:
+        return "copy"
+    if not words <= set(_SMALL):
+        raise ArgumentError(f"{name}={text!r}: expected copy, or write_value and/or kernel "
+                            "(comma-separated)")
+    return ",".join(w for w in _SMALL if w in words)
+
+
+_SUFFIX = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def _bytes(env, name, default, lo, hi, suffix=True):
+    """An integer setting in [lo, hi] (with suffix: K, M or G multiply)."""
+    text = _text(env, name).lower()
+    if not text:
+        return default
+    mult = 1
+    if suffix and text[-1:] in _SUFFIX:
+        mult, text = _SUFFIX[text[-1]], text[:-1].strip()
+    try:
+        value = int(text) * mult
+    except ValueError:
+        value = None
+    if value is None or not lo <= value <= hi:
+        unit = " (K, M or G suffix allowed)" if suffix else ""
+        raise ArgumentError(f"{name}={_text(env, name)!r}: expected an integer from {lo} to {hi}{unit}")
+    return value
+
+
+_STAGED = {"allow": "allow", "refuse": "refuse", "1": "allow", "0": "refuse", "yes": "allow",
+           "no": "refuse", "on": "allow", "off": "refuse"}
+
+
+def staged_option(value, name="staged") -> str:
+    """``allow`` or ``refuse`` from GEXMK_STAGED's text or ``init(staged=)``
+    (also a bool: True allows); empty text means ``allow``."""
+    if isinstance(value, bool):
+        return "allow" if value else "refuse"
+    if not isinstance(value, str):
+        raise ArgumentError(f"{name}: expected 'allow' or 'refuse', got {type(value).__name__}")
+    text = value.strip().lower()
+    if not text:
+        return "allow"
+    if text not in _STAGED:
+        raise ArgumentError(f"{name}={value!r}: expected allow or refuse (staged paths copy device memory "
+                            "through host bounce buffers)")
+    return _STAGED[text]

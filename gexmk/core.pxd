@@ -43,6 +43,10 @@ cdef class _Route:
     cdef str amo_name
     cdef object view                       # (address, device) of a device mapping here, or None
     cdef tuple keep                        # the chosen contexts, alive while the route uses them
+    cdef dict refused                      # 'rma'/'atomic' -> name of a staged path refused
+    cdef dict stats                        # path name -> [9 ints]: counters of paths chosen before
+    cdef int fold(self) except -1
+    cdef int reset(self) except -1
 
 cdef class Endpoint:
     cdef gx_ep c

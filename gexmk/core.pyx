@@ -36,6 +36,8 @@ from cpython.long cimport PyLong_AsUnsignedLongLongMask
 from libc.stdint cimport uintptr_t, int32_t, uint32_t, int64_t, uint64_t
 from libc.math cimport isinf
 from libc.stdlib cimport calloc, free
+from libc.string cimport memset
+from posix.stdlib cimport posix_memalign
 
 from gexmk.lib.gx cimport *
 from gexmk.lib.linux cimport sched_yield

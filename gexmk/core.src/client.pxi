@@ -14,6 +14,54 @@ cdef class _Route:
     def __dealloc__(self):
         free(self.r)
 
+    cdef int fold(self) except -1:
+        """Move the route's live counters into ``stats`` under the names of
+        the paths that served them (before the paths change, or to read them)."""
+        cdef gx_route* r = self.r
+        cdef int k
+        if r == NULL:
+            return 0
+        if self.stats is None:
+            self.stats = {}
+        for k in range(GX_CNT_KINDS):
+            name = self.amo_name if k == GX_CNT_AMO else self.rma_name
+            if r.via[k].ops == 0 and r.mapped[k].ops == 0:
+                continue
+            row = self.stats.get(name)
+            if row is None:
+                row = self.stats[name] = [0] * (3 * GX_CNT_KINDS)
+            row[3 * k] += r.via[k].ops + r.mapped[k].ops
+            row[3 * k + 1] += r.via[k].bytes + r.mapped[k].bytes
+            row[3 * k + 2] += r.mapped[k].ops
+            r.via[k].ops = r.via[k].bytes = r.mapped[k].ops = r.mapped[k].bytes = 0
+        return 0
+
+    cdef int reset(self) except -1:
+        cdef int k
+        for k in range(GX_CNT_KINDS):
+            self.r.via[k].ops = self.r.via[k].bytes = 0
+            self.r.mapped[k].ops = self.r.mapped[k].bytes = 0
+        self.stats = {}
+        return 0
+
+
+_STAT_OPS = ("put", "get", "atomic")
+
+
+cdef dict _stats_add(dict into, dict rows):
+    """Add a route's folded counters to ``{path: {op: {ops, bytes, inline}}}``."""
+    cdef int k
+    for name, row in rows.items():
+        entry = into.get(name)
+        if entry is None:
+            entry = into[name] = {op: {"ops": 0, "bytes": 0, "inline": 0} for op in _STAT_OPS}
+        for k in range(GX_CNT_KINDS):
+            c = entry[_STAT_OPS[k]]
+            c["ops"] += row[3 * k]
+            c["bytes"] += row[3 * k + 1]
+            c["inline"] += row[3 * k + 2]
+    return into
+
 
 cdef void _route_none(gx_route* r) noexcept:
     r.local_base = NULL
@@ -25,20 +73,26 @@ cdef void _route_none(gx_route* r) noexcept:
 
 # ---- client -----------------------------------------------------------------
 
-def init(comm=None):
+def init(comm=None, *, staged=None):
     """Join the job and return its :class:`Client` (GASNet-EX ``gex_Client_Init``).
 
     Collective over every process of the job.  With nothing set up this is a
     job of one process; under ``python -m gexmk.run`` or ``mpiexec`` (mpi4py)
     it joins the others; ``comm`` takes an mpi4py communicator instead.
     Settings come from the environment (``gexmk.config``: GEXMK_TIMEOUT,
-    GEXMK_TRANSPORT, ...), read and checked once, here.
+    GEXMK_TRANSPORT, ...), read and checked once, here.  ``staged``:
+    ``'allow'`` or ``'refuse'`` degraded paths that copy device memory through
+    host bounce buffers (default: GEXMK_STAGED, else allow); refused, an
+    operation whose only path is staged raises UnsupportedError naming it.
     """
     global _client
     if _client is not None and not (<Client>_client).finalized:
         raise StateError("gexmk is already initialized in this process; finalize() the client first")
     from gexmk import bootstrap, config
+    import dataclasses
     cfg = config.load()
+    if staged is not None:
+        cfg = dataclasses.replace(cfg, staged=config.staged_option(staged, "init(staged=)"))
     boot = bootstrap.from_environment(comm)
     cdef Client c = Client.__new__(Client)
     try:
@@ -147,9 +201,13 @@ cdef class Client:
         cdef _Route rt = self._routes.get(key)
         if rt is None:
             rt = _Route.__new__(_Route)
-            rt.r = <gx_route*>calloc(1, sizeof(gx_route))
-            if rt.r == NULL:
+            # one cache line for the fields the inline path reads and counts
+            if posix_memalign(<void**>&rt.r, 64, sizeof(gx_route)) != 0:
+                rt.r = NULL
                 raise MemoryError()
+            memset(rt.r, 0, sizeof(gx_route))
+            rt.stats = {}
+            rt.refused = {}
             rt.target = self.target(jobrank, ep_index)
             rt.r.t = rt.target.t
             rt.ep_index = ep.index
@@ -175,17 +233,27 @@ cdef class Client:
         cdef Endpoint ep = None
         r.local_base = NULL         # no memcpy through the route while it changes
         gx_mem_fence()
+        rt.fold()                   # counters so far belong to the paths chosen before
         r.remote_base = t.remote_base
         r.size = t.size
         r.dead = t.dead
         if rt.ep_index < len(self._eps):
             ep = self._eps[rt.ep_index]
         best_rma = best_amo = None
+        refuse = self.config.staged == "refuse"
+        rt.refused = {}
         if t.size != 0 and not t.dead and ep is not None and not self.finalized:
             peer = self._peer(rt.target)
             for tr in self._order:
                 reach = tr.reach(ep.contexts[tr.name], peer, rt.target.ctx.get(tr.name))
                 if reach is None:
+                    continue
+                if refuse and getattr(reach, "staged", False):
+                    # a degraded path the user refused: never chosen, named in the error
+                    if reach.rma > 0:
+                        rt.refused.setdefault("rma", reach.name)
+                    if reach.amo > 0:
+                        rt.refused.setdefault("atomic", reach.name)
                     continue
                 if reach.rma > 0 and (best_rma is None or reach.rma > best_rma[0].rma):
                     best_rma = (reach, ep.contexts[tr.name])
@@ -196,6 +264,12 @@ cdef class Client:
         rt.view = best_rma[0].view if best_rma is not None else None
         rt.rma_name = best_rma[0].name if best_rma is not None else "none"
         rt.amo_name = best_amo[0].name if best_amo is not None else "none"
+        if best_rma is None and "rma" in rt.refused:
+            _set_refused(&r.rma, rt)
+            rt.rma_name = "refused:" + rt.refused["rma"]
+        if best_amo is None and "atomic" in rt.refused:
+            _set_refused(&r.amo, rt)
+            rt.amo_name = "refused:" + rt.refused["atomic"]
         rt.keep = (best_rma, best_amo, rt.target.ctx.copy())
         gx_mem_fence()
         # memcpy only where one CPU mapping serves both RMA and atomics
@@ -221,6 +295,26 @@ cdef class Client:
                     rt.r.dead = 1
         for tr in self._order:
             tr.peer_died(jobrank)
+
+    def path_stats(self):
+        """Operations and bytes per path, over every route of this process
+        (every local endpoint to every target): ``{path: {"put"|"get"|"atomic":
+        {"ops": n, "bytes": b, "inline": k}}}``, where ``inline`` is how many of
+        the ops the inline memcpy of a CPU mapping served.  Counted since init
+        or :meth:`reset_path_stats`; a path that served nothing is absent.
+        Counts are exact while one thread at a time issues on a route."""
+        cdef _Route rt
+        out = {}
+        for rt in self._routes.values():
+            rt.fold()
+            _stats_add(out, rt.stats)
+        return out
+
+    def reset_path_stats(self):
+        """Zero the counters of :meth:`path_stats` (every route of this process)."""
+        cdef _Route rt
+        for rt in self._routes.values():
+            rt.reset()
 
     @property
     def finalized(self):
@@ -551,6 +645,15 @@ cdef class Client:
                     warnings.warn(f"{tr.name}: connection set-up ahead of the first operation "
                                   f"failed ({e}); the first operation to each peer will set it up",
                                   RuntimeWarning, stacklevel=3)
+
+
+cdef int _set_refused(gx_path* p, _Route rt) except -1:
+    """The path of a route whose only path is staged and refused: every
+    operation raises, naming the path and the option (x.peer: the route)."""
+    p.ops = &_REFUSED_PATH
+    p.ep = NULL
+    p.peer = <void*>rt
+    return 0
 
 
 cdef int _set_path(gx_path* p, object best) except -1:

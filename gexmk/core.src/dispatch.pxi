@@ -179,8 +179,12 @@ cdef int _rma(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* 
         x.local_kind = tm.ep.seg_kind
         x.local_device = tm.ep.seg_device
     if is_put:
-        return r.rma.ops.put(&x)
-    return r.rma.ops.get(&x)
+        r.rma.ops.put(&x)
+        gx_count_add(&r.via[GX_CNT_PUT], n)
+    else:
+        r.rma.ops.get(&x)
+        gx_count_add(&r.via[GX_CNT_GET], n)
+    return 0
 
 
 cdef int put_slow(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n, int rc) except -1 nogil:
@@ -241,7 +245,9 @@ cdef int _amo(const gx_team* tm, int rank, uintptr_t addr, int dt, int op, gx_va
     x.b = b
     x.result = result
     x.handle = handle
-    return r.amo.ops.atomic(&x)
+    r.amo.ops.atomic(&x)
+    gx_count_add(&r.via[GX_CNT_AMO], n)
+    return 0
 
 
 # ---- the path of a route that has none: every slot raises ----------------------
@@ -301,6 +307,51 @@ _NO_PATH.orphan = _none_orphan
 _NO_PATH.sync = _none_sync
 _NO_PATH.nbi_test = _none_nbi_test
 _NO_PATH.put_signal = _none_put_signal
+
+
+# ---- the path of a route whose only path is staged and refused -----------------
+
+cdef int _refused_raise(gx_xfer* x, str what) except -1 with gil:
+    # x.peer is the route's _Route (borrowed: the client holds it while the route lives)
+    cdef gx_target* t = x.t
+    cdef _Route rt = <_Route>x.peer
+    name = rt.refused.get("atomic" if what == "atomic" else "rma", "?")
+    raise UnsupportedError(
+        f"{what}: the only path from endpoint {rt.ep_index} to job rank {t.jobrank}'s EP "
+        f"{t.ep_index} ({_kind_name(t.kind)} segment) for "
+        f"{'atomics' if what == 'atomic' else 'RMA'} is '{name}', a staged path through host "
+        "bounce buffers, and this client refuses staged paths (GEXMK_STAGED=refuse or "
+        "gexmk.init(staged='refuse')); allow them (GEXMK_STAGED=allow) to take it, or give "
+        "the target a segment this process reaches directly")
+
+
+cdef int _refused_put(gx_xfer* x) except -1 nogil:
+    return _refused_raise(x, "put")
+
+
+cdef int _refused_get(gx_xfer* x) except -1 nogil:
+    return _refused_raise(x, "get")
+
+
+cdef int _refused_atomic(gx_xfer* x) except -1 nogil:
+    return _refused_raise(x, "atomic")
+
+
+cdef int _refused_put_signal(gx_xfer* x) except -1 nogil:
+    return _refused_raise(x, "put_signal")
+
+
+cdef gx_tr_ops _REFUSED_PATH
+_REFUSED_PATH.name = b"refused"
+_REFUSED_PATH.put = _refused_put
+_REFUSED_PATH.get = _refused_get
+_REFUSED_PATH.atomic = _refused_atomic
+_REFUSED_PATH.put_signal = _refused_put_signal
+_REFUSED_PATH.test = _none_op
+_REFUSED_PATH.wait = _none_op
+_REFUSED_PATH.orphan = _none_orphan
+_REFUSED_PATH.sync = _none_sync
+_REFUSED_PATH.nbi_test = _none_nbi_test
 
 
 cdef str _kind_name(int cls):

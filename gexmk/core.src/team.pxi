@@ -119,6 +119,33 @@ cdef class Team:
         cdef _Route rt = self._route_objs[self._check_rank(rank, "paths")]
         return {"rma": rt.rma_name, "atomic": rt.amo_name}
 
+    def path_stats(self, rank=None):
+        """Operations and bytes per path to team rank ``rank``: ``{path:
+        {"put"|"get"|"atomic": {"ops": n, "bytes": b, "inline": k}}}`` (``inline``:
+        how many the inline memcpy of a CPU mapping served); with ``rank=None``,
+        ``{team rank: that}`` for every member.  The counters belong to the
+        route (this team's endpoint, the member's endpoint), so teams over the
+        same endpoints (``dup``, ``split``) share them; ``reset_path_stats``
+        zeroes them.  A path that served nothing is absent."""
+        cdef _Route rt
+        self.check_alive()
+        if rank is not None:
+            rt = self._route_objs[self._check_rank(rank, "path_stats(rank=None)")]
+            rt.fold()
+            return _stats_add({}, rt.stats)
+        out = {}
+        for i, rt in enumerate(self._route_objs):
+            rt.fold()
+            out[i] = _stats_add({}, rt.stats)
+        return out
+
+    def reset_path_stats(self):
+        """Zero the :meth:`path_stats` counters of this team's routes."""
+        cdef _Route rt
+        self.check_alive()
+        for rt in self._route_objs:
+            rt.reset()
+
     def peer_view(self, rank):
         """A zero-copy device array (CUDA array interface v3, DLPack; 1-D
         uint8) over team rank ``rank``'s device segment as mapped in this

@@ -10,6 +10,7 @@
 # Addresses cross this interface as uintptr_t / void*: no foreign library's
 # type appears here.
 from libc.stdint cimport uintptr_t, uint64_t
+from gexmk.lib.gx cimport gx_val
 
 cdef enum:
     GX_KIND_MAX_FDS = 16          # file descriptors one export may carry
@@ -51,6 +52,11 @@ ctypedef int (*gx_mk_stream_fn)(void* kctx, void** stream) except -1 nogil
 ctypedef int (*gx_mk_handle_fn)(void* kctx, void* h) except -1 nogil
 ctypedef int (*gx_mk_record_fn)(void* kctx, void* stream, void** event) except -1 nogil
 ctypedef int (*gx_mk_query_fn)(void* kctx, void* event) except -1 nogil
+ctypedef int (*gx_mk_atomic_fn)(void* kctx, void* stream, uintptr_t addr, int dt, int op,
+                                gx_val a, gx_val b, void* result) except -1 nogil
+ctypedef int (*gx_mk_pinned_fn)(void* kctx, const void* p, size_t n) except -1 nogil
+ctypedef int (*gx_mk_write_fn)(void* kctx, void* stream, uintptr_t dst, uint64_t value,
+                               int nbytes) except -1 nogil
 
 cdef struct gx_kind_ops:
     const char* name              # "host", "cuda_uva", ...
@@ -71,3 +77,12 @@ cdef struct gx_kind_ops:
     gx_mk_query_fn event_query        # 1 complete, 0 pending; raises on failure
     gx_mk_handle_fn event_sync        # block until the event completes
     gx_mk_handle_fn event_destroy
+    # Optional slots (NULL: the kind has none; users fall back or refuse):
+    gx_mk_atomic_fn atomic        # GX_OP_* of GX_DT_* on the aligned object at device addr; stream
+                                  # NULL: complete on return, old value to *result (gx_val*)
+    gx_mk_pinned_fn host_pinned   # 1 when [p, p + n) is page-locked host memory the copy engine
+                                  # reaches directly, 0 when pageable (copies then go through a driver bounce)
+    gx_mk_write_fn write_value    # store nbytes (4 or 8) of value at aligned device dst from the
+                                  # stream's front end (no copy); stream NULL: complete on return
+    gx_mk_copy_fn copy_small      # dst <- src, n <= 64 bytes, both device memory, by a kernel
+                                  # instead of the copy engine; stream NULL: complete on return

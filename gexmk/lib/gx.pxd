@@ -87,11 +87,23 @@ cdef extern from "gexmk/gexmk.h" nogil:
         void* ep
         void* peer
 
+    ctypedef struct gx_count:
+        uint64_t ops
+        uint64_t bytes
+
+    enum:
+        GX_CNT_PUT
+        GX_CNT_GET
+        GX_CNT_AMO
+        GX_CNT_KINDS
+
     ctypedef struct gx_route:
         uintptr_t remote_base
         size_t size
         char* local_base
         int dead
+        gx_count mapped[3]
+        gx_count via[3]
         gx_target* t
         gx_path rma
         gx_path amo
@@ -121,6 +133,7 @@ cdef extern from "gexmk/gexmk.h" nogil:
     int gx_put(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n)
     int gx_get(const gx_team* tm, int rank, void* dest, uintptr_t src, size_t n)
     void gx_mem_fence()
+    void gx_count_add(gx_count* c, size_t n)
 
     enum:
         GX_DT_I32

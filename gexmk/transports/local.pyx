@@ -17,6 +17,13 @@ Three paths, each with its own table:
 Every operation completes at issue; NB operations hand out no op.  The inline
 fast path of ``gexmk.h`` serves ``self`` and ``nbrhd`` for host buffers; the
 tables here serve what it declines.
+
+Device segments (``self`` and ``nbrhd`` too) go through their memory kind's
+table: copies on the endpoint's own streams (NB ones completed by events);
+large copies whose host side is pageable pipelined through the endpoint's
+pinned bounce buffers (``local.src/pageable.pxi``); tiny ones by the kind's
+write_value or copy_small where GEXMK_CUDA_SMALL_PUT asks; atomics by the
+kind's ``atomic`` slot.
 """
 import os
 import pickle
@@ -27,12 +34,13 @@ from libc.errno cimport errno, EPERM, ESRCH, EFAULT
 from libc.stdint cimport uintptr_t, uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
+from posix.stdlib cimport posix_memalign
 from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED
 from posix.unistd cimport close, sysconf, _SC_PAGESIZE
 
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from gexmk.lib.gx cimport *
-from gexmk.kinds.kind cimport gx_kind_ops
+from gexmk.kinds.kind cimport gx_kind_ops, gx_mk_atomic_fn
 from gexmk.lib.linux cimport iovec, process_vm_readv, process_vm_writev
 from gexmk.memory cimport Segment
 
@@ -50,14 +58,48 @@ cdef struct lp_peer:
     char* local_base           # nbrhd: the mapping of the target's first byte; pvm: NULL
 
 
-# A memory kind as the data plane uses it: its table, context and atomics.
-ctypedef int (*kind_atomic_fn)(void* kctx, void* stream, uintptr_t addr, int dt, int op,
-                               gx_val a, gx_val b, void* result) except -1 nogil
+cdef extern from "copypool.h" nogil:
+    ctypedef struct gx_cpool:
+        int nthreads
+    gx_cpool* gx_cpool_create(int nthreads)
+    void gx_cpool_destroy(gx_cpool* p)
+    void gx_cpool_copy(gx_cpool* p, void* dst, const void* src, size_t n)
 
+
+# A memory kind as the data plane uses it: its table, context and atomics.
 cdef struct lp_kind:
     const gx_kind_ops* ops     # NULL: host memory
     void* kctx
-    kind_atomic_fn atomic      # device atomics (NULL where the kind has none)
+    gx_mk_atomic_fn atomic     # device atomics (NULL where the kind has none)
+
+
+# Copies whose host side is pageable go through pinned bounce buffers of the
+# endpoint, chunk by chunk: the CPU copy of one chunk (split over the copy
+# pool's threads) overlaps the DMA of the one before.  Settings from
+# gexmk.config (GEXMK_PAGEABLE_*), set when the transport opens.
+cdef enum:
+    LP_BOUNCE_MAX = 16         # buffers per endpoint, at most
+
+cdef size_t _pg_chunk = 4 << 20    # bytes per bounce buffer
+cdef int _pg_nbuf = 4              # bounce buffers per endpoint (0: never pipeline)
+cdef size_t _pg_min = 1 << 20      # smaller copies go to the driver as they are
+cdef int _pg_threads = 4           # helper threads of the copy pool
+cdef gx_cpool* _pool = NULL        # made with the first bound device segment
+cdef long _pg_count = 0            # copies pipelined so far (pipeline_settings(), tests)
+cdef bint _small_write = False     # GEXMK_CUDA_SMALL_PUT has write_value: 4/8 B host->device
+                                   # puts by the kind's write_value instead of a copy
+cdef bint _small_kernel = False    # ... has kernel: <= 8 B device<->device copies by the kind's
+                                   # copy_small kernel
+
+
+cdef struct lp_bounce:         # an endpoint's pinned bounce buffers
+    char* buf                  # nbuf * chunk bytes, pinned with ops/kctx
+    size_t chunk
+    int nbuf
+    const gx_kind_ops* ops     # the kind that pinned them (unpinned at close)
+    void* kctx
+    void* ev[LP_BOUNCE_MAX]    # the event after the last DMA through each buffer, or NULL
+    int busy                   # one copy at a time uses them (others take the plain path)
 
 
 cdef enum:
@@ -75,6 +117,7 @@ cdef struct lp_ep:             # an endpoint's context: the kind of its bound se
     lp_stream s[LP_STREAMS]
     int ns
     long nbi_dev               # implicit device copies issued on those streams since the last sync
+    lp_bounce* bb              # pinned bounce buffers for pageable host memory (made on first use)
 
 
 cdef struct lp_op:             # an NB device copy in flight: the event recorded after it
@@ -105,7 +148,8 @@ cdef int _mapped_put(gx_xfer* x) except -1 nogil:
         return _mapped_on_stream(x, True)
     if x.local_kind != GX_MK_HOST:
         # from the endpoint's device segment: the copy engine of its kind
-        ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>_mapped(x), <uintptr_t>x.local, x.n)
+        if not _pipelined(ep, &ep.k, <uintptr_t>_mapped(x), <uintptr_t>x.local, x.n, False):
+            ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>_mapped(x), <uintptr_t>x.local, x.n)
     else:
         memcpy(_mapped(x), x.local, x.n)
     gx_mem_fence()
@@ -119,7 +163,8 @@ cdef int _mapped_get(gx_xfer* x) except -1 nogil:
         return _mapped_on_stream(x, False)
     gx_mem_fence()
     if x.local_kind != GX_MK_HOST:
-        ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>x.local, <uintptr_t>_mapped(x), x.n)
+        if not _pipelined(ep, &ep.k, <uintptr_t>x.local, <uintptr_t>_mapped(x), x.n, True):
+            ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>x.local, <uintptr_t>_mapped(x), x.n)
     else:
         memcpy(x.local, _mapped(x), x.n)
     _done(x)
@@ -153,11 +198,13 @@ cdef inline uintptr_t _dev_addr(gx_xfer* x) noexcept nogil:
     return <uintptr_t>d.local_base + (x.remote - x.t.remote_base)
 
 
-cdef int _dev_copy(gx_xfer* x, uintptr_t dst, uintptr_t src) except -1 nogil:
+cdef int _dev_copy(gx_xfer* x, uintptr_t dst, uintptr_t src, bint put) except -1 nogil:
     """A copy to or from a device segment.  On the caller's stream when given;
     NB and implicit (LC_GROUP / get) ones on the endpoint's own stream for that
     kind, completed by an event (NB) or the endpoint's sync (NBI); the rest,
-    and LC_NOW puts whose source must be reusable on return, synchronously."""
+    and LC_NOW puts whose source must be reusable on return, synchronously.
+    A large copy whose host side is pageable is pipelined through the
+    endpoint's pinned bounce buffers and complete on return, whatever the mode."""
     cdef lp_dev* d = <lp_dev*>x.peer
     cdef lp_ep* ep = <lp_ep*>x.ep
     cdef void* s = NULL
@@ -165,14 +212,18 @@ cdef int _dev_copy(gx_xfer* x, uintptr_t dst, uintptr_t src) except -1 nogil:
     cdef lp_op* op
     if x.stream != NULL:
         return d.k.ops.copy(d.k.kctx, x.stream, dst, src, x.n)
+    if x.local_kind == GX_MK_HOST and ep != NULL and x.n >= _pg_min:
+        if _pipelined(ep, &d.k, dst, src, x.n, not put):
+            _done(x)
+            return 0
     if (x.mode == GX_NB or x.mode == GX_NBI) and ep != NULL:
         s = _ep_stream(ep, &d.k)
     if s == NULL:
-        d.k.ops.copy(d.k.kctx, NULL, dst, src, x.n)     # complete on return
+        _issue_copy(x, &d.k, NULL, dst, src, put)       # complete on return
         _done(x)
         return 0
     if x.mode == GX_NB:
-        d.k.ops.copy(d.k.kctx, s, dst, src, x.n)
+        _issue_copy(x, &d.k, s, dst, src, put)
         d.k.ops.event_record(d.k.kctx, s, &ev)
         op = <lp_op*>calloc(1, sizeof(lp_op))
         if op == NULL:
@@ -186,7 +237,28 @@ cdef int _dev_copy(gx_xfer* x, uintptr_t dst, uintptr_t src) except -1 nogil:
         x.handle[0] = op
         return 0
     gx_add_long(&ep.nbi_dev, 1)
-    return d.k.ops.copy(d.k.kctx, s, dst, src, x.n)
+    return _issue_copy(x, &d.k, s, dst, src, put)
+
+
+cdef inline int _issue_copy(gx_xfer* x, lp_kind* k, void* s, uintptr_t dst, uintptr_t src,
+                            bint put) except -1 nogil:
+    """The kind's copy; where GEXMK_CUDA_SMALL_PUT says so, a put of 4 or 8
+    host bytes to an aligned device address by the kind's write_value (the
+    value is read here, at issue: the source is reusable at once), and a
+    device<->device copy of at most 8 bytes by the kind's copy_small kernel."""
+    cdef uint64_t v = 0
+    if x.n <= 8:
+        if x.local_kind == GX_MK_HOST:
+            if _small_write and put and (x.n == 8 or x.n == 4) and (dst & (x.n - 1)) == 0 \
+                    and k.ops.write_value != NULL:
+                memcpy(&v, <void*>src, x.n)
+                return k.ops.write_value(k.kctx, s, dst, v, <int>x.n)
+        elif _small_kernel and k.ops.copy_small != NULL:
+            return k.ops.copy_small(k.kctx, s, dst, src, x.n)
+    return k.ops.copy(k.kctx, s, dst, src, x.n)
+
+
+include "local.src/pageable.pxi"
 
 
 cdef void* _ep_stream(lp_ep* ep, lp_kind* k) except? NULL nogil:
@@ -231,11 +303,11 @@ cdef int _ep_streams_done(lp_ep* ep, bint block) except -1 nogil:
 
 
 cdef int _dev_put(gx_xfer* x) except -1 nogil:
-    return _dev_copy(x, _dev_addr(x), <uintptr_t>x.local)
+    return _dev_copy(x, _dev_addr(x), <uintptr_t>x.local, True)
 
 
 cdef int _dev_get(gx_xfer* x) except -1 nogil:
-    return _dev_copy(x, <uintptr_t>x.local, _dev_addr(x))
+    return _dev_copy(x, <uintptr_t>x.local, _dev_addr(x), False)
 
 
 cdef int _dev_test(void* opv, gx_val* result) except -1 nogil:
@@ -409,7 +481,7 @@ cdef int _dev_put_signal(gx_xfer* x) except -1 nogil:
         return _sig_misaligned(x)
     x.mode = GX_BLOCKING
     x.handle = NULL
-    _dev_copy(x, _dev_addr(x), <uintptr_t>x.local)
+    _dev_copy(x, _dev_addr(x), <uintptr_t>x.local, True)
     x.mode = mode
     x.handle = handle
     x.remote = x.sig_addr
@@ -515,8 +587,7 @@ cdef int _set_kind(lp_kind* k, object mk) except -1:
         return 0
     k.ops = <const gx_kind_ops*>PyCapsule_GetPointer(impl.ops_capsule(), b"gexmk.kind_ops")
     k.kctx = <void*><uintptr_t>impl.handle
-    if hasattr(impl, "atomic_capsule"):
-        k.atomic = <kind_atomic_fn>PyCapsule_GetPointer(impl.atomic_capsule(), b"gexmk.cuda_atomic")
+    k.atomic = k.ops.atomic         # NULL where the kind has no device atomics
     return 0
 
 
@@ -577,6 +648,7 @@ cdef class _EndpointContext:
             with nogil:
                 _ep_streams_done(&self.c, True)
         finally:
+            _bounce_free(&self.c)
             for i in range(self.c.ns):
                 try:
                     self.c.s[i].ops.stream_destroy(self.c.s[i].kctx, self.c.s[i].stream)
@@ -642,6 +714,7 @@ cdef class LocalTransport:
         self._hosts = {}
         self._kinds = {}
         self._gen = 0
+        _configure(job.config)
 
     def open_endpoint(self, int index):
         cdef _EndpointContext ctx = _EndpointContext()
@@ -649,8 +722,11 @@ cdef class LocalTransport:
         return ctx
 
     def _device_bound(self, Segment seg):
+        global _pool
         cdef _DeviceContext d = self._devsegs.get(seg.address)
         cdef _DeviceContext o
+        if _pool == NULL and _pg_nbuf > 0 and _pg_threads > 0:
+            _pool = gx_cpool_create(_pg_threads)    # NULL: plain memcpy, one thread
         if d is None:
             d = _DeviceContext()
             _set_kind(&d.c.k, seg.kind)
@@ -832,10 +908,16 @@ cdef class LocalTransport:
         pass
 
     def close(self):
-        """Unmap every peer segment (teardown: no route uses them any more)."""
+        """Unmap every peer segment (teardown: no route uses them any more),
+        stop the copy pool."""
+        global _pool
         if self.closed:
             return
         self.closed = True
+        if _pool != NULL:
+            with nogil:
+                gx_cpool_destroy(_pool)
+            _pool = NULL
         for entry in list(self._hosts.values()):
             self._host_unbound(entry[0])
         for p in list(self._peers.values()) + self._retired:

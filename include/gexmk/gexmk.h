@@ -120,19 +120,47 @@ typedef struct gx_path {
     void *peer;
 } gx_path;
 
+/* Operations and bytes that went one way (a path's counters). */
+typedef struct gx_count {
+    uint64_t ops;
+    uint64_t bytes;
+} gx_count;
+
+/* Which counter of a route: puts, gets, atomics. */
+enum { GX_CNT_PUT = 0, GX_CNT_GET = 1, GX_CNT_AMO = 2, GX_CNT_KINDS = 3 };
+
 /* How one local endpoint reaches one target, chosen at bind/publication
  * time, separately for RMA and atomics; the hot path reads it.  The bounds
  * and the death flag are copies of the target's (set whenever the route is
- * chosen, and at a death), so the inline path touches one cache line. */
+ * chosen, and at a death), so the inline path touches one cache line (the
+ * core allocates routes 64-byte aligned).
+ *
+ * Counters, so the path every operation takes is visible: `mapped` counts
+ * what the inline memcpy served (the CPU mapping of the RMA path), `via`
+ * what went through the path tables (puts and gets through `rma`, atomics
+ * through `amo`).  The core folds them into per-path totals whenever it
+ * chooses the route's paths again.  Plain (non-atomic) increments: exact
+ * when one thread at a time issues on a route, approximate under concurrent
+ * issue to the same route from several threads (never a data-path cost). */
 typedef struct gx_route {
     uintptr_t remote_base;   /* = t->remote_base */
     size_t size;             /* = t->size */
     char *local_base;        /* a CPU mapping of the target where memcpy is right, else NULL */
     volatile int dead;       /* = t->dead */
+    int _pad;
+    gx_count mapped[GX_CNT_KINDS];   /* served by the inline memcpy (local_base) */
+    gx_count via[GX_CNT_KINDS];      /* served by the rma (put, get) and amo (atomic) tables */
     gx_target *t;
     gx_path rma;
     gx_path amo;
 } gx_route;
+
+/* Count one operation of n bytes in c. */
+static inline void gx_count_add(gx_count *c, size_t n)
+{
+    c->ops += 1;
+    c->bytes += n;
+}
 
 /* The C state of a local endpoint: its context in every transport (for sync). */
 #define GX_MAX_TRANSPORTS 8
@@ -195,6 +223,7 @@ static inline int gx_put(const gx_team *tm, int rank, uintptr_t dest, const void
         return GX_NOT_MAPPED;
     memcpy(p, src, n);
     __atomic_thread_fence(__ATOMIC_RELEASE);
+    gx_count_add(&r->mapped[GX_CNT_PUT], n);
     return GX_OK;
 }
 
@@ -209,6 +238,7 @@ static inline int gx_get(const gx_team *tm, int rank, void *dest, uintptr_t src,
         return GX_NOT_MAPPED;
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     memcpy(dest, p, n);
+    gx_count_add(&r->mapped[GX_CNT_GET], n);
     return GX_OK;
 }
 
@@ -359,7 +389,10 @@ static inline int gx_atomic(const gx_team *tm, int rank, uintptr_t addr, int dt,
         return rc;
     if (((uintptr_t)p & (n - 1)) != 0)
         return GX_ERANGE;
-    return gx_atomic_local(p, dt, op, a, b, result);
+    rc = gx_atomic_local(p, dt, op, a, b, result);
+    if (rc == GX_OK)
+        gx_count_add(&r->mapped[GX_CNT_AMO], n);
+    return rc;
 }
 
 /* ---- point-to-point synchronisation (NVSHMEM signals and wait_until) ----

@@ -103,8 +103,40 @@ L_MAX_LOOP:
     bra.uni L_STORE;"""
 
 
+# Small device-to-device copies (<= 64 B): one thread, byte by byte.  With a
+# stream synchronisation after it, a kernel launch can cost less than a
+# copy-engine copy of a few bytes (bench/cuda/driver_baseline.c measures both).
+_PTX_COPY = """
+.visible .entry gx_copy_small(.param .u64 p_dst, .param .u64 p_src, .param .u32 p_n)
+{
+    .reg .pred %p;
+    .reg .b16 %c;
+    .reg .b32 %n, %i;
+    .reg .b64 %d, %s, %o, %da, %sa;
+    ld.param.u64 %d, [p_dst];
+    ld.param.u64 %s, [p_src];
+    ld.param.u32 %n, [p_n];
+    cvta.to.global.u64 %d, %d;
+    cvta.to.global.u64 %s, %s;
+    mov.u32 %i, 0;
+L_COPY_NEXT:
+    setp.ge.u32 %p, %i, %n;
+    @%p bra L_COPY_END;
+    cvt.u64.u32 %o, %i;
+    add.u64 %sa, %s, %o;
+    add.u64 %da, %d, %o;
+    ld.global.u8 %c, [%sa];
+    st.global.u8 [%da], %c;
+    add.u32 %i, %i, 1;
+    bra.uni L_COPY_NEXT;
+L_COPY_END:
+    ret;
+}
+"""
+
+
 cdef str _ptx_source():
-    out = [_PTX_HEAD]
+    out = [_PTX_HEAD, _PTX_COPY]
     for name, w, add, mm, fp in (("i32", 32, "u32", "s32", False), ("u32", 32, "u32", "u32", False),
                                   ("i64", 64, "u64", "s64", False), ("u64", 64, "u64", "u64", False),
                                   ("flt", 32, "f32", "f32", True), ("dbl", 64, "f64", "f64", True)):
@@ -154,7 +186,46 @@ cdef int _atomics_load(CudaCtx* k) except -1 nogil:
         if rc != CUDA_SUCCESS:
             cydriver.cuModuleUnload(mod)
             return check("cuModuleGetFunction", rc)
+    rc = cydriver.cuModuleGetFunction(&k.copy_fn, mod, b"gx_copy_small")
+    if rc != CUDA_SUCCESS:
+        cydriver.cuModuleUnload(mod)
+        return check("cuModuleGetFunction", rc)
     k.atom_mod = mod
+    return 0
+
+
+cdef int _cu_copy_small(void* kctx, void* stream, uintptr_t dst, uintptr_t src,
+                        size_t n) except -1 nogil:
+    """dst <- src, n <= 64 bytes, both device memory this kind's device
+    reaches (its own, or mapped for it), by a one-thread kernel instead of the
+    copy engine.  stream NULL: on the kind's internal stream, complete on return."""
+    cdef CudaCtx* k = <CudaCtx*>kctx
+    cdef CUstream s = <CUstream>stream
+    cdef uint32_t nb = <uint32_t>n
+    cdef void* params[3]
+    if k == NULL or k.closed:
+        return _closed(k)
+    if n > 64:
+        with gil:
+            raise ArgumentError(f"copy_small: at most 64 bytes, got {n}")
+    if n == 0:
+        return 0
+    params[0] = &dst
+    params[1] = &src
+    params[2] = &nb
+    _push(k)
+    try:
+        k.lock.lock()
+        try:
+            _atomics_load(k)
+        finally:
+            k.lock.unlock()
+        check("cuLaunchKernel", cydriver.cuLaunchKernel(
+            k.copy_fn, 1, 1, 1, 1, 1, 1, 0, k.sync_stream if s == NULL else s, params, NULL))
+        if s == NULL:
+            check("cuStreamSynchronize", cydriver.cuStreamSynchronize(k.sync_stream))
+    finally:
+        _pop(k)
     return 0
 
 

@@ -17,6 +17,7 @@ cdef struct CudaCtx:
     mutex* lock               # guards the lazily loaded atomics module and result word
     CUmodule atom_mod         # atomics PTX module, loaded on the first atomic
     CUfunction atom_fn[6]     # one kernel per GX_DT_*
+    CUfunction copy_fn        # the small-copy kernel of the same module
     void* atom_res            # pinned host result word of synchronous atomics
 
 

@@ -20,6 +20,10 @@ _OPS.event_record = _cu_event_record
 _OPS.event_query = _cu_event_query
 _OPS.event_sync = _cu_event_sync
 _OPS.event_destroy = _cu_event_destroy
+_OPS.atomic = cuda_atomic
+_OPS.host_pinned = _cu_host_pinned
+_OPS.write_value = _cu_write_value
+_OPS.copy_small = _cu_copy_small
 
 cdef object _UINTPTR_MAX = <uintptr_t>-1
 cdef object _SIZE_MAX = <size_t>-1
@@ -312,11 +316,40 @@ cdef class CudaKind:
             return None
         return _value(t, old)
 
-    def atomic_capsule(self):
-        """A PyCapsule named ``b"gexmk.cuda_atomic"`` around the C function
-        ``int cuda_atomic(void* kctx, void* stream, uintptr_t addr, int dt,
-        int op, gx_val a, gx_val b, void* result) except -1 nogil``."""
-        return PyCapsule_New(<void*>cuda_atomic, b"gexmk.cuda_atomic", NULL)
+    def host_pinned(self, addr, nbytes):
+        """True when host memory [addr, addr + nbytes) is page-locked for the
+        driver (cuMemHostAlloc'd or registered), False when pageable."""
+        cdef CudaCtx* k = self._open()
+        cdef uintptr_t p = _index(addr, "addr", 1, _UINTPTR_MAX)
+        cdef size_t n = _index(nbytes, "nbytes", 1, _SIZE_MAX)
+        cdef int r
+        with nogil:
+            r = _cu_host_pinned(k, <void*>p, n)
+        return bool(r)
+
+    def copy_small(self, dst, src, nbytes, stream=0):
+        """Copy ``nbytes`` (at most 64) between device addresses with a
+        one-thread kernel instead of the copy engine; ``stream`` 0: complete
+        on return."""
+        cdef CudaCtx* k = self._open()
+        cdef uintptr_t d = _index(dst, "dst", 1, _UINTPTR_MAX)
+        cdef uintptr_t sr = _index(src, "src", 1, _UINTPTR_MAX)
+        cdef uintptr_t st = _index(stream, "stream", 0, _UINTPTR_MAX)
+        cdef size_t n = _index(nbytes, "nbytes", 0, 64)
+        with nogil:
+            _cu_copy_small(k, <void*>st, d, sr, n)
+
+    def write_value(self, addr, value, nbytes=8, stream=0):
+        """Store ``nbytes`` (4 or 8) of ``value`` at aligned device address
+        ``addr`` with ``cuStreamWriteValue32/64`` (no copy); ``stream`` 0:
+        complete on return."""
+        cdef CudaCtx* k = self._open()
+        cdef uintptr_t p = _index(addr, "addr", 1, _UINTPTR_MAX)
+        cdef uintptr_t st = _index(stream, "stream", 0, _UINTPTR_MAX)
+        cdef int nb = _index(nbytes, "nbytes", 4, 8)
+        cdef uint64_t v = _index(value, "value", 0, 2 ** 64 - 1)
+        with nogil:
+            _cu_write_value(k, <void*>st, p, v, nb)
 
     # -- lifetime -----------------------------------------------------------
     def close(self):

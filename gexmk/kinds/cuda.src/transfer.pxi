@@ -37,6 +37,61 @@ cdef int _cu_host_register(void* kctx, void* p, size_t n, int on) except -1 nogi
     return check("cuMemHostRegister" if on else "cuMemHostUnregister", rc)
 
 
+cdef int _cu_host_pinned(void* kctx, const void* p, size_t n) except -1 nogil:
+    """1 when host memory [p, p + n) is page-locked for the driver (its first
+    and last byte: cuMemHostAlloc'd or cuMemHostRegister'ed), 0 when pageable
+    (cuPointerGetAttributes answers NULL attributes for memory the driver
+    does not know)."""
+    cdef CudaCtx* k = <CudaCtx*>kctx
+    cdef CUpointer_attribute attr = cydriver.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+    cdef unsigned int memtype
+    cdef void* data = &memtype
+    cdef uintptr_t ends[2]
+    cdef int i
+    if k == NULL or k.closed:
+        return _closed(k)
+    if n == 0:
+        return 1
+    ends[0] = <uintptr_t>p
+    ends[1] = <uintptr_t>p + n - 1
+    for i in range(2):
+        memtype = 0
+        check("cuPointerGetAttributes",
+              cydriver.cuPointerGetAttributes(1, &attr, &data, <CUdeviceptr>ends[i]))
+        if memtype != cydriver.CU_MEMORYTYPE_HOST:
+            return 0
+    return 1
+
+
+cdef int _cu_write_value(void* kctx, void* stream, uintptr_t dst, uint64_t value,
+                         int nbytes) except -1 nogil:
+    """Store nbytes (4 or 8) of value at aligned device dst from the stream's
+    front end (cuStreamWriteValue32/64: no copy engine, no host source
+    buffer); stream NULL: on the kind's internal stream, complete on return."""
+    cdef CudaCtx* k = <CudaCtx*>kctx
+    cdef CUstream s = <CUstream>stream
+    cdef CUresult rc
+    if (nbytes != 4 and nbytes != 8) or dst & <uintptr_t>(nbytes - 1):
+        with gil:
+            raise ArgumentError(f"write_value: nbytes must be 4 or 8 and the address aligned to "
+                                f"it, got {nbytes} at 0x{dst:x}")
+    if k == NULL or k.closed:
+        return _closed(k)
+    _push(k)
+    if s == NULL:
+        s = k.sync_stream
+    if nbytes == 8:
+        rc = cydriver.cuStreamWriteValue64(s, <CUdeviceptr>dst, value,
+                                           cydriver.CU_STREAM_WRITE_VALUE_DEFAULT)
+    else:
+        rc = cydriver.cuStreamWriteValue32(s, <CUdeviceptr>dst, <uint32_t>value,
+                                           cydriver.CU_STREAM_WRITE_VALUE_DEFAULT)
+    if rc == CUDA_SUCCESS and stream == NULL:
+        rc = cydriver.cuStreamSynchronize(s)
+    _pop(k)
+    return check("cuStreamWriteValue64" if nbytes == 8 else "cuStreamWriteValue32", rc)
+
+
 cdef int _cu_classify(void* kctx, uintptr_t p, int* cls, int* device) except -1 nogil:
     """GX_MK_CUDA_UVA and the device ordinal for device (and managed) memory;
     GX_MK_HOST and -1 for host memory, pinned or not, and unknown pointers."""
