@@ -90,16 +90,16 @@ class Config:
     #: bounce buffers of _CHUNK bytes per endpoint (0 buffers: never), the CPU
     #: side split over _THREADS helper threads (0: the calling thread alone).
     #: Sizes take a K, M or G suffix.  (bench/cuda_pageable.py sweeps them.)
-    pageable_chunk: int = 4 << 20
+    pageable_chunk: int = 8 << 20
     pageable_buffers: int = 4
     pageable_min: int = 1 << 20
-    pageable_threads: int = 4
-    #: GEXMK_CUDA_SMALL_PUT: how tiny device copies are done: ``copy`` (default:
-    #: the copy engine), or any of ``write_value`` (a put of 4 or 8 host bytes by
+    pageable_threads: int = 3
+    #: GEXMK_CUDA_SMALL_PUT: how tiny device copies are done: ``kernel`` (default,
+    #: the fastest on an H100), ``copy`` (the copy engine only), or any of ``write_value`` (a put of 4 or 8 host bytes by
     #: cuStreamWriteValue32/64) and ``kernel`` (a device<->device copy of at most
     #: 8 bytes by a one-thread kernel), comma-separated; bench/cuda_nbrhd.py and
     #: bench/cuda_loopback.py measure each beside the others.
-    cuda_small_put: str = "copy"
+    cuda_small_put: str = "kernel"
 
 
 def load(env=None) -> Config:
@@ -121,11 +121,12 @@ def load(env=None) -> Config:
         ofi_ordered_flush=_choice(env, "GEXMK_OFI_ORDERED_FLUSH", _BOOL, True),
         ofi_connect=_choice(env, "GEXMK_OFI_CONNECT", {"eager": "eager", "lazy": "lazy"}, "eager"),
         staged=staged_option(_text(env, "GEXMK_STAGED"), "GEXMK_STAGED"),
-        pageable_chunk=_bytes(env, "GEXMK_PAGEABLE_CHUNK", 4 << 20, 4096, 1 << 30),
+        pageable_chunk=_bytes(env, "GEXMK_PAGEABLE_CHUNK", 8 << 20, 4096, 1 << 30),
         pageable_buffers=_bytes(env, "GEXMK_PAGEABLE_BUFFERS", 4, 0, 16, suffix=False),
         pageable_min=_bytes(env, "GEXMK_PAGEABLE_MIN", 1 << 20, 0, 1 << 62),
-        pageable_threads=_bytes(env, "GEXMK_PAGEABLE_THREADS", 4, 0, 64, suffix=False),
-        cuda_small_put=small_put_option(_text(env, "GEXMK_CUDA_SMALL_PUT"), "GEXMK_CUDA_SMALL_PUT"),
+        pageable_threads=_bytes(env, "GEXMK_PAGEABLE_THREADS", 3, 0, 64, suffix=False),
+        cuda_small_put=small_put_option(_text(env, "GEXMK_CUDA_SMALL_PUT") or "kernel",
+                                        "GEXMK_CUDA_SMALL_PUT"),
     )
 
 

@@ -80,10 +80,10 @@ cdef struct lp_kind:
 cdef enum:
     LP_BOUNCE_MAX = 16         # buffers per endpoint, at most
 
-cdef size_t _pg_chunk = 4 << 20    # bytes per bounce buffer
+cdef size_t _pg_chunk = 8 << 20    # bytes per bounce buffer (H100 sweep: 8 MiB x 4 buffers, 3 threads)
 cdef int _pg_nbuf = 4              # bounce buffers per endpoint (0: never pipeline)
 cdef size_t _pg_min = 1 << 20      # smaller copies go to the driver as they are
-cdef int _pg_threads = 4           # helper threads of the copy pool
+cdef int _pg_threads = 3           # helper threads of the copy pool
 cdef gx_cpool* _pool = NULL        # made with the first bound device segment
 cdef long _pg_count = 0            # copies pipelined so far (pipeline_settings(), tests)
 cdef bint _small_write = False     # GEXMK_CUDA_SMALL_PUT has write_value: 4/8 B host->device

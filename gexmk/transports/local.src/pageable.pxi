@@ -168,7 +168,7 @@ cdef int _configure(object cfg) except -1:
     _pg_nbuf = getattr(cfg, "pageable_buffers", _pg_nbuf)
     _pg_min = getattr(cfg, "pageable_min", _pg_min)
     _pg_threads = getattr(cfg, "pageable_threads", _pg_threads)
-    _set_small_put(getattr(cfg, "cuda_small_put", "copy"))
+    _set_small_put(getattr(cfg, "cuda_small_put", "kernel"))
     return 0
 
 
