@@ -100,6 +100,12 @@ class Config:
     #: 8 bytes by a one-thread kernel), comma-separated; bench/cuda_nbrhd.py and
     #: bench/cuda_loopback.py measure each beside the others.
     cuda_small_put: str = "kernel"
+    #: GEXMK_CUDA_PEER_ACCESS: ``auto`` (default: a peer's device segment is mapped
+    #: for this process's own GPU when the driver allows, else host-staged) or
+    #: ``off``: never map another GPU's memory for this GPU; device<->device copies
+    #: between segments of different endpoints go through pinned host memory
+    #: (paths ``nbrhd-staged`` / ``self-staged``; on one GPU too, to test them).
+    cuda_peer_access: str = "auto"
 
 
 def load(env=None) -> Config:
@@ -127,6 +133,8 @@ def load(env=None) -> Config:
         pageable_threads=_bytes(env, "GEXMK_PAGEABLE_THREADS", 3, 0, 64, suffix=False),
         cuda_small_put=small_put_option(_text(env, "GEXMK_CUDA_SMALL_PUT") or "kernel",
                                         "GEXMK_CUDA_SMALL_PUT"),
+        cuda_peer_access=_choice(env, "GEXMK_CUDA_PEER_ACCESS",
+                                 {"auto": "auto", "off": "off", "0": "off", "1": "auto"}, "auto"),
     )
 
 

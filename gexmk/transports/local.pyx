@@ -41,7 +41,7 @@ from posix.unistd cimport close, sysconf, _SC_PAGESIZE
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from gexmk.lib.gx cimport *
 from gexmk.kinds.kind cimport gx_kind_ops, gx_mk_atomic_fn
-from gexmk.lib.linux cimport iovec, process_vm_readv, process_vm_writev
+from gexmk.lib.linux cimport iovec, process_vm_readv, process_vm_writev, sched_yield
 from gexmk.memory cimport Segment
 
 from gexmk.errors import PeerDeadError, SegmentError, UnsupportedError
@@ -550,7 +550,9 @@ cdef int _nbi_test(void* epv, int categories) except -1 nogil:
     return _ep_streams_done(ep, False)
 
 
-cdef gx_tr_ops _SELF, _NBRHD, _PVM, _SELF_DEV, _NBRHD_DEV
+include "local.src/hoststage.pxi"
+
+cdef gx_tr_ops _SELF, _NBRHD, _PVM, _SELF_DEV, _NBRHD_DEV, _SELF_STAGED, _NBRHD_STAGED
 
 
 cdef void _fill(gx_tr_ops* t, const char* name, gx_tr_xfer_fn put, gx_tr_xfer_fn get,
@@ -575,6 +577,8 @@ _fill(&_NBRHD_DEV, b"nbrhd", _dev_put, _dev_get, _dev_atomic, _dev_put_signal)
 _SELF_DEV.test = _NBRHD_DEV.test = _dev_test       # NB device copies: events
 _SELF_DEV.wait = _NBRHD_DEV.wait = _dev_wait
 _SELF_DEV.orphan = _NBRHD_DEV.orphan = _dev_orphan
+_fill(&_SELF_STAGED, b"self-staged", _staged_put, _staged_get, _dev_atomic, _staged_put_signal)
+_fill(&_NBRHD_STAGED, b"nbrhd-staged", _staged_put, _staged_get, _dev_atomic, _staged_put_signal)
 
 
 cdef int _set_kind(lp_kind* k, object mk) except -1:
@@ -666,6 +670,8 @@ cdef class _DeviceContext:
     cdef object imported           # nbrhd: the kind's Allocation of the import
     cdef object seg                # self: the bound segment
     cdef object key                # nbrhd: (fd server address, key) it came from
+    cdef bint staged               # nbrhd: mapped for the segment's own GPU, not this
+                                   # process's (peer access off): device<->device copies stage
 
     def unmap(self):
         self.c.local_base = NULL
@@ -694,6 +700,8 @@ cdef class LocalTransport:
     cdef readonly str name
     cdef object job
     cdef str force                 # GEXMK_TRANSPORT
+    cdef bint no_peer_access       # GEXMK_CUDA_PEER_ACCESS=off: device<->device between
+                                   # segments of different endpoints is host-staged
     cdef dict _peers               # (jobrank, ep_index) -> _PeerContext
     cdef dict _maps                # (jobrank, token) -> [addr, maplen, refs]
     cdef dict _devsegs             # address of a bound device segment of this process -> _DeviceContext
@@ -707,6 +715,7 @@ cdef class LocalTransport:
         self.name = "local"
         self.job = job
         self.force = job.config.transport
+        self.no_peer_access = getattr(job.config, "cuda_peer_access", "auto") == "off"
         self._peers = {}
         self._maps = {}
         self._devsegs = {}
@@ -735,7 +744,8 @@ cdef class LocalTransport:
             # Device segments of this process on other devices: each side's
             # copy engine must reach the other (VMM access is per device).
             for o in self._devsegs.values():
-                if o.kind.device != seg.kind.device and o.seg is not None:
+                if o.kind.device != seg.kind.device and o.seg is not None \
+                        and not self.no_peer_access:
                     for a, dev in ((seg.allocation, o.kind.device), (o.seg.allocation, seg.kind.device)):
                         try:
                             a.grant(dev)
@@ -841,20 +851,37 @@ cdef class LocalTransport:
         if not wanted:
             return None
         if d is None:
-            mk = self._kind_for(peer.kind, peer.device)
-            if mk is None:
+            d = self._import_device(peer, desc, self.no_peer_access)
+            if d is None:
                 return None
-            fds = fdpass.fetch(desc[1], desc[2], self.job.config.timeout)
-            d = _DeviceContext()
-            d.kind = mk
-            _set_kind(&d.c.k, mk)
-            d.imported = mk.impl.import_(fds, desc[3], peer.size)
-            d.c.local_base = <char*><uintptr_t>d.imported.addr
-            d.key = (desc[1], desc[2])
         self._peers[key] = d
         return d
 
-    def _kind_for(self, int cls, int device):
+    def _import_device(self, peer, desc, bint staged):
+        """Import a peer's device export: mapped for this process's own GPU
+        (direct copies, over NVLink between GPUs), or, ``staged`` (peer access
+        off by GEXMK_CUDA_PEER_ACCESS=off, or the direct import refused), for
+        the segment's own GPU, which this process then drives: copies between
+        it and this process's device memory go through pinned host memory."""
+        mk = self._kind_for(peer.kind, peer.device, staged)
+        if mk is None:
+            return None
+        fds = fdpass.fetch(desc[1], desc[2], self.job.config.timeout)
+        d = _DeviceContext()
+        d.kind = mk
+        _set_kind(&d.c.k, mk)
+        try:
+            d.imported = mk.impl.import_(fds, desc[3], peer.size)
+        except Exception:
+            if staged or mk.device == peer.device:
+                raise
+            return self._import_device(peer, desc, True)   # no access from this GPU: stage
+        d.c.local_base = <char*><uintptr_t>d.imported.addr
+        d.key = (desc[1], desc[2])
+        d.staged = staged
+        return d
+
+    def _kind_for(self, int cls, int device, bint exact=False):
         """The memory kind of this process that imports a peer's segment on
         ``device``: one of this process's bound device segments (the same
         device first; else its own device, so the mapping is given access for
@@ -866,7 +893,7 @@ cdef class LocalTransport:
         for d in self._devsegs.values():
             if d.kind.cls == cls and d.kind.device == device:
                 return d.kind
-            if d.kind.cls == cls and other is None:
+            if d.kind.cls == cls and other is None and not exact:
                 other = d.kind
         if other is not None:
             return other
@@ -889,12 +916,20 @@ cdef class LocalTransport:
             d = self._devsegs.get(peer.base)
             if d is None or d.c.k.ops == NULL:
                 return None
+            if self.no_peer_access and (<_EndpointContext>epctx).c.k.ops != NULL \
+                    and (<_EndpointContext>epctx).seg is not d.seg:
+                return Reach("self-staged", SELF_SCORE, SELF_SCORE if d.c.k.atomic != NULL else 0,
+                             <uintptr_t>&_SELF_STAGED, d.handle, 0, None, True)
             return Reach("self", SELF_SCORE, SELF_SCORE if d.c.k.atomic != NULL else 0,
                          <uintptr_t>&_SELF_DEV, d.handle, 0, (peer.base, peer.device))
         if ctx is None:
             return None
         if isinstance(ctx, _DeviceContext):
             d = ctx
+            if d.staged and (<_EndpointContext>epctx).c.k.ops != NULL:
+                return Reach("nbrhd-staged", NBRHD_SCORE,
+                             NBRHD_SCORE if d.c.k.atomic != NULL else 0,
+                             <uintptr_t>&_NBRHD_STAGED, d.handle, 0, None, True)
             return Reach("nbrhd", NBRHD_SCORE, NBRHD_SCORE if d.c.k.atomic != NULL else 0,
                          <uintptr_t>&_NBRHD_DEV, d.handle, 0,
                          (<uintptr_t>d.c.local_base, d.kind.device))

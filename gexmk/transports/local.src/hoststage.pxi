@@ -1,0 +1,134 @@
+# ---------------------------------------------------------------------------
+# Host-staged device paths (issue 11): a device segment on another GPU that
+# this process may not map for its own GPU (peer access off, or forced off by
+# GEXMK_CUDA_PEER_ACCESS=off) is mapped for the segment's own GPU instead, and
+# copies between it and the endpoint's device memory go through the
+# endpoint's pinned bounce buffers: the segment's GPU copies one chunk while
+# the endpoint's GPU copies the next, so both copy engines run at once.
+# Host-memory local buffers need no staging (the segment's GPU reaches them).
+# ---------------------------------------------------------------------------
+cdef int _staged_unsupported(str what) except -1 with gil:
+    raise UnsupportedError(f"{what} on a host-staged device path (nbrhd-staged/self-staged: "
+                           f"peer access between the GPUs is off)")
+
+
+cdef lp_bounce* _staged_bounce(lp_ep* ep) except NULL nogil:
+    """The endpoint's bounce buffers, for this thread alone (waits while
+    another thread's copy uses them)."""
+    cdef lp_bounce* bb = ep.bb
+    if bb == NULL:
+        bb = _bounce_make(ep, &ep.k)
+    if bb == NULL or bb.nbuf <= 0:
+        with gil:
+            raise UnsupportedError("a host-staged device copy needs pinned bounce buffers "
+                                   "(GEXMK_PAGEABLE_BUFFERS is 0, or pinning failed)")
+    while gx_xchg_int(&bb.busy, 1) != 0:
+        sched_yield()
+    return bb
+
+
+cdef int _staged_copy(lp_ep* ep, lp_kind* kin, lp_kind* kout, uintptr_t dst, uintptr_t src,
+                      size_t n) except -1 nogil:
+    """dst <- src through the bounce buffers: ``kin`` copies each chunk from
+    src into a buffer, ``kout`` from the buffer to dst, on their own streams;
+    up to nbuf chunks in flight.  Complete on return."""
+    cdef lp_bounce* bb = _staged_bounce(ep)
+    cdef void* sin = NULL
+    cdef void* sout = NULL
+    cdef void* evin[LP_BOUNCE_MAX]
+    cdef size_t chunk = bb.chunk, issued = 0, landed = 0, m
+    cdef int b, i
+    for i in range(LP_BOUNCE_MAX):
+        evin[i] = NULL
+    try:
+        sin = _ep_stream(ep, kin)
+        sout = _ep_stream(ep, kout)
+        if sin == NULL or sout == NULL:
+            _staged_unsupported("a copy with no stream left on the endpoint")
+        while landed < n:
+            while issued < n and issued - landed < chunk * <size_t>bb.nbuf:
+                b = <int>((issued // chunk) % <size_t>bb.nbuf)
+                _bounce_wait(bb, kout, b)                     # the buffer's last copy out
+                m = n - issued if n - issued < chunk else chunk
+                kin.ops.copy(kin.kctx, sin, <uintptr_t>(bb.buf + <size_t>b * chunk), src + issued, m)
+                kin.ops.event_record(kin.kctx, sin, &evin[b])
+                issued += m
+            b = <int>((landed // chunk) % <size_t>bb.nbuf)
+            m = n - landed if n - landed < chunk else chunk
+            try:
+                kin.ops.event_sync(kin.kctx, evin[b])
+            finally:
+                kin.ops.event_destroy(kin.kctx, evin[b])
+                evin[b] = NULL
+            kout.ops.copy(kout.kctx, sout, dst + landed, <uintptr_t>(bb.buf + <size_t>b * chunk), m)
+            kout.ops.event_record(kout.kctx, sout, &bb.ev[b])
+            landed += m
+    finally:
+        for i in range(LP_BOUNCE_MAX):         # after a failure: no buffer reused while read
+            if evin[i] != NULL:
+                try:
+                    kin.ops.event_sync(kin.kctx, evin[i])
+                finally:
+                    kin.ops.event_destroy(kin.kctx, evin[i])
+        try:
+            _bounce_drain(bb, kout)
+        finally:
+            gx_xchg_int(&bb.busy, 0)
+    return 0
+
+
+cdef int _staged_xfer(gx_xfer* x, bint put) except -1 nogil:
+    """A put to / get from a host-staged device target; complete on return
+    whatever the mode (x.handle: NULL)."""
+    cdef lp_dev* d = <lp_dev*>x.peer
+    cdef lp_ep* ep = <lp_ep*>x.ep
+    cdef uintptr_t remote = _dev_addr(x)
+    cdef int mode
+    if x.stream != NULL:
+        return _staged_unsupported("a stream-ordered put or get")
+    if x.local_kind == GX_MK_HOST or ep == NULL or ep.k.ops == NULL:
+        # the segment's GPU reaches host memory itself (pinned, or the pageable pipeline)
+        mode = x.mode
+        x.mode = GX_BLOCKING
+        try:
+            _dev_copy(x, remote if put else <uintptr_t>x.local,
+                      <uintptr_t>x.local if put else remote, put)
+        finally:
+            x.mode = mode
+        _done(x)
+        return 0
+    if put:
+        _staged_copy(ep, &ep.k, &d.k, remote, <uintptr_t>x.local, x.n)
+    else:
+        _staged_copy(ep, &d.k, &ep.k, <uintptr_t>x.local, remote, x.n)
+    _done(x)
+    return 0
+
+
+cdef int _staged_put(gx_xfer* x) except -1 nogil:
+    return _staged_xfer(x, True)
+
+
+cdef int _staged_get(gx_xfer* x) except -1 nogil:
+    return _staged_xfer(x, False)
+
+
+cdef int _staged_put_signal(gx_xfer* x) except -1 nogil:
+    """The data through the bounce buffers (complete on return), then the
+    signal by the segment's GPU."""
+    cdef lp_dev* d = <lp_dev*>x.peer
+    cdef gx_val old, zero
+    cdef uintptr_t remote = x.remote
+    if d.k.atomic == NULL:
+        return _staged_unsupported("put_signal (the kind has no device atomics)")
+    if x.sig_addr & 7:
+        return _sig_misaligned(x)
+    _staged_xfer(x, True)
+    x.remote = x.sig_addr
+    zero.u64 = 0
+    try:
+        d.k.atomic(d.k.kctx, NULL, _dev_addr(x), GX_DT_U64,
+                   GX_OP_SET if x.op == GX_SIGNAL_SET else GX_OP_ADD, x.a, zero, &old)
+    finally:
+        x.remote = remote
+    return 0

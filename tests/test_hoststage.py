@@ -1,0 +1,162 @@
+"""Host-staged device paths (issue 11): with GEXMK_CUDA_PEER_ACCESS=off (or
+where the driver refuses to map another GPU's memory for this GPU) a peer's
+device segment is mapped for its own GPU, and device<->device copies between
+segments of different endpoints go through pinned host memory, visibly
+(paths ``nbrhd-staged`` / ``self-staged``, staged: refused by
+GEXMK_STAGED=refuse).  GPU tests carry the ``gpu`` marker and skip without a
+driver; the option's parsing is checked everywhere."""
+import numpy as np
+import pytest
+
+import gexmk
+from gexmk import errors as E
+from gexmk import config
+
+try:
+    from . import mp_util
+    from .test_cuda_segments import PROBE, HAVE_GPU
+except ImportError:
+    import mp_util
+    from test_cuda_segments import PROBE, HAVE_GPU
+
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no NVIDIA driver or device on this machine")
+MiB = 1 << 20
+
+
+def test_peer_access_option_parses():
+    assert config.load({}).cuda_peer_access == "auto"
+    assert config.load({"GEXMK_CUDA_PEER_ACCESS": "off"}).cuda_peer_access == "off"
+    assert config.load({"GEXMK_CUDA_PEER_ACCESS": "0"}).cuda_peer_access == "off"
+    assert config.load({"GEXMK_CUDA_PEER_ACCESS": "Auto"}).cuda_peer_access == "auto"
+    with pytest.raises(E.ArgumentError, match="GEXMK_CUDA_PEER_ACCESS"):
+        config.load({"GEXMK_CUDA_PEER_ACCESS": "sometimes"})
+
+
+STAGED_WORKER = r'''
+c = gexmk.init()
+tm = c.tm
+me, peer = tm.rank, 1 - tm.rank
+device = me if os.environ.get("GX_TEST_TWO_GPUS") else 0
+refuse = os.environ.get("GEXMK_STAGED") == "refuse"
+n = 8 * (1 << 20) + 12345                            # not a multiple of the chunk
+mk = c.mk_create(gexmk.CUDA_UVA, device)
+hseg = c.segment_attach(2 * n)                       # EP 0: host, published
+ep1 = c.ep_create()
+dseg = c.segment_create(2 * n + 4096, kind=mk)
+ep1.bind_segment(dseg)
+tm.publish_bound_segment([ep1])
+dev = c.ep(0).pair(1)                                # host EP -> device EPs: direct
+mine = ep1.pair(1)                                   # device EP -> device EPs: staged
+assert dev.paths(peer)["rma"] == "nbrhd", dev.paths(peer)
+if refuse:
+    assert mine.paths(peer)["rma"] == "refused:nbrhd-staged", mine.paths(peer)
+    e = expect_raises(E.UnsupportedError, mine.put, peer, mine.addr(peer), (dseg.address, 64))
+    assert "nbrhd-staged" in str(e), e
+    tm.barrier()
+    c.finalize()
+    print("OK", me, flush=True)
+    raise SystemExit(0)
+assert mine.paths(peer) == {"rma": "nbrhd-staged", "atomic": "nbrhd-staged"}, mine.paths(peer)
+expect_raises(E.UnsupportedError, mine.peer_view, peer)
+src = pattern(n, me, 1)
+back = np.zeros(n, np.uint8)
+# 1. host -> remote GPU, NBI (direct: the segment's GPU reads host memory)
+dev.put_nbi(peer, dev.addr(peer), src, lc=gexmk.LC_GROUP)
+gexmk.nbi_wait()
+tm.barrier()
+dev.get(back, me, dev.addr(me))
+assert (back == pattern(n, peer, 1)).all(), "case 1"
+# 2. remote GPU -> host, NB + wait_all
+back[:] = 0
+gexmk.wait_all([dev.get_nb(back, peer, dev.addr(peer))])
+assert (back == pattern(n, me, 1)).all(), "case 2"
+tm.barrier()
+# 3. GPU -> remote GPU through pinned host memory, blocking
+dev.put(me, dev.addr(me, n), pattern(n, me, 3))
+tm.barrier()
+mine.put(peer, mine.addr(peer), (dseg.address + n, n))
+tm.barrier()
+dev.get(back, me, dev.addr(me))
+assert (back == pattern(n, peer, 3)).all(), "case 3"
+tm.barrier()
+# 4. remote GPU -> local GPU through pinned host memory, blocking; NB form too
+dev.put(me, dev.addr(me), np.zeros(n, np.uint8))
+mine.get((dseg.address, n), peer, mine.addr(peer, n))
+dev.get(back, me, dev.addr(me))
+assert (back == pattern(n, peer, 3)).all(), "case 4"
+dev.put(me, dev.addr(me), np.zeros(n, np.uint8))
+mine.get_nb((dseg.address + 100, 5000), peer, mine.addr(peer, n + 100)).wait()
+dev.get(back[:5000], me, dev.addr(me, 100))
+assert (back[:5000] == pattern(n, peer, 3)[100:5100]).all(), "case 4, NB"
+tm.barrier()
+# atomics on the peer's device word through the staged route, both processes
+ad = mine.ad_create(gexmk.DT_I64, gexmk.OP_FADD | gexmk.OP_GET | gexmk.OP_SET)
+word = mine.addr(0, 2 * n + 8 - (2 * n) % 8)
+if me == 0:
+    ad.op(0, word, gexmk.OP_SET, 0)
+tm.barrier()
+for _ in range(250):
+    ad.op(0, word, gexmk.OP_FADD, 1)
+tm.barrier()
+assert ad.op(0, word, gexmk.OP_GET) == 500, ad.op(0, word, gexmk.OP_GET)
+stats = mine.path_stats(peer)
+assert stats["nbrhd-staged"]["put"]["ops"] >= 1 and stats["nbrhd-staged"]["get"]["ops"] >= 2, stats
+tm.barrier()
+c.finalize()
+print("OK", me, flush=True)
+'''
+
+
+@gpu
+@needs_gpu
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("staged", ["allow", "refuse"])
+@pytest.mark.parametrize("gpus", [1, 2], ids=["one_gpu", "two_gpus"])
+def test_two_processes_host_staged(tmp_path, gpus, staged):
+    """testcudauva's four cases at 8 MiB (+ an odd tail) with peer access
+    forced off: device<->device between the processes through pinned host
+    memory, atomics on the segment's own GPU, counters, and the refusal."""
+    if gpus > PROBE.get("device_count", 0):
+        pytest.skip(f"needs {gpus} GPUs")
+    res = mp_util.run_job(tmp_path, STAGED_WORKER, 2, launcher_timeout=120,
+                          env={"GEXMK_CUDA_PEER_ACCESS": "off", "GEXMK_STAGED": staged,
+                               "GX_TEST_TWO_GPUS": "1" if gpus == 2 else None})
+    assert not res.timed_out, res.report()
+    res.check()
+    assert res.stdout.count("OK") == 2, res.report()
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("gpus", [1, 2], ids=["one_gpu", "two_gpus"])
+def test_one_process_two_device_endpoints_host_staged(monkeypatch, gpus):
+    if gpus > PROBE.get("device_count", 0):
+        pytest.skip(f"needs {gpus} GPUs")
+    monkeypatch.setenv("GEXMK_CUDA_PEER_ACCESS", "off")
+    n = 3 * MiB + 777
+    with gexmk.init() as c:
+        mks = [c.mk_create(gexmk.CUDA_UVA, 0), c.mk_create(gexmk.CUDA_UVA, gpus - 1)]
+        host = c.segment_attach(2 * n)
+        eps, segs = [], []
+        for mk in mks:
+            ep = c.ep_create()
+            seg = c.segment_create(n, kind=mk)
+            ep.bind_segment(seg)
+            eps.append(ep)
+            segs.append(seg)
+        h0 = c.ep(0).pair(eps[0].index)                # host EP -> each device segment
+        h1 = c.ep(0).pair(eps[1].index)
+        a = eps[0].pair(eps[1].index)                  # device EP 1 -> device EP 2
+        assert a.paths(0)["rma"] == "self-staged", a.paths(0)
+        assert h1.paths(0)["rma"] == "self", h1.paths(0)
+        data = np.random.default_rng(5).integers(0, 256, n, dtype=np.uint8)
+        h0.put(0, segs[0].address, data)
+        a.put(0, segs[1].address, (segs[0].address, n))
+        back = np.zeros(n, np.uint8)
+        h1.get(back, 0, segs[1].address)
+        assert (back == data).all()
+        h0.put(0, segs[0].address, np.zeros(n, np.uint8))
+        a.get((segs[0].address + 1, n - 1), 0, segs[1].address + 1)
+        h0.get(back, 0, segs[0].address)
+        assert back[0] == 0 and (back[1:] == data[1:]).all()
