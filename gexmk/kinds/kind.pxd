@@ -54,6 +54,7 @@ ctypedef int (*gx_mk_record_fn)(void* kctx, void* stream, void** event) except -
 ctypedef int (*gx_mk_query_fn)(void* kctx, void* event) except -1 nogil
 ctypedef int (*gx_mk_atomic_fn)(void* kctx, void* stream, uintptr_t addr, int dt, int op,
                                 gx_val a, gx_val b, void* result) except -1 nogil
+ctypedef int (*gx_mk_wait_fn)(void* kctx, void* stream, void* event) except -1 nogil
 ctypedef int (*gx_mk_pinned_fn)(void* kctx, const void* p, size_t n) except -1 nogil
 ctypedef int (*gx_mk_write_fn)(void* kctx, void* stream, uintptr_t dst, uint64_t value,
                                int nbytes) except -1 nogil
@@ -86,3 +87,5 @@ cdef struct gx_kind_ops:
                                   # stream's front end (no copy); stream NULL: complete on return
     gx_mk_copy_fn copy_small      # dst <- src, n <= 64 bytes, both device memory, by a kernel
                                   # instead of the copy engine; stream NULL: complete on return
+    gx_mk_wait_fn stream_wait     # work issued on stream after this waits for the event, which
+                                  # may come from another context or device (no host wait)

@@ -245,7 +245,7 @@ cdef inline int _issue_copy(gx_xfer* x, lp_kind* k, void* s, uintptr_t dst, uint
     """The kind's copy; where GEXMK_CUDA_SMALL_PUT says so, a put of 4 or 8
     host bytes to an aligned device address by the kind's write_value (the
     value is read here, at issue: the source is reusable at once), and a
-    device<->device copy of at most 8 bytes by the kind's copy_small kernel."""
+    device<->device copy of at most 8 bytes on one GPU by the kind's copy_small kernel."""
     cdef uint64_t v = 0
     if x.n <= 8:
         if x.local_kind == GX_MK_HOST:
@@ -253,7 +253,9 @@ cdef inline int _issue_copy(gx_xfer* x, lp_kind* k, void* s, uintptr_t dst, uint
                     and k.ops.write_value != NULL:
                 memcpy(&v, <void*>src, x.n)
                 return k.ops.write_value(k.kctx, s, dst, v, <int>x.n)
-        elif _small_kernel and k.ops.copy_small != NULL:
+        elif _small_kernel and k.ops.copy_small != NULL and x.t.device == x.local_device:
+            # one GPU only: across NVLink the copy engine is faster (H200 pair:
+            # 7.8 us against 9.8 us for the kernel)
             return k.ops.copy_small(k.kctx, s, dst, src, x.n)
     return k.ops.copy(k.kctx, s, dst, src, x.n)
 

@@ -154,6 +154,12 @@ cdef int _cu_event_record(void* kctx, void* stream, void** event) except -1 nogi
     return 0
 
 
+cdef int _cu_stream_wait(void* kctx, void* stream, void* event) except -1 nogil:
+    """Work issued on `stream` after this waits for `event` (of any context
+    or device), on the GPU: the host does not wait."""
+    return check("cuStreamWaitEvent", cydriver.cuStreamWaitEvent(<CUstream>stream, <CUevent>event, 0))
+
+
 cdef int _cu_event_query(void* kctx, void* event) except -1 nogil:
     """1 when the work before the event has completed, 0 while it is pending."""
     cdef CUresult rc = cydriver.cuEventQuery(<CUevent>event)

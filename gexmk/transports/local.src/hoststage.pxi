@@ -27,17 +27,29 @@ cdef lp_bounce* _staged_bounce(lp_ep* ep) except NULL nogil:
     return bb
 
 
+cdef enum:
+    LP_STAGE_CHUNK = 2 << 20   # bytes per staged chunk: the pipeline's fill costs one chunk
+
+
 cdef int _staged_copy(lp_ep* ep, lp_kind* kin, lp_kind* kout, uintptr_t dst, uintptr_t src,
                       size_t n) except -1 nogil:
-    """dst <- src through the bounce buffers: ``kin`` copies each chunk from
-    src into a buffer, ``kout`` from the buffer to dst, on their own streams;
-    up to nbuf chunks in flight.  Complete on return."""
+    """dst <- src through the bounce buffers, cut into chunks of up to
+    LP_STAGE_CHUNK: ``kin`` copies each chunk from src into a slot, ``kout``
+    from the slot to dst, each on the endpoint's stream of its kind; the
+    copy out waits for the copy in on the GPU (stream_wait) where the kind
+    can, else here.  As many chunks in flight as there are slots.  Complete
+    on return."""
     cdef lp_bounce* bb = _staged_bounce(ep)
     cdef void* sin = NULL
     cdef void* sout = NULL
     cdef void* evin[LP_BOUNCE_MAX]
-    cdef size_t chunk = bb.chunk, issued = 0, landed = 0, m
+    cdef size_t chunk = bb.chunk if bb.chunk < LP_STAGE_CHUNK else LP_STAGE_CHUNK
+    cdef size_t nslot = (bb.chunk * <size_t>bb.nbuf) // chunk
+    cdef size_t issued = 0, landed = 0, m
     cdef int b, i
+    cdef bint gpu_wait = kout.ops.stream_wait != NULL
+    if nslot > LP_BOUNCE_MAX:
+        nslot = LP_BOUNCE_MAX
     for i in range(LP_BOUNCE_MAX):
         evin[i] = NULL
     try:
@@ -46,34 +58,52 @@ cdef int _staged_copy(lp_ep* ep, lp_kind* kin, lp_kind* kout, uintptr_t dst, uin
         if sin == NULL or sout == NULL:
             _staged_unsupported("a copy with no stream left on the endpoint")
         while landed < n:
-            while issued < n and issued - landed < chunk * <size_t>bb.nbuf:
-                b = <int>((issued // chunk) % <size_t>bb.nbuf)
-                _bounce_wait(bb, kout, b)                     # the buffer's last copy out
+            while issued < n and issued - landed < chunk * nslot:
+                b = <int>((issued // chunk) % nslot)
+                _bounce_wait(bb, kout, b)                     # the slot's last copy out
                 m = n - issued if n - issued < chunk else chunk
                 kin.ops.copy(kin.kctx, sin, <uintptr_t>(bb.buf + <size_t>b * chunk), src + issued, m)
                 kin.ops.event_record(kin.kctx, sin, &evin[b])
                 issued += m
-            b = <int>((landed // chunk) % <size_t>bb.nbuf)
+                if gpu_wait:                                  # the copy out follows on the GPU
+                    break
+            b = <int>((landed // chunk) % nslot)
             m = n - landed if n - landed < chunk else chunk
             try:
-                kin.ops.event_sync(kin.kctx, evin[b])
+                if gpu_wait:
+                    kout.ops.stream_wait(kout.kctx, sout, evin[b])
+                else:
+                    kin.ops.event_sync(kin.kctx, evin[b])
             finally:
-                kin.ops.event_destroy(kin.kctx, evin[b])
+                kin.ops.event_destroy(kin.kctx, evin[b])      # pending work keeps it alive
                 evin[b] = NULL
             kout.ops.copy(kout.kctx, sout, dst + landed, <uintptr_t>(bb.buf + <size_t>b * chunk), m)
             kout.ops.event_record(kout.kctx, sout, &bb.ev[b])
             landed += m
     finally:
-        for i in range(LP_BOUNCE_MAX):         # after a failure: no buffer reused while read
+        for i in range(LP_BOUNCE_MAX):         # after a failure: no slot reused while read
             if evin[i] != NULL:
                 try:
                     kin.ops.event_sync(kin.kctx, evin[i])
                 finally:
                     kin.ops.event_destroy(kin.kctx, evin[i])
         try:
-            _bounce_drain(bb, kout)
+            _bounce_drain_all(bb, kout)
         finally:
             gx_xchg_int(&bb.busy, 0)
+    return 0
+
+
+cdef int _bounce_drain_all(lp_bounce* bb, lp_kind* k, int b=0) except -1 nogil:
+    """Wait for the copy out of every slot b.. (the staged path cuts the
+    buffers into up to LP_BOUNCE_MAX slots, more than nbuf), each one even
+    after a failure."""
+    if b >= LP_BOUNCE_MAX:
+        return 0
+    try:
+        _bounce_wait(bb, k, b)
+    finally:
+        _bounce_drain_all(bb, k, b + 1)
     return 0
 
 
