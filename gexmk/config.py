@@ -106,6 +106,10 @@ class Config:
     #: between segments of different endpoints go through pinned host memory
     #: (paths ``nbrhd-staged`` / ``self-staged``; on one GPU too, to test them).
     cuda_peer_access: str = "auto"
+    #: GEXMK_CUDA_STAGE_CHUNK: bytes per chunk of a host-staged device copy (default
+    #: 4M, from a 1/2/4/8M sweep on two H200s; at most 16 slots of the pageable
+    #: bounce buffers' total).
+    cuda_stage_chunk: int = 4 << 20
 
 
 def load(env=None) -> Config:
@@ -135,6 +139,7 @@ def load(env=None) -> Config:
                                         "GEXMK_CUDA_SMALL_PUT"),
         cuda_peer_access=_choice(env, "GEXMK_CUDA_PEER_ACCESS",
                                  {"auto": "auto", "off": "off", "0": "off", "1": "auto"}, "auto"),
+        cuda_stage_chunk=_bytes(env, "GEXMK_CUDA_STAGE_CHUNK", 4 << 20, 4096, 1 << 30),
     )
 
 

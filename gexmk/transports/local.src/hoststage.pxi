@@ -27,14 +27,20 @@ cdef lp_bounce* _staged_bounce(lp_ep* ep) except NULL nogil:
     return bb
 
 
-cdef enum:
-    LP_STAGE_CHUNK = 2 << 20   # bytes per staged chunk: the pipeline's fill costs one chunk
+cdef size_t _stage_chunk = 4 << 20    # bytes per staged chunk (GEXMK_CUDA_STAGE_CHUNK): the
+                                      # pipeline's fill costs one chunk, each chunk a few calls
+
+
+cdef int _set_stage_chunk(size_t n) except -1:
+    global _stage_chunk
+    _stage_chunk = n
+    return 0
 
 
 cdef int _staged_copy(lp_ep* ep, lp_kind* kin, lp_kind* kout, uintptr_t dst, uintptr_t src,
                       size_t n) except -1 nogil:
     """dst <- src through the bounce buffers, cut into chunks of up to
-    LP_STAGE_CHUNK: ``kin`` copies each chunk from src into a slot, ``kout``
+    _stage_chunk bytes: ``kin`` copies each chunk from src into a slot, ``kout``
     from the slot to dst, each on the endpoint's stream of its kind; the
     copy out waits for the copy in on the GPU (stream_wait) where the kind
     can, else here.  As many chunks in flight as there are slots.  Complete
@@ -43,7 +49,7 @@ cdef int _staged_copy(lp_ep* ep, lp_kind* kin, lp_kind* kout, uintptr_t dst, uin
     cdef void* sin = NULL
     cdef void* sout = NULL
     cdef void* evin[LP_BOUNCE_MAX]
-    cdef size_t chunk = bb.chunk if bb.chunk < LP_STAGE_CHUNK else LP_STAGE_CHUNK
+    cdef size_t chunk = bb.chunk if bb.chunk < _stage_chunk else _stage_chunk
     cdef size_t nslot = (bb.chunk * <size_t>bb.nbuf) // chunk
     cdef size_t issued = 0, landed = 0, m
     cdef int b, i

@@ -169,6 +169,7 @@ cdef int _configure(object cfg) except -1:
     _pg_min = getattr(cfg, "pageable_min", _pg_min)
     _pg_threads = getattr(cfg, "pageable_threads", _pg_threads)
     _set_small_put(getattr(cfg, "cuda_small_put", "kernel"))
+    _set_stage_chunk(getattr(cfg, "cuda_stage_chunk", _stage_chunk))
     return 0
 
 
