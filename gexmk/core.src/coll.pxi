@@ -218,7 +218,7 @@ cdef inline int _arrived(_Coll co, int k, uint64_t seq, bint block, double timeo
 
 
 cdef int _barrier_failed(_Coll co, uint64_t seq, int k, object e) except -1:
-    src = (co.me - (1 << k)) % co.n
+    src = (<object>co.me - (1 << k)) % co.n       # Python's modulo: never negative
     co.broken = (f"barrier #{seq} of team {co.tid} failed (team rank {co.me} of {co.n}, "
                  f"waiting for team rank {src} in round {k}); the team's barriers and "
                  "collectives can no longer be matched")
