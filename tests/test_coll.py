@@ -236,6 +236,7 @@ c = gexmk.init()
 tm = c.tm
 tm.barrier()
 d = tm.dup()
+d.barrier()
 mode = os.environ["SKIP_MODE"]
 if tm.rank == 0:
     t0 = time.monotonic()

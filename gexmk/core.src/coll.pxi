@@ -169,7 +169,11 @@ cdef _Coll _coll(Team tm, str sig):
                                "collectives (GEXMK_COLL_TEAMS raises the limit)")
     cdef uintptr_t mine = <uintptr_t>s.seg.addr + blk * s.block
     memset(<void*>mine, 0, _SYNC_BYTES)       # nobody signals it before the exchange below
-    addrs = tm._exchange(mine)
+    try:
+        addrs = tm._exchange(mine)
+    except TimeoutError_ as e:
+        raise TimeoutError_(f"{sig} on team {tm.id}: the team's first collective (barrier #1) "
+                            f"was not entered by every member: {e}") from None
     co = _Coll.__new__(_Coll)
     n = len(tm._members)
     co.n = n
