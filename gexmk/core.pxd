@@ -24,6 +24,7 @@ cdef class Client:
     cdef list _kinds                       # memory kinds made by mk_create, closed last
     cdef bint finalized
     cdef int _inflight                     # GIL-free copies in progress
+    cdef object _sync                      # the library's sync area (core.src/coll.pxi)
     cdef object __weakref__
     cdef int check_alive(self) except -1
     cdef _Target target(self, int jobrank, int ep_index)
@@ -71,6 +72,7 @@ cdef class Team:
     cdef int _seq
     cdef bint _pair                        # TM-pair: no collectives
     cdef str _closed                       # why the team is closed, or None
+    cdef object _coll                      # collective state, from the first collective (coll.pxi)
     cdef object __weakref__
     cdef int check_alive(self) except -1
     cdef int _set_routes(self) except -1

@@ -161,6 +161,7 @@ cdef class Client:
             self._order.append(tr)
         ep0 = self.ep_create()
         self.tm = Team._make(self, ep0, [(j, 0) for j in range(self.size)], self.rank, "tm0", False)
+        _sync_init(self)        # barriers' and collectives' sync area (core.src/coll.pxi)
         me = weakref.ref(self)
 
         def died(jobrank):
@@ -239,6 +240,8 @@ cdef class Client:
         r.dead = t.dead
         if rt.ep_index < len(self._eps):
             ep = self._eps[rt.ep_index]
+        elif rt.ep_index == _SYNC_EP:
+            ep = _sync_ep(self)
         best_rma = best_amo = None
         refuse = self.config.staged == "refuse"
         rt.refused = {}
@@ -540,6 +543,7 @@ cdef class Client:
         for e in self._eps:
             if e is not None:
                 (<Endpoint>e)._close_contexts()
+        _sync_close(self)
         for rt in self._routes.values():
             _route_none(rt.r)
             rt.keep = None

@@ -190,9 +190,73 @@ cdef class Team:
                                                pickle.dumps(payload))
         return [pickle.loads(p) for p in parts]
 
-    def barrier(self):
-        """Block until every member has entered (GASNet-EX ``gex_Coll_BarrierNB`` + wait)."""
-        self._exchange(None)
+    def barrier(self, timeout=None):
+        """Block until every member has entered (GASNet-EX ``gex_Coll_BarrierNB``
+        + wait).  On the data path (shared memory on a node, remote atomics
+        across nodes; see core.src/coll.pxi).  Barriers are matched by number:
+        one that a member never enters raises gexmk.TimeoutError after
+        ``timeout`` s (default GEXMK_TIMEOUT) naming the team, the barrier and
+        the member waited for; a dead member raises PeerDeadError."""
+        _tm_barrier(self, timeout, False)
+
+    def barrier_nb(self):
+        """Enter a barrier and return an Event that completes when every member
+        has entered (GASNet-EX ``gex_Coll_BarrierNB``).  The team's next
+        collective completes it first."""
+        return _tm_barrier(self, None, True)
+
+    def bcast(self, buf, root):
+        """Broadcast numpy array ``buf`` of team rank ``root`` into ``buf`` of
+        every member (GASNet-EX ``gex_Coll_BroadcastNB`` + wait; mpi4py ``Bcast``).
+        Every member passes an array of the same size and dtype."""
+        _tm_bcast(self, buf, root, False)
+
+    def bcast_nb(self, buf, root):
+        """Non-blocking :meth:`bcast`: an Event that keeps ``buf`` alive until
+        complete (do not touch ``buf`` before)."""
+        return _tm_bcast(self, buf, root, True)
+
+    def allreduce(self, send, recv, op):
+        """Combine every member's ``send`` element-wise with ``op`` into
+        ``recv`` of every member (mpi4py ``Allreduce``).  ``op``: OP_ADD,
+        OP_MULT, OP_MIN, OP_MAX, OP_AND, OP_OR, OP_XOR or 'sum', 'prod',
+        'min', 'max', 'and', 'or', 'xor' (bitwise ones on integer/bool dtypes
+        only).  ``recv``: a writable C-contiguous numpy array of send's size
+        and dtype (it may be ``send``).  Results are combined in rank order,
+        identical on every member."""
+        _tm_reduce(self, send, recv, op, None, False)
+
+    def allreduce_nb(self, send, recv, op):
+        """Non-blocking :meth:`allreduce`: an Event keeping the buffers alive."""
+        return _tm_reduce(self, send, recv, op, None, True)
+
+    def reduce(self, send, recv, op, root):
+        """Like :meth:`allreduce`, the result only in ``recv`` of team rank
+        ``root`` (GASNet-EX ``gex_Coll_ReduceToOneNB``); other members may pass
+        ``recv=None``."""
+        _tm_reduce(self, send, recv, op, root, False)
+
+    def reduce_nb(self, send, recv, op, root):
+        """Non-blocking :meth:`reduce`: an Event keeping the buffers alive."""
+        return _tm_reduce(self, send, recv, op, root, True)
+
+    def allgather(self, send, recv):
+        """Concatenate every member's ``send`` in rank order into ``recv`` of
+        every member (size: team size x send's size, same dtype; mpi4py ``Allgather``)."""
+        _tm_gather(self, send, recv, None, False)
+
+    def allgather_nb(self, send, recv):
+        """Non-blocking :meth:`allgather`: an Event keeping the buffers alive."""
+        return _tm_gather(self, send, recv, None, True)
+
+    def gather(self, send, recv, root):
+        """Like :meth:`allgather`, into ``recv`` of team rank ``root`` only
+        (others may pass ``recv=None``)."""
+        _tm_gather(self, send, recv, root, False)
+
+    def gather_nb(self, send, recv, root):
+        """Non-blocking :meth:`gather`: an Event keeping the buffers alive."""
+        return _tm_gather(self, send, recv, root, True)
 
     def publish_bound_segment(self, eps=()):
         """Publish the bound segments of ``eps`` (local endpoints; zero is

@@ -1,0 +1,561 @@
+# ---- barriers and collectives on the data path (GASNet-EX gex_Coll_*) ---------
+#
+# The library owns a sync area: at init every process creates a hidden
+# endpoint (index _SYNC_EP, never among client.eps) with a small host
+# segment, and publishes it with one bootstrap exchange.  The segment is cut
+# into blocks; a team takes one block per Team object at its first
+# collective (one bootstrap exchange of the blocks' addresses, collective
+# like the call itself) and keeps it while it lives.  A block is
+#   [0, _SYNC_BYTES)            one 64-bit arrival counter per barrier round
+#   [_SYNC_BYTES, +2 * half)    scratch, two halves used alternately
+# Barriers are dissemination barriers: in round k rank r adds 1 to round k's
+# counter of rank (r + 2**k) % N (signal_op: a store on a mapping, a remote
+# atomic over the network) and waits (wait_words) until its own round-k
+# counter reaches the team's barrier sequence number.  Counters only grow,
+# so barriers are matched by number: one that a member never enters times
+# out naming the team, the barrier and the member it waited for; finalize's
+# sync (the bootstrap's barrier) never counts.
+#
+# Collectives move data through the scratch halves: each rank stores its
+# chunk (a 16-byte header, then the data) in its own half, the team passes
+# a barrier, and readers fetch the chunks they need through the sync team's
+# routes (memcpy on a mapping, a get over the network) and combine them with
+# numpy in rank order (every rank computes the same bits).  Halves alternate
+# per chunk, so one barrier per chunk suffices: a half is written again only
+# after the next chunk's barrier, which every rank enters after reading.
+
+cdef enum:
+    _SYNC_EP = 1 << 30          # the hidden endpoint's index (never a user index)
+    _SYNC_BYTES = 1024          # barrier counters of a block (up to 128 rounds)
+    _HDR = 16                   # chunk header: total bytes, dtype char, op
+
+OP_MULT = 1 << (GX_OP_COUNT + 1)   #: collectives only: product (GASNet-EX GEX_OP_MULT)
+
+_COLL_OPS = {"sum": "add", "add": "add", "prod": "multiply", "mult": "multiply",
+             "min": "minimum", "max": "maximum", "and": "bitwise_and", "band": "bitwise_and",
+             "or": "bitwise_or", "bor": "bitwise_or", "xor": "bitwise_xor", "bxor": "bitwise_xor"}
+_COLL_OP_FLAGS = {OP_ADD: "sum", OP_MULT: "prod", OP_MIN: "min", OP_MAX: "max", OP_AND: "and",
+                  OP_OR: "or", OP_XOR: "xor"}
+_OP_CODE = {"add": 1, "multiply": 2, "minimum": 3, "maximum": 4, "bitwise_and": 5,
+            "bitwise_or": 6, "bitwise_xor": 7}
+
+cdef object _np = None
+
+
+cdef object _numpy():
+    global _np
+    if _np is None:
+        import numpy
+        _np = numpy
+    return _np
+
+
+cdef class _Sync:
+    """The process's sync area: the hidden endpoint, its segment, the blocks."""
+    cdef Endpoint ep
+    cdef Segment seg
+    cdef Py_ssize_t half            # bytes of one scratch half
+    cdef Py_ssize_t block           # bytes of one block
+    cdef list owners                # block -> weakref to its _Coll, or None
+
+
+cdef int _sync_init(Client c) except -1:
+    """init(): the hidden endpoint, its segment, published to every process."""
+    cdef _Sync s = _Sync.__new__(_Sync)
+    half = int(os.environ.get("GEXMK_COLL_SCRATCH", "") or 65536)
+    nblocks = int(os.environ.get("GEXMK_COLL_TEAMS", "") or 32)
+    if half < 64 or nblocks < 1:
+        raise ArgumentError(f"GEXMK_COLL_SCRATCH={half} / GEXMK_COLL_TEAMS={nblocks}: need "
+                            "at least 64 bytes and 1 team")
+    s.half = (half + 63) & ~63
+    s.block = _SYNC_BYTES + 2 * s.half
+    s.owners = [None] * nblocks
+    cdef Endpoint ep = Endpoint.__new__(Endpoint)
+    ep.client = c
+    ep._keep_put = []
+    ep._keep_get = []
+    ep.index = _SYNC_EP
+    ep.c.index = _SYNC_EP
+    ep.c.seg_kind = GX_MK_HOST
+    ep.c.seg_device = -1
+    ep.caps = EP_CAPABILITY_RMA
+    ep.contexts = {}
+    ep._blobs = {}
+    s.ep = ep
+    c._sync = s
+    try:
+        for tr in c._order:
+            ctx = tr.open_endpoint(_SYNC_EP)
+            ep.contexts[tr.name] = ctx
+            ep.c.tr[ep.c.ntr].ops = <const gx_tr_ops*><uintptr_t>ctx.ops
+            ep.c.tr[ep.c.ntr].ep = <void*><uintptr_t>ctx.handle
+            ep.c.ntr += 1
+        s.seg = c.segment_create(s.block * nblocks)
+        ep.bind_segment(s.seg)
+    except BaseException:
+        ep._close_contexts()
+        c._sync = None
+        raise
+    if c.size > 1:
+        parts = c.bootstrap.exchange("gexmk.sync", list(range(c.size)), c.rank,
+                                     pickle.dumps(c._seg_info(ep)))
+        for jr, p in enumerate(parts):
+            c._apply(jr, pickle.loads(p))
+    return 0
+
+
+cdef Endpoint _sync_ep(Client c):
+    """The hidden endpoint (routes from it are chosen like any endpoint's)."""
+    return (<_Sync>c._sync).ep if c._sync is not None else None
+
+
+cdef void _sync_close(Client c) noexcept:
+    if c._sync is not None:
+        try:
+            (<_Sync>c._sync).ep._close_contexts()
+        except Exception:      # noqa: BLE001 - teardown goes on
+            pass
+
+
+cdef class _Coll:
+    """One Team object's collective state: its block, the sync team over
+    the members' hidden endpoints, the barrier and chunk sequence numbers."""
+    cdef Team sync
+    cdef gx_team* st
+    cdef uintptr_t* base            # block address of every team rank
+    cdef int* partner               # round k: the rank this one signals
+    cdef int rounds
+    cdef int me, n
+    cdef uint64_t seq               # barriers entered
+    cdef uint64_t phase             # scratch chunks used (the half is phase % 2)
+    cdef Py_ssize_t half
+    cdef str tid
+    cdef bytes sig
+    cdef const char* csig          # sig, for nogil waits
+    cdef object pending             # an NB collective not yet complete, or None
+    cdef str broken                 # why the team's collectives can no longer be matched
+    cdef object __weakref__
+
+    def __dealloc__(self):
+        free(self.base)
+        free(self.partner)
+
+
+cdef _Coll _coll(Team tm, str sig):
+    """The team's collective state, made at its first collective."""
+    tm.check_alive()
+    if tm._pair:
+        raise StateError(f"{sig}: collectives are not defined on a TM-pair")
+    cdef _Coll co = tm._coll
+    if co is not None:
+        if co.broken is not None:
+            raise StateError(f"{sig}: {co.broken}")
+        if co.pending is not None:
+            ev = co.pending
+            co.pending = None
+            ev.wait()           # collectives of a team complete in order
+        return co
+    cdef Client c = tm.client
+    cdef _Sync s = c._sync
+    if s is None:
+        raise StateError(f"{sig}: the client has no sync area")
+    blk = -1
+    for i, w in enumerate(s.owners):
+        if w is None or w() is None:
+            blk = i
+            break
+    if blk < 0:
+        raise UnsupportedError(f"{sig}: more than {len(s.owners)} live teams of this process use "
+                               "collectives (GEXMK_COLL_TEAMS raises the limit)")
+    cdef uintptr_t mine = <uintptr_t>s.seg.addr + blk * s.block
+    memset(<void*>mine, 0, _SYNC_BYTES)       # nobody signals it before the exchange below
+    try:
+        addrs = tm._exchange(mine)
+    except TimeoutError_ as e:
+        raise TimeoutError_(f"{sig} on team {tm.id}: the team's first collective (barrier #1) "
+                            f"was not entered by every member: {e}") from None
+    co = _Coll.__new__(_Coll)
+    n = len(tm._members)
+    co.n = n
+    co.me = tm.c.rank
+    co.half = s.half
+    co.tid = tm.id
+    co.sig = f"barrier of team {tm.id}".encode()
+    co.csig = co.sig
+    co.base = <uintptr_t*>calloc(n, sizeof(uintptr_t))
+    co.partner = <int*>calloc(64, sizeof(int))
+    if co.base == NULL or co.partner == NULL:
+        raise MemoryError()
+    for i in range(n):
+        co.base[i] = addrs[i]
+    k = 0
+    while (1 << k) < n:
+        co.partner[k] = (co.me + (1 << k)) % n
+        k += 1
+    co.rounds = k
+    co.sync = Team._make(c, s.ep, [(jr, _SYNC_EP) for jr, _ in tm._members], tm.c.rank,
+                         tm.id + "/sync", False)
+    co.st = &co.sync.c
+    s.owners[blk] = weakref.ref(co)
+    tm._coll = co
+    return co
+
+
+cdef inline int _arrive(_Coll co, int k) except -1 nogil:
+    """Round k: one arrival at the partner's round-k counter."""
+    cdef int p = co.partner[k]
+    cdef uintptr_t a = co.base[p] + 8 * k
+    cdef int rc = gx_signal_op(co.st, p, a, 1, GX_SIGNAL_ADD)
+    if rc != GX_OK:
+        signal_op_slow(co.st, p, a, 1, GX_SIGNAL_ADD, rc)
+    return 0
+
+
+cdef inline int _arrived(_Coll co, int k, uint64_t seq, bint block, double timeout) except -1 nogil:
+    """1 when round k's counter has reached ``seq`` (waits when ``block``)."""
+    cdef uintptr_t a = co.base[co.me] + 8 * k
+    cdef gx_val want
+    cdef Py_ssize_t idx
+    want.u64 = seq
+    return <int>wait_words(co.st, &a, 1, GX_DT_U64, GX_CMP_GE, &want, False, GX_WAIT_ANY, block,
+                           timeout, NULL, &idx, co.csig)
+
+
+cdef int _barrier_failed(_Coll co, uint64_t seq, int k, object e) except -1:
+    src = (<object>co.me - (1 << k)) % co.n       # Python's modulo: never negative
+    co.broken = (f"barrier #{seq} of team {co.tid} failed (team rank {co.me} of {co.n}, "
+                 f"waiting for team rank {src} in round {k}); the team's barriers and "
+                 "collectives can no longer be matched")
+    raise type(e)(f"{co.broken}: {e}") from None
+
+
+cdef int _barrier(_Coll co, double timeout) except -1:
+    """A blocking barrier over the team."""
+    co.seq += 1
+    cdef uint64_t seq = co.seq
+    cdef int k = 0
+    try:
+        with nogil:
+            while k < co.rounds:
+                _arrive(co, k)
+                _arrived(co, k, seq, True, timeout)
+                k += 1
+    except (TimeoutError_, PeerDeadError, StateError) as e:
+        _barrier_failed(co, seq, k, e)
+    return 0
+
+
+cdef class _CollEvent(Event):
+    """An NB barrier or collective: progressed by test() and wait().  A
+    collective runs as a generator that yields where it needs a barrier."""
+    cdef _Coll co
+    cdef uint64_t seq               # the barrier in progress, 0 when none
+    cdef int k                      # its round to wait for
+    cdef object gen
+
+    cdef int _start_barrier(self) except -1:
+        self.co.seq += 1
+        self.seq = self.co.seq
+        self.k = 0
+        if self.co.rounds > 0:
+            _arrive(self.co, 0)
+        return 0
+
+    cdef int _step_barrier(self, bint block) except -1:
+        """1 once the barrier in progress has completed."""
+        cdef _Coll co = self.co
+        try:
+            while self.k < co.rounds:
+                if block:
+                    with nogil:
+                        _arrived(co, self.k, self.seq, True, 0)
+                elif not _arrived(co, self.k, self.seq, False, 0):
+                    return 0
+                self.k += 1
+                if self.k < co.rounds:
+                    _arrive(co, self.k)
+        except (TimeoutError_, PeerDeadError, StateError) as e:
+            _barrier_failed(co, self.seq, self.k, e)
+        self.seq = 0
+        return 1
+
+    cdef int _complete(self, bint block) except -1:
+        if self._failed is not None:
+            raise self._failed
+        try:
+            while True:
+                if self.seq != 0 and not self._step_barrier(block):
+                    return 0
+                if self.gen is None:
+                    break
+                try:
+                    next(self.gen)
+                except StopIteration:
+                    self.gen = None
+                    break
+                self._start_barrier()
+        except BaseException:
+            self._done = True
+            self._keep = None
+            self.gen = None
+            if self.co.pending is self:
+                self.co.pending = None
+            raise
+        self._done = True
+        self._keep = None
+        if self.co.pending is self:
+            self.co.pending = None
+        return 1
+
+
+cdef _CollEvent _coll_event(Team tm, _Coll co, object gen, object keep):
+    cdef _CollEvent ev = _CollEvent.__new__(_CollEvent)
+    ev._bound = True
+    ev.co = co
+    ev.gen = gen
+    ev._keep = keep
+    tm.client._pending.add(ev)
+    co.pending = ev
+    if gen is None:
+        ev._start_barrier()
+    else:
+        ev._complete(False)     # post this rank's data and arrive at once
+    return ev
+
+
+cdef object _run(_Coll co, object gen):
+    """Run a collective's generator to the end, a blocking barrier at each yield."""
+    for _ in gen:
+        _barrier(co, 0)
+    return None
+
+
+# ---- argument intake ------------------------------------------------------------
+
+cdef object _as_array(object a, str sig, str name, bint writable):
+    np = _numpy()
+    if writable:
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"{sig}: {name} must be a writable numpy array (got {_got(a)})")
+        if not a.flags.c_contiguous or not a.flags.writeable:
+            raise ArgumentError(f"{sig}: {name} must be C-contiguous and writable")
+        arr = a
+    else:
+        try:
+            arr = np.ascontiguousarray(a)
+        except Exception:
+            raise TypeError(f"{sig}: {name} must be a numpy array or array-like (got {_got(a)})") from None
+    if arr.dtype.kind not in "biufc":
+        raise TypeError(f"{sig}: {name} has dtype {arr.dtype}; collectives take numeric or bool "
+                        "numpy dtypes")
+    return arr.reshape(-1)      # a view: C-contiguous
+
+
+cdef object _coll_op(object op, object dtype, str sig):
+    """The numpy ufunc of a reduction op (OP_* flag or name)."""
+    np = _numpy()
+    name = None
+    if isinstance(op, str):
+        name = _COLL_OPS.get(op.lower())
+    elif hasattr(type(op), "__index__") and not isinstance(op, bool):
+        key = _COLL_OP_FLAGS.get(int(op))
+        name = _COLL_OPS[key] if key is not None else None
+    if name is None:
+        raise ArgumentError(f"{sig}: op must be one of OP_ADD, OP_MULT, OP_MIN, OP_MAX, OP_AND, "
+                            f"OP_OR, OP_XOR or 'sum', 'prod', 'min', 'max', 'and', 'or', 'xor' "
+                            f"(got {op!r})")
+    if name.startswith("bitwise") and dtype.kind not in "biu":
+        raise TypeError(f"{sig}: op {op!r} is bitwise: it takes integer or bool dtypes, not {dtype}")
+    return getattr(np, name)
+
+
+cdef int _check_root(_Coll co, object root, str sig) except -1:
+    r = _as_int(root, sig, "root")
+    if not 0 <= r < co.n:
+        raise RankError(f"{sig}: root {r} is outside the team (size {co.n})")
+    return r
+
+
+cdef bytes _header(Py_ssize_t nbytes, object dtype, int op):
+    return struct.pack("<qcxxxxxxB", nbytes, dtype.char.encode(), op)
+
+
+cdef int _check_header(_Coll co, int p, uintptr_t at, bytes mine, str sig) except -1:
+    """Rank p's chunk header must equal this rank's (sizes, dtype, op agree)."""
+    cdef char theirs[_HDR]
+    co.sync._get(theirs, p, at, _HDR)
+    got = theirs[:_HDR]
+    if got != mine:
+        tn, tc, to = struct.unpack("<qcxxxxxxB", got)
+        mn, mc, mo = struct.unpack("<qcxxxxxxB", mine)
+        raise ArgumentError(f"{sig}: team rank {p} passed {tn} bytes of dtype {tc.decode()!r} "
+                            f"(op {to}), this rank {mn} bytes of dtype {mc.decode()!r} (op {mo}): "
+                            "every member must pass matching buffers")
+    return 0
+
+
+cdef inline uintptr_t _half_addr(_Coll co, int p, uint64_t phase):
+    return co.base[p] + _SYNC_BYTES + (phase & 1) * co.half
+
+
+cdef inline Py_ssize_t _addr_of(object arr):
+    return arr.__array_interface__["data"][0]
+
+
+# ---- the collectives as generators (yield = a barrier) ----------------------------
+
+def _gen_bcast(_Coll co, object buf, int root, str sig):
+    cdef Py_ssize_t total = buf.nbytes, lo = 0, m
+    cdef Py_ssize_t step = co.half - _HDR
+    cdef uintptr_t at, p = _addr_of(buf)
+    hdr = _header(total, buf.dtype, 0)
+    while True:
+        m = min(step, total - lo)
+        at = _half_addr(co, root, co.phase)
+        co.phase += 1
+        if co.me == root:
+            co.sync._put(root, at, <char*>hdr, _HDR)
+            if m:
+                co.sync._put(root, at + _HDR, <void*>(p + lo), m)
+        yield
+        if co.me != root:
+            if lo == 0:
+                _check_header(co, root, at, hdr, sig)
+            if m:
+                co.sync._get(<void*>(p + lo), root, at + _HDR, m)
+        lo += m
+        if lo >= total:
+            break
+
+
+def _gen_reduce(_Coll co, object send, object recv, object ufunc, int opcode, int root, str sig):
+    """reduce (root >= 0) or allreduce (root < 0)."""
+    np = _numpy()
+    cdef Py_ssize_t total = send.nbytes, lo = 0, m, isz = send.dtype.itemsize
+    cdef Py_ssize_t step = ((co.half - _HDR) // isz) * isz
+    cdef uintptr_t at, sp = _addr_of(send), rp = 0
+    cdef int q
+    cdef bint reader
+    hdr = _header(total, send.dtype, opcode)
+    reader = root < 0 or co.me == root
+    tmp = np.empty(step // isz, send.dtype) if reader and co.n > 1 else None
+    if reader:
+        rp = _addr_of(recv)
+    while True:
+        m = min(step, total - lo)
+        mine = _half_addr(co, co.me, co.phase)
+        co.sync._put(co.me, mine, <char*>hdr, _HDR)
+        if m:
+            co.sync._put(co.me, mine + _HDR, <void*>(sp + lo), m)
+        ph = co.phase
+        co.phase += 1
+        yield
+        if reader:
+            out = recv[lo // isz:(lo + m) // isz]
+            for q in range(co.n):
+                at = _half_addr(co, q, ph)
+                if lo == 0 and q != co.me:
+                    _check_header(co, q, at, hdr, sig)
+                if not m:
+                    continue
+                if q == 0:
+                    co.sync._get(<void*>(rp + lo), q, at + _HDR, m)
+                else:
+                    co.sync._get(<void*><uintptr_t>_addr_of(tmp), q, at + _HDR, m)
+                    ufunc(out, tmp[:m // isz], out=out)
+        lo += m
+        if lo >= total:
+            break
+
+
+def _gen_gather(_Coll co, object send, object recv, int root, str sig):
+    """gather (root >= 0) or allgather (root < 0)."""
+    cdef Py_ssize_t total = send.nbytes, lo = 0, m
+    cdef Py_ssize_t step = co.half - _HDR
+    cdef uintptr_t at, sp = _addr_of(send), rp = 0
+    cdef int q
+    cdef bint reader = root < 0 or co.me == root
+    hdr = _header(total, send.dtype, 0)
+    if reader:
+        rp = _addr_of(recv)
+    while True:
+        m = min(step, total - lo)
+        mine = _half_addr(co, co.me, co.phase)
+        co.sync._put(co.me, mine, <char*>hdr, _HDR)
+        if m:
+            co.sync._put(co.me, mine + _HDR, <void*>(sp + lo), m)
+        ph = co.phase
+        co.phase += 1
+        yield
+        if reader:
+            for q in range(co.n):
+                at = _half_addr(co, q, ph)
+                if lo == 0 and q != co.me:
+                    _check_header(co, q, at, hdr, sig)
+                if m:
+                    co.sync._get(<void*>(rp + q * total + lo), q, at + _HDR, m)
+        lo += m
+        if lo >= total:
+            break
+
+
+# ---- Team methods (delegated from team.pxi) --------------------------------------
+
+cdef object _tm_barrier(Team tm, object timeout, bint nb):
+    sig = "barrier_nb()" if nb else "barrier(timeout=None)"
+    cdef double t = _as_timeout(timeout, sig) if timeout is not None else 0
+    cdef _Coll co = _coll(tm, sig)
+    if nb:
+        return _coll_event(tm, co, None, None)
+    _barrier(co, t)
+    return None
+
+
+cdef object _tm_bcast(Team tm, object buf, object root, bint nb):
+    sig = "bcast_nb(buf, root)" if nb else "bcast(buf, root)"
+    cdef _Coll co = _coll(tm, sig)
+    r = _check_root(co, root, sig)
+    arr = _as_array(buf, sig, "buf", True)
+    gen = _gen_bcast(co, arr, r, sig)
+    if nb:
+        return _coll_event(tm, co, gen, (buf, arr))
+    return _run(co, gen)
+
+
+cdef object _tm_reduce(Team tm, object send, object recv, object op, object root, bint nb):
+    allr = root is None
+    name = "allreduce" if allr else "reduce"
+    sig = (f"{name}{'_nb' if nb else ''}(send, recv, op" + (")" if allr else ", root)"))
+    cdef _Coll co = _coll(tm, sig)
+    r = -1 if allr else _check_root(co, root, sig)
+    s = _as_array(send, sig, "send", False)
+    ufunc = _coll_op(op, s.dtype, sig)
+    rv = None
+    if allr or co.me == r:
+        rv = _as_array(recv, sig, "recv", True)
+        if rv.dtype != s.dtype or rv.size != s.size:
+            raise ArgumentError(f"{sig}: recv ({rv.size} x {rv.dtype}) must match send "
+                                f"({s.size} x {s.dtype})")
+    gen = _gen_reduce(co, s, rv, ufunc, _OP_CODE[ufunc.__name__], r, sig)
+    if nb:
+        return _coll_event(tm, co, gen, (send, recv, s, rv))
+    return _run(co, gen)
+
+
+cdef object _tm_gather(Team tm, object send, object recv, object root, bint nb):
+    allg = root is None
+    name = "allgather" if allg else "gather"
+    sig = f"{name}{'_nb' if nb else ''}(send, recv" + (")" if allg else ", root)")
+    cdef _Coll co = _coll(tm, sig)
+    r = -1 if allg else _check_root(co, root, sig)
+    s = _as_array(send, sig, "send", False)
+    rv = None
+    if allg or co.me == r:
+        rv = _as_array(recv, sig, "recv", True)
+        if rv.dtype != s.dtype or rv.size != s.size * co.n:
+            raise ArgumentError(f"{sig}: recv ({rv.size} x {rv.dtype}) must hold team size "
+                                f"({co.n}) x send ({s.size} x {s.dtype})")
+    gen = _gen_gather(co, s, rv, r, sig)
+    if nb:
+        return _coll_event(tm, co, gen, (send, recv, s, rv))
+    return _run(co, gen)
