@@ -125,6 +125,7 @@ cdef class _Coll:
     cdef uintptr_t* base            # block address of every team rank
     cdef int* partner               # round k: the rank this one signals
     cdef int rounds
+    cdef uint64_t store_rounds      # bit k: round k's partner takes stores, not atomics
     cdef int me, n
     cdef uint64_t seq               # barriers entered
     cdef uint64_t phase             # scratch chunks used (the half is phase % 2)
@@ -201,13 +202,32 @@ cdef _Coll _coll(Team tm, str sig):
     return co
 
 
-cdef inline int _arrive(_Coll co, int k) except -1 nogil:
-    """Round k: one arrival at the partner's round-k counter."""
+cdef inline int _arrive(_Coll co, int k, uint64_t seq) except -1 nogil:
+    """Round k of barrier ``seq``: one arrival at the partner's round-k counter."""
     cdef int p = co.partner[k]
     cdef uintptr_t a = co.base[p] + 8 * k
     cdef int rc = gx_signal_op(co.st, p, a, 1, GX_SIGNAL_ADD)
     if rc != GX_OK:
-        signal_op_slow(co.st, p, a, 1, GX_SIGNAL_ADD, rc)
+        with gil:
+            _arrive_slow(co, k, p, a, seq, rc)
+    return 0
+
+
+cdef int _arrive_slow(_Coll co, int k, int p, uintptr_t a, uint64_t seq, int rc) except -1:
+    """The inline path declined: the route's atomics; where the route has
+    none (process_vm), the barrier's sequence number as one 8-byte store
+    (a round-k counter has a single writer, and each store is complete
+    before the next barrier starts)."""
+    cdef uint64_t v = seq
+    if not (co.store_rounds >> k) & 1:
+        try:
+            with nogil:
+                signal_op_slow(co.st, p, a, 1, GX_SIGNAL_ADD, rc)
+            return 0
+        except UnsupportedError:
+            co.store_rounds |= (<uint64_t>1) << k
+    with nogil:
+        _rma(co.st, p, True, a, &v, 8, GX_BLOCKING, NULL, NULL)
     return 0
 
 
@@ -237,7 +257,7 @@ cdef int _barrier(_Coll co, double timeout) except -1:
     try:
         with nogil:
             while k < co.rounds:
-                _arrive(co, k)
+                _arrive(co, k, seq)
                 _arrived(co, k, seq, True, timeout)
                 k += 1
     except (TimeoutError_, PeerDeadError, StateError) as e:
@@ -258,7 +278,7 @@ cdef class _CollEvent(Event):
         self.seq = self.co.seq
         self.k = 0
         if self.co.rounds > 0:
-            _arrive(self.co, 0)
+            _arrive(self.co, 0, self.seq)
         return 0
 
     cdef int _step_barrier(self, bint block) except -1:
@@ -273,7 +293,7 @@ cdef class _CollEvent(Event):
                     return 0
                 self.k += 1
                 if self.k < co.rounds:
-                    _arrive(co, self.k)
+                    _arrive(co, self.k, self.seq)
         except (TimeoutError_, PeerDeadError, StateError) as e:
             _barrier_failed(co, self.seq, self.k, e)
         self.seq = 0
