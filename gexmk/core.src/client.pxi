@@ -305,10 +305,14 @@ cdef class Client:
         {"ops": n, "bytes": b, "inline": k}}}``, where ``inline`` is how many of
         the ops the inline memcpy of a CPU mapping served.  Counted since init
         or :meth:`reset_path_stats`; a path that served nothing is absent.
-        Counts are exact while one thread at a time issues on a route."""
+        Counts are exact while one thread at a time issues on a route.  The
+        library's own synchronisation (barriers, collectives' flags and
+        scratch, from its hidden endpoint) is not counted here."""
         cdef _Route rt
         out = {}
         for rt in self._routes.values():
+            if rt.ep_index == _SYNC_EP:
+                continue
             rt.fold()
             _stats_add(out, rt.stats)
         return out

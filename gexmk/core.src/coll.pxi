@@ -135,6 +135,7 @@ cdef class _Coll:
     cdef const char* csig          # sig, for nogil waits
     cdef object pending             # an NB collective not yet complete, or None
     cdef str broken                 # why the team's collectives can no longer be matched
+    cdef object broken_type         # PeerDeadError after a member died, else StateError
     cdef object __weakref__
 
     def __dealloc__(self):
@@ -150,7 +151,7 @@ cdef _Coll _coll(Team tm, str sig):
     cdef _Coll co = tm._coll
     if co is not None:
         if co.broken is not None:
-            raise StateError(f"{sig}: {co.broken}")
+            raise (co.broken_type or StateError)(f"{sig}: {co.broken}")
         if co.pending is not None:
             ev = co.pending
             co.pending = None
@@ -215,7 +216,7 @@ cdef inline int _arrive(_Coll co, int k, uint64_t seq) except -1 nogil:
 
 cdef int _arrive_slow(_Coll co, int k, int p, uintptr_t a, uint64_t seq, int rc) except -1:
     """The inline path declined: the route's atomics; where the route has
-    none (process_vm), the barrier's sequence number as one 8-byte store
+    none (a transport without remote atomics), the barrier's sequence number as one 8-byte store
     (a round-k counter has a single writer, and each store is complete
     before the next barrier starts)."""
     cdef uint64_t v = seq
@@ -243,6 +244,7 @@ cdef inline int _arrived(_Coll co, int k, uint64_t seq, bint block, double timeo
 
 cdef int _barrier_failed(_Coll co, uint64_t seq, int k, object e) except -1:
     src = (<object>co.me - (1 << k)) % co.n       # Python's modulo: never negative
+    co.broken_type = PeerDeadError if isinstance(e, PeerDeadError) else StateError
     co.broken = (f"barrier #{seq} of team {co.tid} failed (team rank {co.me} of {co.n}, "
                  f"waiting for team rank {src} in round {k}); the team's barriers and "
                  "collectives can no longer be matched")
