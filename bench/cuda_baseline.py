@@ -8,12 +8,14 @@ measured in the same run as gexmk's figures:
 - CuPy: legacy IPC (``ipcGetMemHandle`` / ``ipcOpenMemHandle``) and an 8 B
   ``memcpyAsync`` + stream synchronize per put, between two processes;
 - PyTorch: a CUDA tensor shared through ``torch.multiprocessing`` and an 8 B
-  ``copy_`` + stream synchronize per put.
+  ``copy_`` + stream synchronize per put;
+- nvshmem4py (two GPUs, issue 11): ``bench/nvshmem_baseline.py`` under the
+  ``mpiexec`` of mpi4py's MPI, one PE per GPU.
 
 Each returns a dict of figures, or ``{"skip": reason}`` (a package missing,
 no compiler, a failure) so that a bench prints the reason and goes on.
 
-    python -P bench/cuda_baseline.py [c|cupy|torch|all] [--iters N]
+    python -P bench/cuda_baseline.py [c|cupy|torch|nvshmem|all] [--iters N]
 """
 import json
 import os
@@ -63,13 +65,17 @@ def build_c(outdir=None):
     return None, f"gcc could not build driver_baseline.c: {err[0]}"
 
 
-def run_c(iters=2000, device=0, timeout=120):
-    """The C baselines (a dict: see driver_baseline.c), or {"skip": why}."""
+def run_c(iters=2000, device=0, timeout=120, owner_device=None):
+    """The C baselines (a dict: see driver_baseline.c), or {"skip": why}: the
+    importer on ``device``, the segment's owner on ``owner_device`` (default:
+    the same device)."""
     exe, why = build_c()
     if exe is None:
         return {"skip": why}
     try:
-        r = subprocess.run([exe, str(iters), str(device)], capture_output=True, text=True,
+        r = subprocess.run([exe, str(iters), str(device),
+                            str(device if owner_device is None else owner_device)],
+                           capture_output=True, text=True,
                            timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"skip": f"driver_baseline took more than {timeout} s"}
@@ -175,10 +181,39 @@ def run_peer(which, iters=2000, timeout=180):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def run_nvshmem(iters=200, timeout=240):
+    """nvshmem4py's 8 B and 64 MiB puts between two PEs on two GPUs (a dict: see
+    nvshmem_baseline.py), or {"skip": why}."""
+    try:
+        import nvshmem.core  # noqa: F401
+        import mpi4py  # noqa: F401
+    except ImportError as e:
+        return {"skip": f"nvshmem4py or mpi4py missing ({e})"}
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        return {"skip": "no mpiexec on PATH"}
+    ver = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
+    cmd = [mpiexec]
+    if "Open MPI" in ver or "OpenRTE" in ver:
+        cmd += ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    cmd += ["-n", "2", sys.executable, os.path.join(HERE, "nvshmem_baseline.py"),
+            "--iters", str(iters)]
+    env = dict(os.environ, NVSHMEM_DISABLE_NVLS="1")
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"skip": f"nvshmem_baseline took more than {timeout} s"}
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        return {"skip": f"nvshmem_baseline failed (exit {r.returncode}): "
+                        f"{(r.stderr or r.stdout).strip()[-400:]}"}
+    return json.loads(lines[-1])
+
+
 def main(argv=None):
     import argparse
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("which", nargs="?", default="all", choices=["c", "cupy", "torch", "all"])
+    ap.add_argument("which", nargs="?", default="all", choices=["c", "cupy", "torch", "nvshmem", "all"])
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout (internal)")
     args = ap.parse_args(argv)
@@ -193,6 +228,8 @@ def main(argv=None):
     for w in ("cupy", "torch"):
         if args.which in (w, "all"):
             out[w] = run_peer(w, args.iters)
+    if args.which == "nvshmem":
+        out["nvshmem"] = run_nvshmem(min(args.iters, 500))
     print(json.dumps(out, indent=1))
     return 0
 

@@ -134,9 +134,45 @@ def main(argv=None):
             stats = mine.path_stats(1)
             print(f"path counters, device EP -> rank 1: {stats}", flush=True)
         rank = tm.rank
-    if rank == 0 and not args.no_baselines and not args.gpu_per_rank:
-        compare(args.iters)
+    if rank == 0 and not args.no_baselines:
+        if args.gpu_per_rank:
+            compare_two_gpus(args.iters)
+        else:
+            compare(args.iters)
     return 0
+
+
+def compare_two_gpus(iters):
+    """Issue 11's figures (rank 0 on GPU 0 putting into rank 1's segment on GPU 1)
+    beside the C program with the same layout and nvshmem4py, same run."""
+    import os
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import cuda_baseline
+    c = cuda_baseline.run_c(max(iters * 5, 1000), device=0, owner_device=1)
+    nv = cuda_baseline.run_nvshmem(max(iters // 2, 100))
+    print("\n== two GPUs, beside the issue's baselines (same run) ==", flush=True)
+    g64, _, n = RESULTS["64 MiB device -> peer device put"]
+    g8 = min(RESULTS["8 B device -> peer device put"][0],
+             RESULTS["8 B device -> peer device put (kernel)"][0]) * 1e6
+    gbs = n / g64 / 1e9
+    for name, res in (("C driver API", c), ("nvshmem4py", nv)):
+        if "skip" in res:
+            print(f"{name}: skipped: {res['skip']}", flush=True)
+    if "skip" not in c:
+        print(f"64 MiB GPU0 -> GPU1 put: gexmk {gbs:.1f} GB/s, C cuMemcpyDtoDAsync+sync into an "
+              f"imported VMM FD mapping of GPU 1's memory, from GPU 0, {c['dtod64m_imported_GBps']:.1f}"
+              f" GB/s: {gbs / c['dtod64m_imported_GBps']:.3f} x (target >= 0.95)")
+        print(f"8 B GPU0 -> GPU1 put (faster mechanism): gexmk {g8:.2f} us, C copy+sync "
+              f"{c['dtod8_us']:.2f} us: {g8 / c['dtod8_us']:.3f} x (target <= 1.1); C kernel+sync "
+              f"{c['kernel8_us']:.2f} us")
+    if "skip" not in nv:
+        print(f"64 MiB put: gexmk {gbs:.1f} GB/s, nvshmem4py {nv['put64m_GBps']:.1f} GB/s: "
+              f"{gbs / nv['put64m_GBps']:.2f} x (target > 1); data checked by nvshmem4py's PE 1: "
+              f"{nv['data_checked']}")
+        print(f"8 B put + sync: gexmk {g8:.2f} us, nvshmem4py put+sync {nv['put8_us']:.2f} us "
+              f"(put+quiet+sync {nv['put8_quiet_us']:.2f} us): {nv['put8_us'] / g8:.1f} x faster "
+              f"(target >= 25)")
+    sys.stdout.flush()
 
 
 def compare(iters):

@@ -2,12 +2,14 @@
  * GPU benches (bench/cuda_baseline.py builds it at bench time with
  * `gcc -O2 -I<cuda.h dir> driver_baseline.c -lcuda`).
  *
- *     driver_baseline [iters] [device]
+ *     driver_baseline [iters] [device] [owner_device]
  *
- * Two processes, as gexmk's same-node path: the parent allocates a VMM
- * segment (cuMemCreate, POSIX-FD handle) and sends the FD over a Unix socket
- * (SCM_RIGHTS); the child imports and maps it (cuMemImportFromShareableHandle,
- * cuMemMap, cuMemSetAccess on its device only) and times, each the median of
+ * Two processes, as gexmk's same-node path: the owner allocates a VMM
+ * segment (cuMemCreate, POSIX-FD handle) on owner_device (default: device)
+ * and sends the FD over a Unix socket (SCM_RIGHTS); the importer, on device,
+ * imports and maps it (cuMemImportFromShareableHandle, cuMemMap,
+ * cuMemSetAccess on its own device only: with two GPUs the copies below run
+ * over NVLink from the importer's GPU, as gexmk's do) and times, each the median of
  * `iters` (the 64 MiB copies: of iters / 20, at least 5):
  *   dtod8_us          8 B cuMemcpyDtoDAsync (local VMM -> imported) + cuStreamSynchronize
  *   htod8_pinned_us   8 B cuMemcpyHtoDAsync from cuMemHostAlloc'd memory + sync
@@ -129,7 +131,7 @@ static CUdeviceptr map_handle(CUmemGenericAllocationHandle h, size_t size, int d
 
 static size_t rounded(int device)
 {
-    CUmemAllocationProp p = prop_for(device);
+    CUmemAllocationProp p = prop_for(device);   /* SEG rounded up to device's granularity */
     size_t g;
     CK(cuMemGetAllocationGranularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     return (SEG + g - 1) / g * g;
@@ -166,7 +168,7 @@ static int owner(int sock, int device)
     return 0;
 }
 
-static int importer(int sock, int device, int iters)
+static int importer(int sock, int device, int odev, int iters)
 {
     CUdevice dev;
     CUcontext ctx;
@@ -185,11 +187,11 @@ static int importer(int sock, int device, int iters)
     CK(cuDevicePrimaryCtxRetain(&ctx, dev));
     CK(cuCtxSetCurrent(ctx));
     CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    size_t size = rounded(device);
+    size_t size = rounded(device), psize = rounded(odev);
     t0 = now_us();
     CK(cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
-    CUdeviceptr peer = map_handle(h, size, device);
+    CUdeviceptr peer = map_handle(h, psize, device);
     double import_ms = (now_us() - t0) * 1e-3;
     close(fd);
     CUmemAllocationProp p = prop_for(device);
@@ -209,7 +211,8 @@ static int importer(int sock, int device, int iters)
 #define TIME(n, body) do { for (i = 0; i < (n) + 3; i++) { \
         double a_ = now_us(); body; if (i >= 3) t[i - 3] = now_us() - a_; } } while (0)
 
-    printf("{\"iters\": %d, \"import_map_64MiB_ms\": %.4f", iters, import_ms);
+    printf("{\"iters\": %d, \"device\": %d, \"owner_device\": %d, \"import_map_64MiB_ms\": %.4f",
+           iters, device, odev, import_ms);
     TIME(iters, { CK(cuMemcpyDtoDAsync(peer, mine, 8, s)); CK(cuStreamSynchronize(s)); });
     printf(", \"dtod8_us\": %.3f", median(t, iters));
     TIME(iters, { CK(cuMemcpyHtoDAsync(peer, pinned, 8, s)); CK(cuStreamSynchronize(s)); });
@@ -252,8 +255,8 @@ static int importer(int sock, int device, int iters)
     CK(cuMemUnmap(mine, size));
     CK(cuMemAddressFree(mine, size));
     CK(cuMemRelease(mine_h));
-    CK(cuMemUnmap(peer, size));
-    CK(cuMemAddressFree(peer, size));
+    CK(cuMemUnmap(peer, psize));
+    CK(cuMemAddressFree(peer, psize));
     CK(cuMemRelease(h));
     CK(cuStreamDestroy(s));
     CK(cuDevicePrimaryCtxRelease(dev));
@@ -268,6 +271,7 @@ int main(int argc, char **argv)
 {
     int iters = argc > 1 ? atoi(argv[1]) : 2000;
     int device = argc > 2 ? atoi(argv[2]) : 0;
+    int odev = argc > 3 ? atoi(argv[3]) : device;
     int sv[2], status = 0, rc;
     pid_t pid;
     if (iters < 10)
@@ -284,10 +288,10 @@ int main(int argc, char **argv)
     }
     if (pid == 0) {
         close(sv[0]);
-        _exit(owner(sv[1], device));
+        _exit(owner(sv[1], odev));
     }
     close(sv[1]);
-    rc = importer(sv[0], device, iters);
+    rc = importer(sv[0], device, odev, iters);
     close(sv[0]);
     if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         fprintf(stderr, "driver_baseline: the owner process failed (status %d)\n", status);

@@ -110,6 +110,7 @@ cdef struct lp_stream:         # an endpoint's own stream in one kind's context
     const gx_kind_ops* ops
     void* kctx
     void* stream
+    int tag                    # 0: the endpoint's copies; 1: the host-staged path's second stream
 
 
 cdef struct lp_ep:             # an endpoint's context: the kind of its bound segment, its streams
@@ -263,23 +264,25 @@ cdef inline int _issue_copy(gx_xfer* x, lp_kind* k, void* s, uintptr_t dst, uint
 include "local.src/pageable.pxi"
 
 
-cdef void* _ep_stream(lp_ep* ep, lp_kind* k) except? NULL nogil:
-    """The endpoint's stream in ``k``'s context, made on first use (NULL when
-    the endpoint already has LP_STREAMS of them: the caller copies synchronously)."""
+cdef void* _ep_stream(lp_ep* ep, lp_kind* k, int tag=0) except? NULL nogil:
+    """The endpoint's stream ``tag`` in ``k``'s context, made on first use
+    (NULL when the endpoint already has LP_STREAMS of them: the caller copies
+    synchronously)."""
     cdef int i
     cdef void* s = NULL
     for i in range(gx_load_int(&ep.ns)):
-        if ep.s[i].kctx == k.kctx:
+        if ep.s[i].kctx == k.kctx and ep.s[i].tag == tag:
             return ep.s[i].stream
     with gil:               # one thread at a time adds a stream
         for i in range(ep.ns):
-            if ep.s[i].kctx == k.kctx:
+            if ep.s[i].kctx == k.kctx and ep.s[i].tag == tag:
                 return ep.s[i].stream
         if ep.ns == LP_STREAMS:
             return NULL
         k.ops.stream_create(k.kctx, &s)
         ep.s[ep.ns].ops = k.ops
         ep.s[ep.ns].kctx = k.kctx
+        ep.s[ep.ns].tag = tag
         ep.s[ep.ns].stream = s
         gx_mem_fence()
         ep.ns += 1

@@ -43,11 +43,14 @@ cdef int _staged_copy(lp_ep* ep, lp_kind* kin, lp_kind* kout, uintptr_t dst, uin
     _stage_chunk bytes: ``kin`` copies each chunk from src into a slot, ``kout``
     from the slot to dst, each on the endpoint's stream of its kind; the
     copy out waits for the copy in on the GPU (stream_wait) where the kind
-    can, else here.  As many chunks in flight as there are slots.  Complete
-    on return."""
+    can, else here.  With GPU waits the copies out alternate between two
+    streams, so that one stream's wait for its next chunk overlaps the other's
+    copy and the copy engine never idles between chunks.  As many chunks in
+    flight as there are slots.  Complete on return."""
     cdef lp_bounce* bb = _staged_bounce(ep)
     cdef void* sin = NULL
     cdef void* sout = NULL
+    cdef void* souts[2]
     cdef void* evin[LP_BOUNCE_MAX]
     cdef size_t chunk = bb.chunk if bb.chunk < _stage_chunk else _stage_chunk
     cdef size_t nslot = (bb.chunk * <size_t>bb.nbuf) // chunk
@@ -60,8 +63,11 @@ cdef int _staged_copy(lp_ep* ep, lp_kind* kin, lp_kind* kout, uintptr_t dst, uin
         evin[i] = NULL
     try:
         sin = _ep_stream(ep, kin)
-        sout = _ep_stream(ep, kout)
-        if sin == NULL or sout == NULL:
+        souts[0] = _ep_stream(ep, kout)
+        souts[1] = _ep_stream(ep, kout, 1) if gpu_wait else souts[0]
+        if souts[1] == NULL:
+            souts[1] = souts[0]
+        if sin == NULL or souts[0] == NULL:
             _staged_unsupported("a copy with no stream left on the endpoint")
         while landed < n:
             while issued < n and issued - landed < chunk * nslot:
@@ -75,6 +81,7 @@ cdef int _staged_copy(lp_ep* ep, lp_kind* kin, lp_kind* kout, uintptr_t dst, uin
                     break
             b = <int>((landed // chunk) % nslot)
             m = n - landed if n - landed < chunk else chunk
+            sout = souts[(landed // chunk) & 1]
             try:
                 if gpu_wait:
                     kout.ops.stream_wait(kout.kctx, sout, evin[b])
