@@ -80,6 +80,16 @@ class Config:
     #: publication (the first operation costs what the rest do); ``lazy`` leaves
     #: each to the first operation between two endpoints.
     ofi_connect: str = "eager"
+    #: GEXMK_OFI_STAGE: ``auto`` (default): device segments are reached over the
+    #: network through a landing zone of pinned host memory that the owner's
+    #: lander thread copies in and out of (path ``ofi-staged``); ``all``: host
+    #: segments too (to test that path without a GPU).
+    ofi_stage: str = "auto"
+    #: GEXMK_OFI_STAGE_CHUNK / _SLOTS: bytes per landing slot and slots per
+    #: initiator in each zone (the zone holds job size x slots x chunk bytes);
+    #: bench/ofi_staged.py sweeps them.
+    ofi_stage_chunk: int = 1 << 20
+    ofi_stage_slots: int = 4
     #: GEXMK_STAGED: ``allow`` (default) or ``refuse`` degraded paths that copy
     #: device memory through host bounce buffers; refused, a route whose only
     #: path is staged raises UnsupportedError naming it (``gexmk.init(staged=)``
@@ -130,6 +140,9 @@ def load(env=None) -> Config:
         ofi_split=split != "0",
         ofi_ordered_flush=_choice(env, "GEXMK_OFI_ORDERED_FLUSH", _BOOL, True),
         ofi_connect=_choice(env, "GEXMK_OFI_CONNECT", {"eager": "eager", "lazy": "lazy"}, "eager"),
+        ofi_stage=_choice(env, "GEXMK_OFI_STAGE", {"auto": "auto", "all": "all"}, "auto"),
+        ofi_stage_chunk=_bytes(env, "GEXMK_OFI_STAGE_CHUNK", 1 << 20, 4096, 1 << 30),
+        ofi_stage_slots=_bytes(env, "GEXMK_OFI_STAGE_SLOTS", 4, 1, 16, suffix=False),
         staged=staged_option(_text(env, "GEXMK_STAGED"), "GEXMK_STAGED"),
         pageable_chunk=_bytes(env, "GEXMK_PAGEABLE_CHUNK", 8 << 20, 4096, 1 << 30),
         pageable_buffers=_bytes(env, "GEXMK_PAGEABLE_BUFFERS", 4, 0, 16, suffix=False),

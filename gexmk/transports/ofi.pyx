@@ -59,6 +59,7 @@ from gexmk.errors import (OFIError, UnsupportedError, PeerDeadError, TimeoutErro
                           ArgumentError, StateError, CommunicationError)
 from gexmk.transports import Reach
 from gexmk.memory cimport Segment
+from gexmk.kinds.kind cimport gx_kind_ops
 
 cdef enum:
     OP_PENDING = 0
@@ -78,6 +79,30 @@ cdef double STAND_ASIDE = 0.002
 _SPLIT_TAG = b"gexmk-split:"
 
 
+cdef enum:
+    STG_MAX_SLOTS = 16      # landing slots per ring of a staged target (GEXMK_OFI_STAGE_SLOTS)
+    STG_MAX_ZONES = 64      # landing zones (device-bound endpoints) per process
+    STG_DESC = 128          # bytes per request descriptor: 16 words, word 15 repeats word 0
+
+
+cdef struct ofi_zone:       # a device-bound endpoint's landing zone (staged.pxi)
+    char* mem               # nrings rings, then this endpoint's own bounce slots
+    size_t bytes
+    int nrings              # one ring per job rank (the initiators)
+    int slots
+    size_t chunk
+    size_t ring_bytes
+    size_t data_off         # within a ring: descriptors, then done/status/result words, then data
+    char* bounce            # slots * chunk bytes: this endpoint's own staged sends and receives
+    const gx_kind_ops* kops # the segment's kind (NULL: host memory, GEXMK_OFI_STAGE=all)
+    void* kctx
+    uintptr_t seg_base
+    size_t seg_size
+    uint64_t* handled       # nrings * slots: the last sequence number served per slot
+    int pinned
+    int amo                 # the kind runs atomics on the segment
+
+
 cdef struct ofi_peer:       # what an initiator knows of one target endpoint
     gx_target* g            # the core's target: bounds, owner, death
     fi_addr_t net_addr      # fi_addr_t of the target endpoint
@@ -87,6 +112,17 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
                             # (remote_base with FI_MR_VIRT_ADDR, else 0)
     int answers             # the owner serves network operations while it computes (auto
                             # progress or a progress thread): connections may be set up eagerly
+    int stg                 # a device segment reached through its landing zone (staged.pxi)
+    int stg_amo             # ... whose owner runs atomics on it
+    int stg_slots
+    size_t stg_chunk
+    uint64_t stg_ring       # network address of this process's ring in the zone
+    uint64_t stg_seq        # the last sequence number used in the ring
+    int stg_lock            # one staged operation at a time per target in this process
+    uint64_t stg_last[STG_MAX_SLOTS]    # the last sequence number sent through each slot
+    uint64_t stg_ok[STG_MAX_SLOTS]      # ... of those, the last one known served without error
+    uint64_t stg_rb[3 * STG_MAX_SLOTS]  # done, status and result words as last read back
+    uint64_t stg_dbuf[16]   # a descriptor being sent
 
 
 cdef struct ofi_dom:
@@ -109,6 +145,15 @@ cdef struct ofi_dom:
     ofi_ep* eps[MAX_EPS]    # live endpoints: what waits and the progress thread poll
     long neps
     long readers            # threads walking eps[] without the GIL (see _unregister)
+    int stg_all             # GEXMK_OFI_STAGE=all: host segments land through zones too (tests)
+    int stg_slots           # GEXMK_OFI_STAGE_SLOTS
+    size_t stg_chunk        # GEXMK_OFI_STAGE_CHUNK
+    int stg_nrings          # the job's size: one ring per initiator
+    int stg_rank            # this process's ring in peers' zones
+    ofi_zone* zones[STG_MAX_ZONES]      # served by the lander thread
+    int nzones
+    int zlock
+    long landed             # staged requests served here
     signed char valid[3][GX_DT_COUNT][GX_OP_COUNT]   # fi_*atomicvalid cache: -1 unknown
     long deaths             # peers of the job known dead (the core's notices)
     int last_dead           # the job rank of the last one
@@ -133,6 +178,10 @@ cdef struct ofi_ep:
     int can_wait            # the CQ has a wait fd the progress thread can sleep on; else poll + nap
     int wait_fd
     ofi_peer* touched[16]  # targets of implicit puts issued without delivery completion
+    ofi_zone* zone          # a device segment bound (staged.pxi): peers land here; NULL otherwise
+    uintptr_t dev_lo        # ... its address range: local buffers there go through zone.bounce
+    uintptr_t dev_hi
+    int bb_lock             # one staged transfer at a time uses zone.bounce
 
 
 cdef struct gx_op:
@@ -157,6 +206,7 @@ include "ofi.src/completion.pxi"
 include "ofi.src/progress.pxi"
 include "ofi.src/rma.pxi"
 include "ofi.src/atomic.pxi"
+include "ofi.src/staged.pxi"
 include "ofi.src/domain.pxi"
 include "ofi.src/endpoint.pxi"
 include "ofi.src/connect.pxi"
@@ -165,24 +215,33 @@ include "ofi.src/connect.pxi"
 # ---- the table handed to the core ------------------------------------------------
 
 cdef int ofi_put(gx_xfer* x) except -1 nogil:
-    if x.local_kind != GX_MK_HOST or x.stream != NULL:
-        return _no_device(x, "put")
+    if x.stream != NULL:
+        return _no_stream(x, "put")
+    if (<ofi_peer*>x.peer).stg or _stg_local(<ofi_ep*>x.ep, x):
+        return stg_rma(x, True)
     return net_put(x.ep, <ofi_peer*>x.peer, x.remote, x.local, x.n, x.mode, x.handle)
 
 
 cdef int ofi_get(gx_xfer* x) except -1 nogil:
-    if x.local_kind != GX_MK_HOST or x.stream != NULL:
-        return _no_device(x, "get")
+    if x.stream != NULL:
+        return _no_stream(x, "get")
+    if (<ofi_peer*>x.peer).stg or _stg_local(<ofi_ep*>x.ep, x):
+        return stg_rma(x, False)
     return net_get(x.ep, <ofi_peer*>x.peer, x.remote, x.local, x.n, x.mode, x.handle)
 
 
-cdef int _no_device(gx_xfer* x, const char* what) except -1 with gil:
-    raise UnsupportedError(f"ofi {what.decode()}: device buffers and stream-ordered operations "
-                           "are not in this build's ofi transport (host memory only: no FI_HMEM, "
-                           "no staged path yet)")
+cdef int _no_stream(gx_xfer* x, const char* what) except -1 with gil:
+    raise UnsupportedError(f"ofi {what.decode()}: stream-ordered operations are not in the ofi "
+                           "transport (the staged network path copies on the host's schedule)")
 
 
 cdef int ofi_atomic(gx_xfer* x) except -1 nogil:
+    cdef ofi_peer* t = <ofi_peer*>x.peer
+    if t.stg:
+        stg_amo(<ofi_ep*>x.ep, t, x.remote, x.dt, x.op, x.a, x.b, x.result)
+        if x.handle != NULL:
+            x.handle[0] = NULL
+        return 0
     return net_atomic(x.ep, <ofi_peer*>x.peer, x.remote, x.dt, x.op, x.a, x.b, x.result,
                       x.mode, x.handle)
 
@@ -194,17 +253,33 @@ cdef int ofi_put_signal(gx_xfer* x) except -1 nogil:
     is what orders them whatever the provider grants: on tcp;ofi_rxm with
     split endpoints, RMA and atomics travel on different endpoints and are not
     ordered with each other at all, and even one endpoint would need
-    FI_ORDER_ATOMIC_WAW-class ordering that rxm does not promise."""
+    FI_ORDER_ATOMIC_WAW-class ordering that rxm does not promise.  A staged
+    target (device segment) gets both through its landing zone, in order."""
     cdef gx_val zero
-    if x.local_kind != GX_MK_HOST or x.stream != NULL:
-        return _no_device(x, "put_signal")
+    cdef ofi_peer* t = <ofi_peer*>x.peer
+    cdef int mode = x.mode
+    if x.stream != NULL:
+        return _no_stream(x, "put_signal")
     if x.sig_addr & 7:
         with gil:
             from gexmk.errors import BoundsError
             raise BoundsError(f"put_signal: signal address 0x{x.sig_addr:x} is not aligned to 8 bytes")
-    net_put(x.ep, <ofi_peer*>x.peer, x.remote, x.local, x.n, GX_BLOCKING, NULL)
     zero.u64 = 0
-    return net_atomic(x.ep, <ofi_peer*>x.peer, x.sig_addr, GX_DT_U64,
+    if t.stg or _stg_local(<ofi_ep*>x.ep, x):
+        x.mode = GX_BLOCKING
+        try:
+            stg_rma(x, True)
+        finally:
+            x.mode = mode
+    else:
+        net_put(x.ep, t, x.remote, x.local, x.n, GX_BLOCKING, NULL)
+    if t.stg:
+        stg_amo(<ofi_ep*>x.ep, t, x.sig_addr, GX_DT_U64,
+                GX_OP_SET if x.op == GX_SIGNAL_SET else GX_OP_ADD, x.a, zero, NULL)
+        if x.handle != NULL:
+            x.handle[0] = NULL
+        return 0
+    return net_atomic(x.ep, t, x.sig_addr, GX_DT_U64,
                       GX_OP_SET if x.op == GX_SIGNAL_SET else GX_OP_ADD, x.a, zero, NULL,
                       x.mode if x.mode != GX_NBI_LCNOW else GX_NBI, x.handle)
 
@@ -261,6 +336,8 @@ cdef class OfiTransport:
                             "note": ""}
         self.domain = Domain(cfg.ofi_provider, cfg.ofi_iface, skip_loopback=job.multi_node,
                              config=cfg)
+        self.domain.d.stg_nrings = job.size
+        self.domain.d.stg_rank = job.rank
         if cfg.progress_thread in ("on", "spin") or (cfg.progress_thread == "auto"
                                                      and self.domain.manual_progress):
             self.domain.start_progress(spin=(cfg.progress_thread == "spin"))
@@ -270,7 +347,11 @@ cdef class OfiTransport:
         return getattr(self.domain, name)
 
     def open_endpoint(self, int index):
-        return self.domain.endpoint()
+        ep = self.domain.endpoint()
+        # GEXMK_OFI_STAGE=all stages the application's host segments, never the
+        # library's own synchronisation endpoint (index 2**30, core.src/client.pxi)
+        (<OfiEndpoint>ep).plain = index >= (1 << 30)
+        return ep
 
     def apply(self, peer, blob):
         """Record a peer endpoint's name, key and base (its fi_addr inserted
@@ -281,15 +362,34 @@ cdef class OfiTransport:
             if p is not None:
                 p.c.net_key = 0
             return None
-        name, rkey, base, answers = pickle.loads(blob)
+        name, rkey, base, answers, *staged = pickle.loads(blob)
         if p is None:
             p = OfiPeer()
             self._peers[key] = p
         p.c.g = <gx_target*><uintptr_t>peer.target
         p.c.net_addr, p.c.net_aaddr = self.domain.insert(name)
+        old = (p.c.net_key, p.c.net_base, p.c.stg)
         p.c.net_key = self.domain.map_key(rkey, base)   # raw keys are mapped here
         p.c.net_base = base
         p.c.answers = answers
+        if staged:
+            # a device segment: its landing zone (staged.pxi); a new zone starts a new ring
+            slots, chunk, ring_bytes, amo = staged[0]
+            if not 1 <= slots <= STG_MAX_SLOTS:
+                raise CommunicationError(f"ofi: job rank {peer.jobrank} published {slots} landing "
+                                         f"slots (at most {STG_MAX_SLOTS} here)")
+            if old != (p.c.net_key, p.c.net_base, 1):
+                p.c.stg_seq = 0
+                memset(p.c.stg_last, 0, sizeof(p.c.stg_last))
+                memset(p.c.stg_ok, 0, sizeof(p.c.stg_ok))
+                memset(p.c.stg_rb, 0, sizeof(p.c.stg_rb))
+            p.c.stg_slots = slots
+            p.c.stg_chunk = chunk
+            p.c.stg_amo = amo
+            p.c.stg_ring = base + <uint64_t>self.job.rank * <uint64_t>ring_bytes
+            p.c.stg = 1
+        else:
+            p.c.stg = 0
         return p
 
     def reach(self, epctx, peer, ctx):
@@ -303,7 +403,13 @@ cdef class OfiTransport:
             score = SAME_NODE_SCORE
         else:
             score = OTHER_NODE_SCORE
-        return Reach("ofi", score, score, <uintptr_t>&_OPS, p.handle, 0)
+        staged = p.c.stg or epctx.staged_local
+        if p.c.stg and not p.c.stg_amo:
+            amo = 0
+        else:
+            amo = score
+        return Reach("ofi-staged" if staged else "ofi", score, amo, <uintptr_t>&_OPS, p.handle, 0,
+                     None, bool(staged))
 
     def connect(self, pairs):
         """Set up the connections of newly published targets now, so that the

@@ -26,6 +26,8 @@ cdef class Domain:
     cdef object _thread
     cdef bint _spin
     cdef volatile int _stop_flag          # read by the progress thread without the GIL
+    cdef object _lander                   # the thread serving landing zones (staged.pxi)
+    cdef volatile int _lstop
     cdef bint closed
     cdef object __weakref__
 
@@ -48,6 +50,10 @@ cdef class Domain:
             from gexmk import config as _config
             config = _config.load()
         self.d.timeout = config.timeout
+        self.d.stg_all = config.ofi_stage == "all"
+        self.d.stg_slots = config.ofi_stage_slots
+        self.d.stg_chunk = config.ofi_stage_chunk
+        self.d.stg_nrings = 1
         split_wanted = config.ofi_split
         ordered_flush = config.ofi_ordered_flush
         hints = fi_allocinfo()
@@ -281,10 +287,37 @@ cdef class Domain:
         self._thread = None
         self._stop_flag = 0
 
+    def start_lander(self):
+        """Start the thread that serves this process's landing zones (idempotent)."""
+        if self._lander is None:
+            self._lander = threading.Thread(target=self._lander_loop, name="gexmk-ofi-lander",
+                                            daemon=True)
+            self._lander.start()
+
+    def _lander_loop(self):
+        with nogil:
+            _lander_thread(&self.d, &self._lstop)
+
+    @property
+    def landed(self):
+        """Staged requests (puts, gets, atomics of chunks) this process's lander served."""
+        return self.d.landed
+
+    def stop_lander(self):
+        if self._lander is None:
+            return
+        self._lstop = 1
+        self._lander.join(10)
+        if self._lander.is_alive():
+            raise StateError("the ofi lander thread did not stop; not closing its zones")
+        self._lander = None
+        self._lstop = 0
+
     def close(self):
         """Close every endpoint, the AV, domain and fabric (idempotent)."""
         if self.closed:
             return
+        self.stop_lander()
         self.stop_progress()
         for e in self._eps:
             (<OfiEndpoint>e).close()

@@ -5,6 +5,7 @@ cdef class OfiEndpoint:
     cdef readonly Domain domain
     cdef readonly bytes name
     cdef readonly bint closed
+    cdef bint plain             # never staged (the library's synchronisation endpoint)
 
     @staticmethod
     cdef OfiEndpoint _make(Domain dom):
@@ -92,14 +93,35 @@ cdef class OfiEndpoint:
 
     def bind(self, Segment seg not None):
         """Register a bound host segment; the bytes peers need to reach it:
-        this endpoint's name, the registration key and the base address."""
-        if seg.kind.cls != GX_MK_HOST:
-            return None         # not registered (no FI_HMEM here): peers cannot reach it over ofi
-        key, base = self.register(<uintptr_t>seg.addr, seg.size)
+        this endpoint's name, the registration key and the base address.  A
+        device segment (and, with GEXMK_OFI_STAGE=all, a host one) gets a
+        landing zone of pinned host memory instead, registered and served by
+        the lander thread (staged.pxi); its geometry travels along."""
+        cdef ofi_zone* z
+        self.unbind()
         # whether this process answers peers' operations while it computes: a
         # peer sets up its connection to us at publication only then (connect.pxi)
         answers = not self.domain.d.manual or self.domain.progress_running
-        return pickle.dumps((self.name, key, base, bool(answers)))
+        if seg.kind.cls == GX_MK_HOST and (self.plain or not self.e.dom.stg_all):
+            key, base = self.register(<uintptr_t>seg.addr, seg.size)
+            return pickle.dumps((self.name, key, base, bool(answers)))
+        _zone_open(&self.e, seg, self.e.dom.stg_nrings)
+        z = self.e.zone
+        try:
+            key, base = self.register(<uintptr_t>z.mem, z.bytes)
+            _zone_serve(&self.e)
+        except BaseException:
+            with nogil:
+                _zone_close(&self.e)
+            raise
+        self.domain.start_lander()
+        return pickle.dumps((self.name, key, base, bool(answers),
+                             (z.slots, z.chunk, z.ring_bytes, bool(z.amo))))
+
+    @property
+    def staged_local(self):
+        """True when this endpoint's bound segment is reached through a landing zone."""
+        return self.e.zone != NULL
 
     def register(self, uintptr_t addr, size_t size):
         """Register [addr, addr+size) for remote access; returns (key, base):
@@ -109,7 +131,7 @@ cdef class OfiEndpoint:
         cdef uint64_t access = FI_REMOTE_READ | FI_REMOTE_WRITE | FI_READ | FI_WRITE
         if self.e.dom.info.caps & FI_ATOMIC:
             access |= FI_REMOTE_READ | FI_REMOTE_WRITE
-        self.unbind()
+        self._close_mr()
         if not (self.e.dom.mr_mode & FI_MR_PROV_KEY):
             key = self.e.dom.next_key
             self.e.dom.next_key += 1
@@ -141,6 +163,11 @@ cdef class OfiEndpoint:
         return bytes(buf[:size])
 
     def unbind(self):
+        self._close_mr()
+        with nogil:
+            _zone_close(&self.e)
+
+    def _close_mr(self):
         if self.e.seg_mr != NULL:
             fi_close(&self.e.seg_mr.fid)
             self.e.seg_mr = NULL

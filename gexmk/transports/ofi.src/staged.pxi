@@ -1,0 +1,643 @@
+# ---------------------------------------------------------------------------
+# Device segments over a network that cannot reach GPU memory (issue 9): the
+# host-staged path "ofi-staged".
+#
+# A device-bound endpoint registers, instead of its segment, a *landing zone*
+# of pinned host memory: one ring per job rank (the initiators), each ring
+# `slots` request descriptors, then done / status / result words, then
+# `slots` data slots of `chunk` bytes; and after the rings the endpoint's own
+# bounce slots for its staged sends and receives.  The process's *lander*
+# thread serves the zones: a descriptor whose sequence number is new (and
+# whose last word repeats it: the whole descriptor has arrived) is a request
+# -- put: copy the data slot into the device segment; get: copy the segment
+# into the data slot; atomic: run it with the kind's device atomics -- after
+# which the lander stores the status (and result), then the sequence number in
+# the slot's done word (which carries the status in its top byte: one
+# aligned 8-byte word, never seen half-written).
+#
+# An initiator drives everything with RMA alone: a put writes a chunk into a
+# data slot (delivery complete), then the descriptor; as many chunks in flight
+# as there are slots, the next chunk's copy out of device memory and its
+# network write overlapping the chunks before.  It completes when the done
+# words (read back in one fi_read) say that every chunk landed.  A get posts
+# descriptors ahead and reads each data slot once its done word says so.
+# Device memory of the initiator goes through its own bounce slots; host
+# memory goes straight to the network.  One staged operation at a time per
+# target in a process (the ring is per initiating process).
+#
+# GEXMK_OFI_STAGE=all makes host segments land the same way (the lander
+# copies with memcpy and runs atomics on the CPU), so that CPU-only CI tests
+# every step of the protocol.
+# ---------------------------------------------------------------------------
+from posix.stdlib cimport posix_memalign
+from cpython.pycapsule cimport PyCapsule_GetPointer
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    static inline uint64_t gx_stg_load(const uint64_t *p)
+    { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline void gx_stg_store(uint64_t *p, uint64_t v)
+    { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    """
+    uint64_t gx_stg_load(const uint64_t* p) nogil
+    void gx_stg_store(uint64_t* p, uint64_t v) nogil
+
+# The kind's functions raise (except -1); the lander, which cannot, calls them
+# through these types, reads -1 as failure and clears the exception.
+ctypedef int (*_raw_copy_fn)(void* kctx, void* stream, uintptr_t dst, uintptr_t src,
+                             size_t n) noexcept nogil
+ctypedef int (*_raw_atomic_fn)(void* kctx, void* stream, uintptr_t addr, int dt, int op,
+                               gx_val a, gx_val b, void* result) noexcept nogil
+ctypedef int (*_raw_register_fn)(void* kctx, void* p, size_t n, int on) noexcept nogil
+
+from cpython.exc cimport PyErr_Clear
+
+
+cdef int _swallow() noexcept with gil:
+    PyErr_Clear()
+    return 0
+
+
+cdef enum:
+    STG_SEQ_BITS = 56        # a done word: the sequence number, the status above it
+    STG_PUT = 1
+    STG_GET = 2
+    STG_AMO = 3
+    STG_OK = 0
+    STG_EBOUNDS = 1          # status words: what went wrong at the target
+    STG_ECOPY = 2
+    STG_EOP = 3
+
+
+cdef inline size_t _stg_words_off(int slots) noexcept nogil:
+    return <size_t>slots * STG_DESC
+
+
+cdef inline size_t _stg_data_off(int slots) noexcept nogil:
+    return (_stg_words_off(slots) + 3 * 8 * <size_t>slots + 4095) & ~(<size_t>4095)
+
+
+# ---- the lander (target side) ----------------------------------------------------
+
+cdef int _land_copy(ofi_zone* z, uintptr_t dst, uintptr_t src, size_t n) noexcept nogil:
+    """dst <- src with the zone's kind (memcpy for host memory): STG_OK or STG_ECOPY."""
+    if z.kops == NULL:
+        memcpy(<void*>dst, <void*>src, n)
+        return STG_OK
+    if (<_raw_copy_fn>z.kops.copy)(z.kctx, NULL, dst, src, n) == -1:
+        _swallow()
+        return STG_ECOPY
+    return STG_OK
+
+
+cdef int _land_amo(ofi_zone* z, uintptr_t addr, int dt, int op, gx_val a, gx_val b,
+                   gx_val* res) noexcept nogil:
+    if z.kops == NULL:
+        return STG_OK if gx_atomic_local(<void*>addr, dt, op, a, b, res) == GX_OK else STG_EOP
+    if z.kops.atomic == NULL:
+        return STG_EOP
+    if (<_raw_atomic_fn>z.kops.atomic)(z.kctx, NULL, addr, dt, op, a, b, res) == -1:
+        _swallow()
+        return STG_EOP
+    return STG_OK
+
+
+cdef int _land_one(ofi_zone* z, char* ring, int s, uint64_t* desc, uint64_t* words) noexcept nogil:
+    """Serve the request in slot s of one ring; its status."""
+    cdef uint64_t op = desc[1], off = desc[2], n = desc[3]
+    cdef uintptr_t data = <uintptr_t>(ring + z.data_off + <size_t>s * z.chunk)
+    cdef gx_val a, b, res
+    cdef int st
+    if op == STG_AMO:
+        n = 8
+    if n > z.chunk or off > z.seg_size or n > z.seg_size - off:
+        return STG_EBOUNDS
+    if op == STG_PUT:
+        return _land_copy(z, z.seg_base + off, data, n)
+    if op == STG_GET:
+        return _land_copy(z, data, z.seg_base + off, n)
+    if op == STG_AMO:
+        a.u64 = desc[6]
+        b.u64 = desc[7]
+        res.u64 = 0
+        st = _land_amo(z, z.seg_base + off, <int>desc[4], <int>desc[5], a, b, &res)
+        gx_stg_store(&words[z.slots + s], res.u64)
+        return st
+    return STG_EOP
+
+
+cdef long _land_pass(ofi_dom* d) noexcept nogil:
+    """Serve every new request of every zone once: how many."""
+    cdef long work = 0
+    cdef int i, r, s
+    cdef ofi_zone* z
+    cdef char* ring
+    cdef uint64_t* desc
+    cdef uint64_t* words
+    cdef uint64_t q, st
+    while gx_xchg_int(&d.zlock, 1) != 0:
+        sched_yield()
+    for i in range(d.nzones):
+        z = d.zones[i]
+        for r in range(z.nrings):
+            ring = z.mem + <size_t>r * z.ring_bytes
+            words = <uint64_t*>(ring + _stg_words_off(z.slots))
+            for s in range(z.slots):
+                desc = <uint64_t*>(ring + <size_t>s * STG_DESC)
+                q = gx_stg_load(&desc[0])
+                if q == 0 or q <= z.handled[r * z.slots + s] or gx_stg_load(&desc[15]) != q:
+                    continue
+                st = <uint64_t>_land_one(z, ring, s, desc, words)
+                z.handled[r * z.slots + s] = q
+                gx_stg_store(&words[s], q | (st << STG_SEQ_BITS))   # after the result
+                work += 1
+    gx_xchg_int(&d.zlock, 0)
+    if work:
+        gx_add_long(&d.landed, work)
+    return work
+
+
+cdef void _lander_thread(ofi_dom* d, volatile int* stop) noexcept nogil:
+    """Serve the zones until stopped: poll hot for a while after a request
+    (a staged transfer brings its chunks back to back), else nap."""
+    cdef timespec ts
+    cdef double hot_until = 0
+    cdef long got
+    prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
+    while not stop[0]:
+        got = _land_pass(d) if gx_load_int(&d.nzones) > 0 else 0
+        if got:
+            hot_until = _now() + 0.002
+            continue
+        if _now() < hot_until:
+            sched_yield()
+            continue
+        ts.tv_sec = 0
+        ts.tv_nsec = 20000 if d.nzones > 0 else 2000000
+        nanosleep(&ts, NULL)
+
+
+cdef int _zone_open(ofi_ep* e, Segment seg, int nrings) except -1:
+    """The landing zone of a device segment bound to e (not yet served)."""
+    cdef ofi_dom* d = e.dom
+    cdef ofi_zone* z = <ofi_zone*>calloc(1, sizeof(ofi_zone))
+    cdef void* mem = NULL
+    if z == NULL:
+        raise MemoryError()
+    try:
+        z.slots = d.stg_slots
+        z.chunk = d.stg_chunk
+        z.nrings = nrings
+        z.data_off = _stg_data_off(z.slots)
+        z.ring_bytes = z.data_off + <size_t>z.slots * z.chunk
+        z.bytes = <size_t>nrings * z.ring_bytes + <size_t>z.slots * z.chunk
+        if posix_memalign(&mem, 4096, z.bytes) != 0:
+            raise MemoryError(f"ofi: no memory for a landing zone of {z.bytes} bytes")
+        z.mem = <char*>mem
+        memset(z.mem, 0, z.bytes)
+        z.bounce = z.mem + <size_t>nrings * z.ring_bytes
+        z.handled = <uint64_t*>calloc(<size_t>nrings * z.slots, sizeof(uint64_t))
+        if z.handled == NULL:
+            raise MemoryError()
+        z.seg_base = <uintptr_t>seg.addr
+        z.seg_size = seg.size
+        impl = seg.kind.impl
+        if impl is not None:
+            z.kops = <const gx_kind_ops*>PyCapsule_GetPointer(impl.ops_capsule(), b"gexmk.kind_ops")
+            z.kctx = <void*><uintptr_t>impl.handle
+            # pinned: the device copies of the lander and the bounce run at DMA speed
+            z.kops.host_register(z.kctx, z.mem, z.bytes, 1)
+            z.pinned = 1
+            z.amo = z.kops.atomic != NULL
+        else:
+            z.amo = 1
+    except BaseException:
+        _zone_free(z)
+        raise
+    e.zone = z
+    e.dev_lo = <uintptr_t>seg.addr
+    e.dev_hi = <uintptr_t>seg.addr + seg.size
+    return 0
+
+
+cdef int _zone_serve(ofi_ep* e) except -1:
+    cdef ofi_dom* d = e.dom
+    if d.nzones >= STG_MAX_ZONES:
+        raise UnsupportedError(f"ofi: more than {STG_MAX_ZONES} device segments bound in one process")
+    while gx_xchg_int(&d.zlock, 1) != 0:
+        sched_yield()
+    d.zones[d.nzones] = e.zone
+    gx_mem_fence()
+    d.nzones += 1
+    gx_xchg_int(&d.zlock, 0)
+    return 0
+
+
+cdef void _zone_close(ofi_ep* e) noexcept nogil:
+    """Stop serving e's zone (the lander finishes its pass first) and free it."""
+    cdef ofi_dom* d = e.dom
+    cdef ofi_zone* z = e.zone
+    cdef int i
+    if z == NULL:
+        return
+    while gx_xchg_int(&d.zlock, 1) != 0:
+        sched_yield()
+    for i in range(d.nzones):
+        if d.zones[i] == z:
+            d.zones[i] = d.zones[d.nzones - 1]
+            d.nzones -= 1
+            break
+    gx_xchg_int(&d.zlock, 0)
+    e.zone = NULL
+    e.dev_lo = e.dev_hi = 0
+    _zone_free(z)
+
+
+cdef void _zone_free(ofi_zone* z) noexcept nogil:
+    if z.pinned and (<_raw_register_fn>z.kops.host_register)(z.kctx, z.mem, z.bytes, 0) == -1:
+        _swallow()          # the kind's context is gone with its client: nothing to undo
+    free(z.mem)
+    free(z.handled)
+    free(z)
+
+
+# ---- the initiator -------------------------------------------------------------
+
+cdef inline bint _stg_local(ofi_ep* ep, gx_xfer* x) noexcept nogil:
+    """Whether x's local buffer must go through the endpoint's bounce slots."""
+    if x.local_kind != GX_MK_HOST:
+        return True
+    return ep.zone != NULL and ep.dom.stg_all and <uintptr_t>x.local >= ep.dev_lo \
+        and <uintptr_t>x.local + x.n <= ep.dev_hi
+
+
+cdef inline void _spin_lock(int* lk) noexcept nogil:
+    while gx_xchg_int(lk, 1) != 0:
+        sched_yield()
+
+
+cdef int _stg_copy(ofi_ep* ep, uintptr_t dst, uintptr_t src, size_t n) except -1 nogil:
+    """Between the endpoint's bounce slots and its bound segment."""
+    cdef ofi_zone* z = ep.zone
+    if z.kops == NULL:
+        memcpy(<void*>dst, <void*>src, n)
+        return 0
+    return z.kops.copy(z.kctx, NULL, dst, src, n)
+
+
+cdef int _stg_post(ofi_ep* ep, ofi_peer* t, bint write, uint64_t naddr, void* local, size_t n,
+                   gx_op** out) except -1 nogil:
+    """A write (delivery complete) or read of n bytes between local and the
+    network address naddr of t's zone: handed out in *out, or waited for when
+    out is NULL."""
+    cdef int mode = GX_NB if out != NULL else GX_BLOCKING
+    cdef gx_op* op = _new_op(ep, t, mode, GX_CAT_PUT if write else GX_CAT_GET)
+    cdef void* desc
+    cdef iovec iov
+    cdef fi_rma_iov riov
+    cdef fi_msg_rma msg
+    cdef ssize_t rc
+    cdef double deadline = 0
+    rc = _desc(ep, op, local, n, FI_WRITE if write else FI_READ, &desc)
+    if rc < 0:
+        _drop_new(op)
+        return check("fi_mr_reg", rc)
+    if write:
+        iov.iov_base = local
+        iov.iov_len = n
+        riov.addr = naddr
+        riov.len = n
+        riov.key = t.net_key
+        memset(&msg, 0, sizeof(msg))
+        msg.msg_iov = &iov
+        msg.desc = &desc
+        msg.iov_count = 1
+        msg.addr = t.net_addr
+        msg.rma_iov = &riov
+        msg.rma_iov_count = 1
+        msg.context = op
+    while True:
+        if write:
+            rc = fi_writemsg(ep.ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)
+        else:
+            rc = fi_read(ep.ep, local, n, desc, t.net_addr, naddr, t.net_key, op)
+        if rc != -FI_EAGAIN:
+            break
+        rc = _retry(ep, t, &deadline)
+        if rc:
+            break
+    return _posted(op, t, rc, mode, <void**>out, "fi_writemsg (staged)" if write else
+                   "fi_read (staged)", "staged put" if write else "staged get")
+
+
+cdef int _stg_send_desc(ofi_ep* ep, ofi_peer* t, int s, uint64_t q, uint64_t op, uint64_t off,
+                        uint64_t n, int dt=0, int aop=0, uint64_t a=0, uint64_t b=0) except -1 nogil:
+    """The request descriptor of sequence q into slot s of t's ring."""
+    cdef uint64_t* d = t.stg_dbuf
+    cdef uint64_t naddr = t.stg_ring + <uint64_t>s * STG_DESC
+    cdef ssize_t rc
+    cdef double deadline = 0
+    memset(d, 0, STG_DESC)
+    d[0] = q
+    d[1] = op
+    d[2] = off
+    d[3] = n
+    d[4] = <uint64_t>dt
+    d[5] = <uint64_t>aop
+    d[6] = a
+    d[7] = b
+    d[15] = q
+    if STG_DESC > ep.dom.inject_size:
+        return _stg_post(ep, t, True, naddr, d, STG_DESC, NULL)
+    while True:
+        rc = fi_inject_write(ep.ep, d, STG_DESC, t.net_addr, naddr, t.net_key)
+        if rc != -FI_EAGAIN:
+            break
+        rc = _retry(ep, t, &deadline)
+        if rc:
+            break
+    if rc < 0:
+        return _issue_failed(t, rc, "fi_inject_write (staged request)")
+    return 0
+
+
+cdef int _stg_failed(ofi_peer* t, int s, uint64_t status) except -1 with gil:
+    from gexmk.errors import BoundsError
+    who = f"job rank {t.g.jobrank}"
+    if status == STG_EBOUNDS:
+        raise BoundsError(f"ofi-staged: {who} refused a request outside its segment")
+    if status == STG_ECOPY:
+        raise CommunicationError(f"ofi-staged: the device copy at {who} failed (its segment "
+                                 "destroyed, or its device in error?)")
+    raise UnsupportedError(f"ofi-staged: {who} cannot run this atomic on its device segment")
+
+
+cdef inline uint64_t _stg_seq(uint64_t done) noexcept nogil:
+    return done & ((<uint64_t>1 << STG_SEQ_BITS) - 1)
+
+
+cdef int _stg_wait_slot(ofi_ep* ep, ofi_peer* t, int s, uint64_t want) except -1 nogil:
+    """Until slot s of t's ring has served sequence number want; raise what
+    the target reported for it."""
+    cdef int S = t.stg_slots, polls = 0
+    cdef double deadline = 0
+    cdef timespec ts
+    cdef uint64_t st
+    while _stg_seq(t.stg_rb[s]) < want:
+        _stg_post(ep, t, False, t.stg_ring + _stg_words_off(S), t.stg_rb, 8 * <size_t>S, NULL)
+        if _stg_seq(t.stg_rb[s]) >= want:
+            break
+        if t.g.dead:
+            return _raise_dead(t, "staged transfer")
+        polls += 1
+        if polls > 4:
+            if deadline == 0:
+                deadline = _now() + ep.dom.timeout
+            elif _now() > deadline:
+                return _raise_timeout(t, ep.dom.timeout, "staged transfer (the target's lander)")
+            ts.tv_sec = 0
+            ts.tv_nsec = 5000
+            nanosleep(&ts, NULL)
+    if t.stg_ok[s] < want:
+        t.stg_ok[s] = want
+        st = t.stg_rb[s] >> STG_SEQ_BITS
+        if st != STG_OK and _stg_seq(t.stg_rb[s]) == want:
+            return _stg_failed(t, s, st)
+    return 0
+
+
+cdef int _stg_wait_all(ofi_ep* ep, ofi_peer* t) except -1 nogil:
+    cdef int s
+    for s in range(t.stg_slots):
+        if t.stg_last[s] > t.stg_ok[s]:
+            _stg_wait_slot(ep, t, s, t.stg_last[s])
+    return 0
+
+
+cdef int _stg_put_zone(ofi_ep* ep, ofi_peer* t, uint64_t off, char* local, size_t n,
+                       bint lstg) except -1 nogil:
+    """Chunks of local into t's zone; complete (landed in the device segment) on return."""
+    cdef int S = t.stg_slots, W = S, s, h = 0, cnt = 0, i
+    cdef size_t C = t.stg_chunk, pos = 0, m
+    cdef uint64_t q
+    cdef gx_op* ops[STG_MAX_SLOTS]
+    cdef uint64_t pseq[STG_MAX_SLOTS]
+    cdef uint64_t poff[STG_MAX_SLOTS]
+    cdef uint64_t plen[STG_MAX_SLOTS]
+    cdef char* src
+    if lstg:
+        if ep.zone.chunk < C:
+            C = ep.zone.chunk
+        if ep.zone.slots < W:
+            W = ep.zone.slots
+    for i in range(STG_MAX_SLOTS):
+        ops[i] = NULL
+    try:
+        while pos < n or cnt > 0:
+            # the oldest chunks whose data has landed: their descriptors, in order
+            while cnt > 0:
+                i = h % W
+                if pos < n and cnt < W and gx_load_int(&ops[i].state) != OP_DONE:
+                    _progress(ep)
+                    if gx_load_int(&ops[i].state) != OP_DONE:
+                        break
+                _wait_op(ops[i], t, "staged put (data)")
+                ops[i] = NULL
+                _stg_send_desc(ep, t, <int>((pseq[i] - 1) % S), pseq[i], STG_PUT, poff[i], plen[i])
+                h += 1
+                cnt -= 1
+            if pos >= n or cnt == W:
+                continue
+            q = t.stg_seq + 1
+            s = <int>((q - 1) % S)
+            if t.stg_last[s] > t.stg_ok[s]:
+                _stg_wait_slot(ep, t, s, t.stg_last[s])
+            m = n - pos if n - pos < C else C
+            src = local + pos
+            i = (h + cnt) % W
+            if lstg:
+                src = ep.zone.bounce + <size_t>i * ep.zone.chunk
+                _stg_copy(ep, <uintptr_t>src, <uintptr_t>(local + pos), m)
+            t.stg_seq = q
+            t.stg_last[s] = q
+            pseq[i] = q
+            poff[i] = off + pos
+            plen[i] = m
+            _stg_post(ep, t, True, t.stg_ring + _stg_data_off(S) + <uint64_t>s * C, src, m, &ops[i])
+            cnt += 1
+            pos += m
+        _stg_wait_all(ep, t)
+    finally:
+        for i in range(STG_MAX_SLOTS):
+            if ops[i] != NULL:
+                _orphan(ops[i])
+    return 0
+
+
+cdef int _stg_get_zone(ofi_ep* ep, ofi_peer* t, uint64_t off, char* local, size_t n,
+                       bint lstg) except -1 nogil:
+    """Chunks of t's segment into local, S requests ahead; complete on return."""
+    cdef int S = t.stg_slots, s
+    cdef size_t C = t.stg_chunk, m, k, posted = 0, got = 0
+    cdef uint64_t q
+    cdef uint64_t qs[STG_MAX_SLOTS]
+    cdef char* dst
+    if lstg and ep.zone.chunk < C:
+        C = ep.zone.chunk
+    k = (n + C - 1) // C
+    while got < k:
+        while posted < k and posted - got < <size_t>S:
+            q = t.stg_seq + 1
+            s = <int>((q - 1) % S)
+            if t.stg_last[s] > t.stg_ok[s]:
+                _stg_wait_slot(ep, t, s, t.stg_last[s])
+            m = n - posted * C if n - posted * C < C else C
+            t.stg_seq = q
+            t.stg_last[s] = q
+            qs[posted % S] = q
+            _stg_send_desc(ep, t, s, q, STG_GET, off + posted * C, m)
+            posted += 1
+        q = qs[got % S]
+        s = <int>((q - 1) % S)
+        _stg_wait_slot(ep, t, s, q)
+        m = n - got * C if n - got * C < C else C
+        dst = ep.zone.bounce if lstg else local + got * C
+        _stg_post(ep, t, False, t.stg_ring + _stg_data_off(S) + <uint64_t>s * t.stg_chunk,
+                  dst, m, NULL)
+        if lstg:
+            _stg_copy(ep, <uintptr_t>(local + got * C), <uintptr_t>dst, m)
+        got += 1
+    return 0
+
+
+cdef int _stg_host_put(ofi_ep* ep, ofi_peer* t, uintptr_t remote, char* local, size_t n) except -1 nogil:
+    """Device memory of this endpoint to a host segment: through the bounce
+    slots, each chunk's network write overlapping the next chunk's copy."""
+    cdef ofi_zone* z = ep.zone
+    cdef gx_op* ops[STG_MAX_SLOTS]
+    cdef int b, i = 0
+    cdef size_t pos = 0, m
+    cdef char* buf
+    for b in range(STG_MAX_SLOTS):
+        ops[b] = NULL
+    try:
+        while pos < n:
+            b = i % z.slots
+            if ops[b] != NULL:
+                _wait_op(ops[b], t, "staged put")
+                ops[b] = NULL
+            m = n - pos if n - pos < z.chunk else z.chunk
+            buf = z.bounce + <size_t>b * z.chunk
+            _stg_copy(ep, <uintptr_t>buf, <uintptr_t>(local + pos), m)
+            net_put(ep, t, remote + pos, buf, m, GX_NB, <void**>&ops[b])
+            pos += m
+            i += 1
+        for b in range(z.slots):
+            if ops[b] != NULL:
+                _wait_op(ops[b], t, "staged put")
+                ops[b] = NULL
+    finally:
+        for b in range(STG_MAX_SLOTS):
+            if ops[b] != NULL:
+                _orphan(ops[b])
+    return 0
+
+
+cdef int _stg_host_get(ofi_ep* ep, ofi_peer* t, uintptr_t remote, char* local, size_t n) except -1 nogil:
+    """A host segment into device memory of this endpoint: reads into the
+    bounce slots, slots ahead, each copied in as it completes."""
+    cdef ofi_zone* z = ep.zone
+    cdef gx_op* ops[STG_MAX_SLOTS]
+    cdef size_t C = z.chunk, k = (n + z.chunk - 1) // z.chunk, posted = 0, got = 0, m
+    cdef int b
+    for b in range(STG_MAX_SLOTS):
+        ops[b] = NULL
+    try:
+        while got < k:
+            while posted < k and posted - got < <size_t>z.slots:
+                b = <int>(posted % z.slots)
+                m = n - posted * C if n - posted * C < C else C
+                net_get(ep, t, remote + posted * C, z.bounce + <size_t>b * C, m, GX_NB,
+                        <void**>&ops[b])
+                posted += 1
+            b = <int>(got % z.slots)
+            _wait_op(ops[b], t, "staged get")
+            ops[b] = NULL
+            m = n - got * C if n - got * C < C else C
+            _stg_copy(ep, <uintptr_t>(local + got * C), <uintptr_t>(z.bounce + <size_t>b * C), m)
+            got += 1
+    finally:
+        for b in range(STG_MAX_SLOTS):
+            if ops[b] != NULL:
+                _orphan(ops[b])
+    return 0
+
+
+cdef int stg_rma(gx_xfer* x, bint put) except -1 nogil:
+    """A put or get where the target, the local buffer or both are device
+    memory: complete on return whatever the mode (x.handle: NULL)."""
+    cdef ofi_ep* ep = <ofi_ep*>x.ep
+    cdef ofi_peer* t = <ofi_peer*>x.peer
+    cdef bint lstg = _stg_local(ep, x)
+    if lstg and ep.zone == NULL:
+        with gil:
+            raise StateError("ofi-staged: the endpoint's device segment is no longer bound")
+    if x.n == 0:
+        pass
+    elif t.stg:
+        _app_active(ep.dom)
+        if lstg:
+            _spin_lock(&ep.bb_lock)
+        _spin_lock(&t.stg_lock)
+        try:
+            if put:
+                _stg_put_zone(ep, t, x.remote - t.g.remote_base, <char*>x.local, x.n, lstg)
+            else:
+                _stg_get_zone(ep, t, x.remote - t.g.remote_base, <char*>x.local, x.n, lstg)
+        finally:
+            gx_xchg_int(&t.stg_lock, 0)
+            if lstg:
+                gx_xchg_int(&ep.bb_lock, 0)
+    else:
+        _spin_lock(&ep.bb_lock)
+        try:
+            if put:
+                _stg_host_put(ep, t, x.remote, <char*>x.local, x.n)
+            else:
+                _stg_host_get(ep, t, x.remote, <char*>x.local, x.n)
+        finally:
+            gx_xchg_int(&ep.bb_lock, 0)
+    if x.handle != NULL:
+        x.handle[0] = NULL          # complete at issue: no op to wait for
+    return 0
+
+
+cdef int stg_amo(ofi_ep* ep, ofi_peer* t, uintptr_t remote, int dt, int op, gx_val a, gx_val b,
+                 gx_val* result) except -1 nogil:
+    """An atomic on a staged target's device segment, run there by its lander;
+    the old value to *result (may be NULL)."""
+    cdef int s
+    cdef uint64_t q
+    if not t.stg_amo:
+        with gil:
+            raise UnsupportedError(f"ofi-staged: job rank {t.g.jobrank}'s device segment has no "
+                                   "device atomics (its memory kind has none)")
+    _app_active(ep.dom)
+    _spin_lock(&t.stg_lock)
+    try:
+        q = t.stg_seq + 1
+        s = <int>((q - 1) % t.stg_slots)
+        if t.stg_last[s] > t.stg_ok[s]:
+            _stg_wait_slot(ep, t, s, t.stg_last[s])
+        t.stg_seq = q
+        t.stg_last[s] = q
+        _stg_send_desc(ep, t, s, q, STG_AMO, remote - t.g.remote_base, 8, dt, op, a.u64, b.u64)
+        _stg_wait_slot(ep, t, s, q)
+        if result != NULL:          # written before the done word: read it after that
+            _stg_post(ep, t, False, t.stg_ring + _stg_words_off(t.stg_slots) + 8 * <uint64_t>(
+                t.stg_slots + s), &t.stg_rb[t.stg_slots + s], 8, NULL)
+            result[0].u64 = t.stg_rb[t.stg_slots + s]
+    finally:
+        gx_xchg_int(&t.stg_lock, 0)
+    return 0
