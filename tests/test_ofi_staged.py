@@ -170,10 +170,10 @@ d2 = c.segment_create(2 * N, kind=mk)
 ep1.bind_segment(d1)
 ep2.bind_segment(d2)
 tm.publish_bound_segment([ep1, ep2])
-t1, t2 = ep1.pair(1), ep2.pair(1)                     # team over EP 1 / EP 2 of both ranks
-h1 = c.ep(0).pair(1)
+h1, h2 = c.ep(0).pair(1), c.ep(0).pair(2)             # host EP 0 -> peers' EP 1 / EP 2
+t12 = ep1.pair(2)                                     # device EP 1 -> peers' device EP 2
 assert h1.paths(peer)["rma"] == "ofi-staged", h1.paths(peer)
-assert t1.paths(peer) == {"rma": "ofi-staged", "atomic": "ofi-staged"}, t1.paths(peer)
+assert t12.paths(peer) == {"rma": "ofi-staged", "atomic": "ofi-staged"}, t12.paths(peer)
 
 def dev_fill(seg, off, data):
     cu.cuMemcpyHtoD(seg.address + off, data, len(data))
@@ -191,34 +191,36 @@ dev_fill(d1, 0, src)
 dev_fill(d2, N, P(N, me, 8))
 tm.barrier()
 # 1. host -> remote GPU (NBI, DEFER)
-h1.put_nbi(peer, t1.addr(peer, N), (hseg.address, N))
+h1.put_nbi(peer, h1.addr(peer, N), (hseg.address, N))
 gexmk.nbi_wait(gexmk.EC_PUT)
 tm.barrier()
-assert dev_read(d1, N, N) == P(N, peer, 7)
+assert dev_read(d1, N, N) == P(N, peer, 7), "case 1: host -> remote GPU"
 # 2. remote GPU -> host (NB, wait_all)
 hmem[N:] = 0
-ev = h1.get_nb((hseg.address + N, N), peer, t2.addr(peer, N))
+ev = h2.get_nb((hseg.address + N, N), peer, h2.addr(peer, N))
 gexmk.wait_all([ev])
-assert hmem[N:].tobytes() == P(N, peer, 8)
+assert hmem[N:].tobytes() == P(N, peer, 8), "case 2: remote GPU -> host"
 tm.barrier()
 # 3. GPU -> remote GPU crossed between two device endpoints (blocking)
-t1.put(peer, t2.addr(peer, 0), (d1.address, N))
+t12.put(peer, t12.addr(peer, 0), (d1.address, N))
 tm.barrier()
-assert dev_read(d2, 0, N) == P(N, peer, 7)
+assert dev_read(d2, 0, N) == P(N, peer, 7), "case 3: GPU -> remote GPU"
 # 4. remote GPU -> local GPU (blocking)
-t2.get((d2.address + N, 4096), peer, t1.addr(peer, 0))
-t1.get((d1.address + N, N), peer, t2.addr(peer, N))
-assert dev_read(d1, N, N) == P(N, peer, 8)
+t12.get((d1.address + N, N), peer, t12.addr(peer, N))
+assert dev_read(d1, N, N) == P(N, peer, 8), "case 4: remote GPU -> local GPU"
 tm.barrier()
 # device atomics run by the owner, exact under contention
-ad = t1.ad_create(gexmk.DT_U64, gexmk.OP_FADD | gexmk.OP_GET)
+ad = t12.ad_create(gexmk.DT_U64, gexmk.OP_FADD | gexmk.OP_GET | gexmk.OP_SET)
+if me == 0:                                           # device memory starts undefined
+    ad.op(0, t12.addr(0, 2 * N - 64), gexmk.OP_SET, 0)
 tm.barrier()
 for _ in range(300):
-    ad.op(0, t1.addr(0, 2 * N - 64), gexmk.OP_FADD, 1)
+    ad.op(0, t12.addr(0, 2 * N - 64), gexmk.OP_FADD, 1)
 tm.barrier()
-assert ad.op(0, t1.addr(0, 2 * N - 64), gexmk.OP_GET) == 600
+total = ad.op(0, t12.addr(0, 2 * N - 64), gexmk.OP_GET)
+assert total == 600, total
 tm.barrier()
-st = t1.path_stats(peer)
+st = t12.path_stats(peer)
 assert "ofi-staged" in st, st
 cu.cuCtxPopCurrent()
 print("landed", c.transports["ofi"].landed, st, flush=True)

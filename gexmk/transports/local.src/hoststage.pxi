@@ -43,12 +43,14 @@ cdef int _staged_copy(lp_ep* ep, lp_kind* kin, lp_kind* kout, uintptr_t dst, uin
     _stage_chunk bytes: ``kin`` copies each chunk from src into a slot, ``kout``
     from the slot to dst, each on the endpoint's stream of its kind; the
     copy out waits for the copy in on the GPU (stream_wait) where the kind
-    can, else here.  With GPU waits the copies out alternate between two
-    streams, so that one stream's wait for its next chunk overlaps the other's
-    copy and the copy engine never idles between chunks.  As many chunks in
+    can, else here.  With GPU waits the copies in and the copies out each
+    alternate between two streams, so that one stream's wait or set-up for its
+    next chunk overlaps the other's copy and the copy engines never idle
+    between chunks.  As many chunks in
     flight as there are slots.  Complete on return."""
     cdef lp_bounce* bb = _staged_bounce(ep)
     cdef void* sin = NULL
+    cdef void* sins[2]
     cdef void* sout = NULL
     cdef void* souts[2]
     cdef void* evin[LP_BOUNCE_MAX]
@@ -62,7 +64,11 @@ cdef int _staged_copy(lp_ep* ep, lp_kind* kin, lp_kind* kout, uintptr_t dst, uin
     for i in range(LP_BOUNCE_MAX):
         evin[i] = NULL
     try:
-        sin = _ep_stream(ep, kin)
+        sins[0] = _ep_stream(ep, kin)
+        sins[1] = _ep_stream(ep, kin, 1) if gpu_wait else sins[0]
+        if sins[1] == NULL:
+            sins[1] = sins[0]
+        sin = sins[0]
         souts[0] = _ep_stream(ep, kout)
         souts[1] = _ep_stream(ep, kout, 1) if gpu_wait else souts[0]
         if souts[1] == NULL:
@@ -74,6 +80,7 @@ cdef int _staged_copy(lp_ep* ep, lp_kind* kin, lp_kind* kout, uintptr_t dst, uin
                 b = <int>((issued // chunk) % nslot)
                 _bounce_wait(bb, kout, b)                     # the slot's last copy out
                 m = n - issued if n - issued < chunk else chunk
+                sin = sins[(issued // chunk) & 1]
                 kin.ops.copy(kin.kctx, sin, <uintptr_t>(bb.buf + <size_t>b * chunk), src + issued, m)
                 kin.ops.event_record(kin.kctx, sin, &evin[b])
                 issued += m
