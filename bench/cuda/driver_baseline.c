@@ -12,6 +12,8 @@
  * over NVLink from the importer's GPU, as gexmk's do) and times, each the median of
  * `iters` (the 64 MiB copies: of iters / 20, at least 5):
  *   dtod8_us          8 B cuMemcpyDtoDAsync (local VMM -> imported) + cuStreamSynchronize
+ *   dtod8_generic_us  the same by cuMemcpyAsync (UVA: the driver tells the kinds apart)
+ *   dtod8_generic_pushpop_us  ... between cuCtxPushCurrent and cuCtxPopCurrent (as gexmk's kind)
  *   htod8_pinned_us   8 B cuMemcpyHtoDAsync from cuMemHostAlloc'd memory + sync
  *   wv64_us, wv32_us  cuStreamWriteValue64 / 32 into the mapping + sync
  *   kernel8_us        a one-thread kernel copying 8 B local -> imported + sync
@@ -215,6 +217,11 @@ static int importer(int sock, int device, int odev, int iters)
            iters, device, odev, import_ms);
     TIME(iters, { CK(cuMemcpyDtoDAsync(peer, mine, 8, s)); CK(cuStreamSynchronize(s)); });
     printf(", \"dtod8_us\": %.3f", median(t, iters));
+    TIME(iters, { CK(cuMemcpyAsync(peer, mine, 8, s)); CK(cuStreamSynchronize(s)); });
+    printf(", \"dtod8_generic_us\": %.3f", median(t, iters));
+    TIME(iters, { CUcontext c_; CK(cuCtxPushCurrent(ctx)); CK(cuMemcpyAsync(peer, mine, 8, s));
+                  CK(cuStreamSynchronize(s)); CK(cuCtxPopCurrent(&c_)); });
+    printf(", \"dtod8_generic_pushpop_us\": %.3f", median(t, iters));
     TIME(iters, { CK(cuMemcpyHtoDAsync(peer, pinned, 8, s)); CK(cuStreamSynchronize(s)); });
     printf(", \"htod8_pinned_us\": %.3f", median(t, iters));
     TIME(iters, { CK(cuStreamWriteValue64(s, peer, 7, CU_STREAM_WRITE_VALUE_DEFAULT));
