@@ -164,7 +164,8 @@ def compare_two_gpus(iters):
               f" GB/s: {gbs / c['dtod64m_imported_GBps']:.3f} x (target >= 0.95)")
         print(f"8 B GPU0 -> GPU1 put (faster mechanism): gexmk {g8:.2f} us, C copy+sync "
               f"{c['dtod8_us']:.2f} us: {g8 / c['dtod8_us']:.3f} x (target <= 1.1); C kernel+sync "
-              f"{c['kernel8_us']:.2f} us")
+              f"{c['kernel8_us']:.2f} us; C cuMemcpyAsync+sync {c.get('dtod8_generic_us', 0):.2f} us, with "
+              f"context push/pop {c.get('dtod8_generic_pushpop_us', 0):.2f} us")
     if "skip" not in nv:
         print(f"64 MiB put: gexmk {gbs:.1f} GB/s, nvshmem4py {nv['put64m_GBps']:.1f} GB/s: "
               f"{gbs / nv['put64m_GBps']:.2f} x (target > 1); data checked by nvshmem4py's PE 1: "
@@ -201,7 +202,9 @@ def compare(iters):
               f"cuMemcpyDtoDAsync+sync into an imported VMM FD mapping {c['dtod64m_imported_GBps']:.1f}"
               f" GB/s: {n / g64 / 1e9 / c['dtod64m_imported_GBps']:.3f} x (target >= 0.95)")
         print(f"8 B D->D put (faster mechanism): gexmk {g8:.2f} us, C copy+sync {c['dtod8_us']:.2f} us: "
-              f"{g8 / c['dtod8_us']:.3f} x (target <= 1.1); C kernel+sync {c['kernel8_us']:.2f} us")
+              f"{g8 / c['dtod8_us']:.3f} x (target <= 1.1); C kernel+sync {c['kernel8_us']:.2f} us; "
+              f"C cuMemcpyAsync+sync {c.get('dtod8_generic_us', 0):.2f} us, the same between context "
+              f"push and pop (what gexmk's kind does) {c.get('dtod8_generic_pushpop_us', 0):.2f} us")
         gv = min(gval, gwv)
         print(f"8 B put_val (faster mechanism): gexmk {gv:.2f} us, C pinned HtoD+sync "
               f"{c['htod8_pinned_us']:.2f} us: "
