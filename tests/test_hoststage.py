@@ -160,3 +160,82 @@ def test_one_process_two_device_endpoints_host_staged(monkeypatch, gpus):
         a.get((segs[0].address + 1, n - 1), 0, segs[1].address + 1)
         h0.get(back, 0, segs[0].address)
         assert back[0] == 0 and (back[1:] == data[1:]).all()
+
+
+STREAM_STAGED_WORKER = r'''
+import cupy
+c = gexmk.init()
+tm = c.tm
+me, peer = tm.rank, 1 - tm.rank
+device = me if os.environ.get("GX_TEST_TWO_GPUS") else 0
+mk = c.mk_create(gexmk.CUDA_UVA, device)
+hseg = c.segment_attach(1 << 20)
+ep1 = c.ep_create()
+n = 9 * (1 << 20) + 4096 + 333                        # several staged chunks and an odd tail
+dseg = c.segment_create(4 * n + 4096, kind=mk)
+ep1.bind_segment(dseg)
+tm.publish_bound_segment([ep1])
+mine = ep1.pair(1)
+assert mine.paths(peer)["rma"] == "nbrhd-staged", mine.paths(peer)
+with cupy.cuda.Device(device):
+    s = cupy.cuda.Stream(non_blocking=True)
+    whole = cupy.asarray(dseg)
+    src, got, back = whole[:n], whole[n:2 * n], whole[2 * n:3 * n]
+    host = cupy.cuda.alloc_pinned_memory(n)
+    hview = np.frombuffer(host, np.uint8, n)
+    with s:
+        got.fill(0)
+        src.fill(me + 1)                              # the kernel that produces the data
+        cupy.cuda.runtime.memsetAsync(src.data.ptr + n - 333, me + 7, 333, s.ptr)
+    # device -> peer device on the stream, after the kernels, no host wait
+    mine.put_on_stream(peer, mine.addr(peer, n), src, s)
+    with s:
+        src.fill(99)                                  # after the put: must not reach the peer
+    s.synchronize()
+tm.barrier()
+with cupy.cuda.Device(device):
+    g = cupy.asnumpy(got)
+    assert (g[:n - 333] == peer + 1).all() and (g[n - 333:] == peer + 7).all(), ("stream put", g[:8])
+    # a get on the stream from the peer's segment (what it received from me), into mine
+    mine.get_on_stream(back, peer, mine.addr(peer, n), s)
+    s.synchronize()
+    b = cupy.asnumpy(back)
+    assert (b[:n - 333] == me + 1).all() and (b[n - 333:] == me + 7).all(), ("stream get", b[:8])
+    # host memory <-> the peer's device segment on the stream (the segment's GPU copies)
+    hview[:] = 5 + me
+    mine.put_on_stream(peer, mine.addr(peer, 3 * n), (host.ptr, n), s)
+    s.synchronize()
+tm.barrier()
+with cupy.cuda.Device(device):
+    assert int(cupy.asarray(dseg)[3 * n:4 * n].sum()) == n * (5 + peer)
+    # a graph capture is refused, naming the path
+    s.begin_capture()
+    try:
+        expect_raises(E.UnsupportedError, mine.put_on_stream, peer, mine.addr(peer), src, s)
+    finally:
+        s.end_capture()
+    # a plain staged put still works after the stream-ordered ones (the buffers waited for)
+    mine.put(peer, mine.addr(peer, 2 * n), (dseg.address, 4096))
+tm.barrier()
+c.finalize()
+print("OK", me, flush=True)
+'''
+
+
+@gpu
+@needs_gpu
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("gpus", [1, 2], ids=["one_gpu", "two_gpus"])
+def test_stream_ordered_on_host_staged_paths(tmp_path, gpus):
+    """put_on_stream / get_on_stream over nbrhd-staged: ordered after the
+    kernels before them and before those after, with no host wait; host
+    memory on the stream too; a graph capture refused by name."""
+    pytest.importorskip("cupy")
+    if gpus > PROBE.get("device_count", 0):
+        pytest.skip(f"needs {gpus} GPUs")
+    res = mp_util.run_job(tmp_path, STREAM_STAGED_WORKER, 2, launcher_timeout=120,
+                          env={"GEXMK_CUDA_PEER_ACCESS": "off",
+                               "GX_TEST_TWO_GPUS": "1" if gpus == 2 else None})
+    assert not res.timed_out, res.report()
+    res.check()
+    assert res.stdout.count("OK") == 2, res.report()

@@ -89,3 +89,5 @@ cdef struct gx_kind_ops:
                                   # instead of the copy engine; stream NULL: complete on return
     gx_mk_wait_fn stream_wait     # work issued on stream after this waits for the event, which
                                   # may come from another context or device (no host wait)
+    gx_mk_query_fn stream_capturing   # 1 while the stream (passed as the event argument) is
+                                      # being captured into a graph, else 0

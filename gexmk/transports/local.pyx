@@ -100,6 +100,8 @@ cdef struct lp_bounce:         # an endpoint's pinned bounce buffers
     void* kctx
     void* ev[LP_BOUNCE_MAX]    # the event after the last DMA through each buffer, or NULL
     int busy                   # one copy at a time uses them (others take the plain path)
+    void* pend                 # a stream-ordered staged transfer's last event: the buffers are
+                               # the GPUs' until it completes (NULL: none pending)
 
 
 cdef enum:

@@ -160,6 +160,13 @@ cdef int _cu_stream_wait(void* kctx, void* stream, void* event) except -1 nogil:
     return check("cuStreamWaitEvent", cydriver.cuStreamWaitEvent(<CUstream>stream, <CUevent>event, 0))
 
 
+cdef int _cu_stream_capturing(void* kctx, void* stream) except -1 nogil:
+    """1 while `stream` is being captured into a CUDA graph, else 0."""
+    cdef cydriver.CUstreamCaptureStatus st = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+    check("cuStreamIsCapturing", cydriver.cuStreamIsCapturing(<CUstream>stream, &st))
+    return 0 if st == cydriver.CU_STREAM_CAPTURE_STATUS_NONE else 1
+
+
 cdef int _cu_event_query(void* kctx, void* event) except -1 nogil:
     """1 when the work before the event has completed, 0 while it is pending."""
     cdef CUresult rc = cydriver.cuEventQuery(<CUevent>event)

@@ -14,8 +14,10 @@ cdef int _staged_unsupported(str what) except -1 with gil:
 
 cdef lp_bounce* _staged_bounce(lp_ep* ep) except NULL nogil:
     """The endpoint's bounce buffers, for this thread alone (waits while
-    another thread's copy uses them)."""
+    another thread's copy uses them, and for the GPUs' last stream-ordered
+    transfer through them)."""
     cdef lp_bounce* bb = ep.bb
+    cdef bint ok
     if bb == NULL:
         bb = _bounce_make(ep, &ep.k)
     if bb == NULL or bb.nbuf <= 0:
@@ -24,7 +26,121 @@ cdef lp_bounce* _staged_bounce(lp_ep* ep) except NULL nogil:
                                    "(GEXMK_PAGEABLE_BUFFERS is 0, or pinning failed)")
     while gx_xchg_int(&bb.busy, 1) != 0:
         sched_yield()
+    ok = False
+    try:
+        _bounce_idle(bb)
+        ok = True
+    finally:
+        if not ok:
+            gx_xchg_int(&bb.busy, 0)
     return bb
+
+
+cdef int _bounce_idle(lp_bounce* bb) except -1 nogil:
+    """Wait until the GPUs are done with the buffers: the stream-ordered
+    staged transfer that last used them (if any) has run."""
+    cdef void* ev = bb.pend
+    if ev == NULL:
+        return 0
+    bb.pend = NULL
+    try:
+        bb.ops.event_sync(bb.kctx, ev)
+    finally:
+        bb.ops.event_destroy(bb.kctx, ev)
+    return 0
+
+
+cdef int _fence(lp_kind* ka, void* sa, lp_kind* kb, void* sb) except -1 nogil:
+    """Work issued on stream sb (kind kb) from now on waits for what stream sa
+    (kind ka, maybe another GPU) has been given so far: on the GPUs."""
+    cdef void* ev = NULL
+    ka.ops.event_record(ka.kctx, sa, &ev)
+    try:
+        kb.ops.stream_wait(kb.kctx, sb, ev)
+    finally:
+        ka.ops.event_destroy(ka.kctx, ev)     # destroyed once the wait has used it
+    return 0
+
+
+cdef int _staged_stream(gx_xfer* x, lp_ep* ep, lp_dev* d, uintptr_t remote, bint put) except -1 nogil:
+    """A put or get on the user's stream x.stream (in the endpoint's context)
+    over a host-staged path, ordered on the GPUs with no host wait: host
+    memory is copied by the segment's GPU between two fences with the user's
+    stream; device memory goes through the bounce slots chunk by chunk, the
+    endpoint's GPU copying on the user's stream and the segment's GPU on a
+    stream of the endpoint in its context, each chunk fenced both ways, a
+    slot reused only after the GPU has emptied it.  The buffers stay the
+    GPUs' until the transfer has run (bb.pend: the next user waits).  Not
+    inside a graph capture (the buffers would be shared with every replay)."""
+    cdef lp_kind* lk = &ep.k
+    cdef lp_kind* rk = &d.k
+    cdef void* us = x.stream
+    cdef void* rs
+    cdef lp_bounce* bb
+    cdef size_t chunk, nslot, pos = 0, m, i = 0
+    cdef int b
+    cdef void* evfree[LP_BOUNCE_MAX]     # each slot's last use, on the stream that reuses it next
+    cdef uintptr_t slot
+    if lk.ops == NULL or lk.ops.stream_wait == NULL or rk.ops.stream_wait == NULL:
+        return _staged_unsupported("a stream-ordered put or get (the kind cannot order "
+                                   "streams on each other)")
+    if lk.ops.stream_capturing != NULL and lk.ops.stream_capturing(lk.kctx, us):
+        return _staged_unsupported("a put or get captured into a CUDA graph (its bounce "
+                                   "buffers would be shared with every replay)")
+    rs = _ep_stream(ep, rk, 2)
+    if rs == NULL:
+        return _staged_unsupported("a stream-ordered copy with no stream left on the endpoint")
+    if x.local_kind == GX_MK_HOST:
+        # the segment's GPU reaches host memory itself
+        _fence(lk, us, rk, rs)
+        rk.ops.copy(rk.kctx, rs, remote if put else <uintptr_t>x.local,
+                    <uintptr_t>x.local if put else remote, x.n)
+        _fence(rk, rs, lk, us)
+        return 0
+    bb = _staged_bounce(ep)
+    chunk = bb.chunk if bb.chunk < _stage_chunk else _stage_chunk
+    nslot = (bb.chunk * <size_t>bb.nbuf) // chunk
+    if nslot > LP_BOUNCE_MAX:
+        nslot = LP_BOUNCE_MAX
+    for b in range(LP_BOUNCE_MAX):
+        evfree[b] = NULL
+    try:
+        _bounce_drain_all(bb, rk)          # earlier synchronous users of the slots
+        if not put:
+            _fence(lk, us, rk, rs)         # the get reads after what the stream did before
+        while pos < x.n:
+            b = <int>(i % nslot)
+            m = x.n - pos if x.n - pos < chunk else chunk
+            slot = <uintptr_t>(bb.buf + <size_t>b * chunk)
+            if put:
+                if evfree[b] != NULL:      # the segment's GPU has copied the slot out
+                    lk.ops.stream_wait(lk.kctx, us, evfree[b])
+                    rk.ops.event_destroy(rk.kctx, evfree[b])
+                    evfree[b] = NULL
+                lk.ops.copy(lk.kctx, us, slot, <uintptr_t>x.local + pos, m)
+                _fence(lk, us, rk, rs)
+                rk.ops.copy(rk.kctx, rs, remote + pos, slot, m)
+                rk.ops.event_record(rk.kctx, rs, &evfree[b])
+            else:
+                if evfree[b] != NULL:      # this GPU has copied the slot in
+                    rk.ops.stream_wait(rk.kctx, rs, evfree[b])
+                    lk.ops.event_destroy(lk.kctx, evfree[b])
+                    evfree[b] = NULL
+                rk.ops.copy(rk.kctx, rs, slot, remote + pos, m)
+                _fence(rk, rs, lk, us)
+                lk.ops.copy(lk.kctx, us, <uintptr_t>x.local + pos, slot, m)
+                lk.ops.event_record(lk.kctx, us, &evfree[b])
+            pos += m
+            i += 1
+        if put:
+            _fence(rk, rs, lk, us)         # later work on the user's stream sees the data landed
+        lk.ops.event_record(lk.kctx, us, &bb.pend)
+    finally:
+        for b in range(LP_BOUNCE_MAX):
+            if evfree[b] != NULL:
+                (rk if put else lk).ops.event_destroy((rk if put else lk).kctx, evfree[b])
+        gx_xchg_int(&bb.busy, 0)
+    return 0
 
 
 cdef size_t _stage_chunk = 4 << 20    # bytes per staged chunk (GEXMK_CUDA_STAGE_CHUNK): the
@@ -135,7 +251,11 @@ cdef int _staged_xfer(gx_xfer* x, bint put) except -1 nogil:
     cdef uintptr_t remote = _dev_addr(x)
     cdef int mode
     if x.stream != NULL:
-        return _staged_unsupported("a stream-ordered put or get")
+        if ep == NULL:
+            return _staged_unsupported("a stream-ordered put or get without an endpoint context")
+        _staged_stream(x, ep, d, remote, put)
+        _done(x)
+        return 0
     if x.local_kind == GX_MK_HOST or ep == NULL or ep.k.ops == NULL:
         # the segment's GPU reaches host memory itself (pinned, or the pageable pipeline)
         mode = x.mode

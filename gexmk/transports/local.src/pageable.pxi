@@ -26,6 +26,7 @@ cdef int _pipelined(lp_ep* ep, lp_kind* k, uintptr_t dst, uintptr_t src, size_t 
     if gx_xchg_int(&bb.busy, 1) != 0:
         return 0
     try:
+        _bounce_idle(bb)
         s = _ep_stream(ep, k)
         if s == NULL:
             return 0
@@ -150,6 +151,7 @@ cdef int _bounce_free(lp_ep* ep) except -1:
         return 0
     ep.bb = NULL
     try:
+        _bounce_idle(bb)
         for b in range(bb.nbuf):
             if bb.ev[b] != NULL:
                 bb.ops.event_destroy(bb.kctx, bb.ev[b])
