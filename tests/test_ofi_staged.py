@@ -240,3 +240,54 @@ def test_testcudauva_cases_over_tcp_staged(tmp_path):
     r = mp_util.run_job(tmp_path, GPU_WORKER, 2, launcher_timeout=200, env=env)
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert r.stdout.count("OK") == 2, r.stdout
+
+
+POOL_WORKER = r'''
+import numpy as np
+import cupy
+P = lambda *a: pattern(*a).tobytes()
+c = gexmk.init()
+tm = c.tm
+me, peer = tm.rank, 1 - tm.rank
+N = 3 * (1 << 20) + 777
+mk = c.mk_create(gexmk.CUDA_UVA, 0)
+hseg = c.segment_attach(1 << 20)
+with cupy.cuda.Device(0):
+    s = cupy.cuda.Stream(non_blocking=True)
+    ptr = cupy.cuda.runtime.mallocAsync(N, s.ptr)     # stream-ordered pool memory
+    s.synchronize()
+ep1 = c.ep_create()
+seg = c.segment_create(buffer=(ptr, N), kind=mk)
+ep1.bind_segment(seg)
+tm.publish_bound_segment([ep1])
+h = c.ep(0).pair(1)
+assert h.paths(peer)["rma"] == "ofi-staged", h.paths(peer)
+h.put(peer, h.addr(peer, 0), P(N, me, 3))
+tm.barrier()
+got = np.zeros(N, np.uint8)
+with cupy.cuda.Device(0):
+    cupy.cuda.runtime.memcpy(got.ctypes.data, ptr, N, cupy.cuda.runtime.memcpyDeviceToHost)
+assert got.tobytes() == P(N, peer, 3), "pool memory written by the peer"
+back = np.zeros(N, np.uint8)
+h.get(back, peer, h.addr(peer, 0))
+assert back.tobytes() == P(N, me, 3), "read back from the peer's pool memory"
+tm.barrier()
+c.finalize()
+with cupy.cuda.Device(0):
+    cupy.cuda.runtime.freeAsync(ptr, s.ptr)
+    s.synchronize()
+print("OK", me, flush=True)
+'''
+
+
+@gpu
+@needs_gpu
+def test_pool_memory_reached_over_ofi_staged(tmp_path):
+    """Stream-ordered pool memory (cudaMallocAsync) cannot be exported to a
+    peer; over ofi its owner's lander copies in and out of it."""
+    pytest.importorskip("cupy")
+    need(PROVIDER)
+    env = staged_env(GEXMK_OFI_STAGE=None, GEXMK_OFI_STAGE_CHUNK=None, GEXMK_OFI_STAGE_SLOTS=None)
+    r = mp_util.run_job(tmp_path, POOL_WORKER, 2, launcher_timeout=120, env=env)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert r.stdout.count("OK") == 2, r.stdout
