@@ -121,6 +121,11 @@ cdef struct lp_ep:             # an endpoint's context: the kind of its bound se
     int ns
     long nbi_dev               # implicit device copies issued on those streams since the last sync
     lp_bounce* bb              # pinned bounce buffers for pageable host memory (made on first use)
+    char* tiny                 # one pinned page for small host->device puts (made on first use)
+    const gx_kind_ops* tiny_ops    # ... pinned with this kind
+    void* tiny_kctx
+    int tiny_busy              # one thread at a time uses it (others copy from their own memory)
+    int tiny_failed            # pinning failed once: do not try again
 
 
 cdef struct lp_op:             # an NB device copy in flight: the event recorded after it
@@ -260,7 +265,66 @@ cdef inline int _issue_copy(gx_xfer* x, lp_kind* k, void* s, uintptr_t dst, uint
             # one GPU only: across NVLink the copy engine is faster (H200 pair:
             # 7.8 us against 9.8 us for the kernel)
             return k.ops.copy_small(k.kctx, s, dst, src, x.n)
+    if s == NULL and put and x.local_kind == GX_MK_HOST and x.n <= LP_TINY and x.ep != NULL:
+        if _tiny_put(<lp_ep*>x.ep, k, dst, src, x.n):
+            return 0
     return k.ops.copy(k.kctx, s, dst, src, x.n)
+
+
+cdef enum:
+    LP_TINY = 256              # puts from host memory up to this size go through ep.tiny
+
+
+cdef int _tiny_put(lp_ep* ep, lp_kind* k, uintptr_t dst, uintptr_t src, size_t n) except -1 nogil:
+    """A small synchronous host->device put from the endpoint's pinned page:
+    the copy engine reads pinned memory directly, where from pageable memory
+    (a put_val's stack, a small numpy array) the driver stages it first.  0
+    when the page is busy (another thread) or cannot be had."""
+    if ep.tiny == NULL and (ep.tiny_failed or _tiny_make(ep, k) == 0):
+        return 0
+    if gx_xchg_int(&ep.tiny_busy, 1) != 0:
+        return 0
+    try:
+        memcpy(ep.tiny, <void*>src, n)
+        k.ops.copy(k.kctx, NULL, dst, <uintptr_t>ep.tiny, n)
+    finally:
+        gx_xchg_int(&ep.tiny_busy, 0)
+    return 1
+
+
+cdef int _tiny_make(lp_ep* ep, lp_kind* k) except -1 nogil:
+    """Allocate and pin ep.tiny with k (portable: every context reaches it); 0 on failure."""
+    cdef void* mem = NULL
+    with gil:
+        if ep.tiny != NULL:
+            return 1
+        if posix_memalign(&mem, 4096, 4096) != 0:
+            ep.tiny_failed = 1
+            return 0
+        try:
+            k.ops.host_register(k.kctx, mem, 4096, 1)
+        except Exception:       # noqa: BLE001 - no pinned page: plain (driver-staged) copies
+            free(mem)
+            ep.tiny_failed = 1
+            return 0
+        ep.tiny_ops = k.ops
+        ep.tiny_kctx = k.kctx
+        gx_mem_fence()
+        ep.tiny = <char*>mem
+    return 1
+
+
+cdef int _tiny_free(lp_ep* ep) except -1:
+    cdef char* mem = ep.tiny
+    if mem == NULL:
+        return 0
+    ep.tiny = NULL
+    try:
+        ep.tiny_ops.host_register(ep.tiny_kctx, mem, 4096, 0)
+    except Exception:           # noqa: BLE001 - the kind may be closed: its context took it
+        pass
+    free(mem)
+    return 0
 
 
 include "local.src/pageable.pxi"
@@ -660,6 +724,7 @@ cdef class _EndpointContext:
                 _ep_streams_done(&self.c, True)
         finally:
             _bounce_free(&self.c)
+            _tiny_free(&self.c)
             for i in range(self.c.ns):
                 try:
                     self.c.s[i].ops.stream_destroy(self.c.s[i].kctx, self.c.s[i].stream)
