@@ -15,6 +15,8 @@
  *   dtod8_generic_us  the same by cuMemcpyAsync (UVA: the driver tells the kinds apart)
  *   dtod8_generic_pushpop_us  ... between cuCtxPushCurrent and cuCtxPopCurrent (as gexmk's kind)
  *   htod8_pinned_us   8 B cuMemcpyHtoDAsync from cuMemHostAlloc'd memory + sync
+ *   htod8_pinned_generic_us   the same by cuMemcpyAsync (UVA)
+ *   htod8_registered_us, htod8_registered_generic_us   from a cuMemHostRegister'ed page
  *   wv64_us, wv32_us  cuStreamWriteValue64 / 32 into the mapping + sync
  *   kernel8_us        a one-thread kernel copying 8 B local -> imported + sync
  *   sync_us           a bare cuStreamSynchronize of an idle stream
@@ -224,6 +226,22 @@ static int importer(int sock, int device, int odev, int iters)
     printf(", \"dtod8_generic_pushpop_us\": %.3f", median(t, iters));
     TIME(iters, { CK(cuMemcpyHtoDAsync(peer, pinned, 8, s)); CK(cuStreamSynchronize(s)); });
     printf(", \"htod8_pinned_us\": %.3f", median(t, iters));
+    TIME(iters, { CK(cuMemcpyAsync(peer, (CUdeviceptr)(uintptr_t)pinned, 8, s));
+                  CK(cuStreamSynchronize(s)); });
+    printf(", \"htod8_pinned_generic_us\": %.3f", median(t, iters));
+    {
+        void *page = NULL;
+        if (posix_memalign(&page, 4096, 4096) != 0)
+            exit(2);
+        CK(cuMemHostRegister(page, 4096, CU_MEMHOSTREGISTER_PORTABLE));
+        TIME(iters, { CK(cuMemcpyHtoDAsync(peer, page, 8, s)); CK(cuStreamSynchronize(s)); });
+        printf(", \"htod8_registered_us\": %.3f", median(t, iters));
+        TIME(iters, { CK(cuMemcpyAsync(peer, (CUdeviceptr)(uintptr_t)page, 8, s));
+                      CK(cuStreamSynchronize(s)); });
+        printf(", \"htod8_registered_generic_us\": %.3f", median(t, iters));
+        CK(cuMemHostUnregister(page));
+        free(page);
+    }
     TIME(iters, { CK(cuStreamWriteValue64(s, peer, 7, CU_STREAM_WRITE_VALUE_DEFAULT));
                   CK(cuStreamSynchronize(s)); });
     printf(", \"wv64_us\": %.3f", median(t, iters));

@@ -33,9 +33,13 @@ from gexmk.transports import fdpass
 from libc.errno cimport errno, EPERM, ESRCH, EFAULT
 from libc.stdint cimport uintptr_t, uint64_t
 from libc.stdlib cimport calloc, free
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 from posix.stdlib cimport posix_memalign
 from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED
+
+cdef extern from "<sys/mman.h>" nogil:
+    int madvise(void* addr, size_t length, int advice)
+    enum: MADV_HUGEPAGE
 from posix.unistd cimport close, sysconf, _SC_PAGESIZE
 
 from cpython.pycapsule cimport PyCapsule_GetPointer
