@@ -19,8 +19,10 @@
 # Collectives move data through the scratch halves: each rank stores its
 # chunk (a 16-byte header, then the data) in its own half, the team passes
 # a barrier, and readers fetch the chunks they need through the sync team's
-# routes (memcpy on a mapping, a get over the network) and combine them with
-# numpy in rank order (every rank computes the same bits).  Halves alternate
+# routes (memcpy on a mapping, a get over the network); reductions combine
+# them in rank order (every rank computes the same bits; core.src/reduce.pxi,
+# which also splits large allreduce chunks into reduce-scatter + allgather,
+# two barriers per chunk).  Halves alternate
 # per chunk, so one barrier per chunk suffices: a half is written again only
 # after the next chunk's barrier, which every rank enters after reading.
 
@@ -416,7 +418,7 @@ cdef int _check_header(_Coll co, int p, uintptr_t at, bytes mine, str sig) excep
     return 0
 
 
-cdef inline uintptr_t _half_addr(_Coll co, int p, uint64_t phase):
+cdef inline uintptr_t _half_addr(_Coll co, int p, uint64_t phase) noexcept nogil:
     return co.base[p] + _SYNC_BYTES + (phase & 1) * co.half
 
 
@@ -445,46 +447,6 @@ def _gen_bcast(_Coll co, object buf, int root, str sig):
                 _check_header(co, root, at, hdr, sig)
             if m:
                 co.sync._get(<void*>(p + lo), root, at + _HDR, m)
-        lo += m
-        if lo >= total:
-            break
-
-
-def _gen_reduce(_Coll co, object send, object recv, object ufunc, int opcode, int root, str sig):
-    """reduce (root >= 0) or allreduce (root < 0)."""
-    np = _numpy()
-    cdef Py_ssize_t total = send.nbytes, lo = 0, m, isz = send.dtype.itemsize
-    cdef Py_ssize_t step = ((co.half - _HDR) // isz) * isz
-    cdef uintptr_t at, sp = _addr_of(send), rp = 0
-    cdef int q
-    cdef bint reader
-    hdr = _header(total, send.dtype, opcode)
-    reader = root < 0 or co.me == root
-    tmp = np.empty(step // isz, send.dtype) if reader and co.n > 1 else None
-    if reader:
-        rp = _addr_of(recv)
-    while True:
-        m = min(step, total - lo)
-        mine = _half_addr(co, co.me, co.phase)
-        co.sync._put(co.me, mine, <char*>hdr, _HDR)
-        if m:
-            co.sync._put(co.me, mine + _HDR, <void*>(sp + lo), m)
-        ph = co.phase
-        co.phase += 1
-        yield
-        if reader:
-            out = recv[lo // isz:(lo + m) // isz]
-            for q in range(co.n):
-                at = _half_addr(co, q, ph)
-                if lo == 0 and q != co.me:
-                    _check_header(co, q, at, hdr, sig)
-                if not m:
-                    continue
-                if q == 0:
-                    co.sync._get(<void*>(rp + lo), q, at + _HDR, m)
-                else:
-                    co.sync._get(<void*><uintptr_t>_addr_of(tmp), q, at + _HDR, m)
-                    ufunc(out, tmp[:m // isz], out=out)
         lo += m
         if lo >= total:
             break
@@ -541,26 +503,6 @@ cdef object _tm_bcast(Team tm, object buf, object root, bint nb):
     gen = _gen_bcast(co, arr, r, sig)
     if nb:
         return _coll_event(tm, co, gen, (buf, arr))
-    return _run(co, gen)
-
-
-cdef object _tm_reduce(Team tm, object send, object recv, object op, object root, bint nb):
-    allr = root is None
-    name = "allreduce" if allr else "reduce"
-    sig = (f"{name}{'_nb' if nb else ''}(send, recv, op" + (")" if allr else ", root)"))
-    cdef _Coll co = _coll(tm, sig)
-    r = -1 if allr else _check_root(co, root, sig)
-    s = _as_array(send, sig, "send", False)
-    ufunc = _coll_op(op, s.dtype, sig)
-    rv = None
-    if allr or co.me == r:
-        rv = _as_array(recv, sig, "recv", True)
-        if rv.dtype != s.dtype or rv.size != s.size:
-            raise ArgumentError(f"{sig}: recv ({rv.size} x {rv.dtype}) must match send "
-                                f"({s.size} x {s.dtype})")
-    gen = _gen_reduce(co, s, rv, ufunc, _OP_CODE[ufunc.__name__], r, sig)
-    if nb:
-        return _coll_event(tm, co, gen, (send, recv, s, rv))
     return _run(co, gen)
 
 
