@@ -230,7 +230,7 @@ def test_collectives_ofi(tmp_path):
 
 
 # allreduce of chunks of at least 16 KiB runs as reduce-scatter + allgather
-# (core.src/reduce.pxi): with the default 64 KiB scratch, sizes around and
+# (core.src/reduce.pxi): with 64 KiB of scratch, sizes around and
 # across the chunk limits, uneven slices, the C loops and the numpy ones,
 # NB on some ranks beside blocking on the others, reduce beside it, and
 # members passing sizes that would pick different algorithms.
@@ -292,7 +292,7 @@ c.finalize()
 @pytest.mark.timeout(120)
 @NRANKS
 def test_allreduce_split_nbrhd(tmp_path, n):
-    r = mp_util.run_job(tmp_path, SPLIT, n, env={"GEXMK_COLL_SCRATCH": None, "GEXMK_TIMEOUT": 60},
+    r = mp_util.run_job(tmp_path, SPLIT, n, env={"GEXMK_COLL_SCRATCH": 65536, "GEXMK_TIMEOUT": 60},
                         launcher_timeout=100)
     r.check()
     assert r.stdout.count("SPLIT-OK") == n, r.report()
@@ -303,7 +303,7 @@ def test_allreduce_split_ofi(tmp_path):
     _need_ofi("tcp;ofi_rxm")
     r = mp_util.run_job(tmp_path, SPLIT, 2, env={
         "GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm", "FI_PROVIDER": None,
-        "GEXMK_COLL_SCRATCH": None, "GEXMK_TIMEOUT": 60}, launcher_timeout=130)
+        "GEXMK_COLL_SCRATCH": 65536, "GEXMK_TIMEOUT": 60}, launcher_timeout=130)
     r.check()
     assert r.stdout.count("SPLIT-OK") == 2, r.report()
 

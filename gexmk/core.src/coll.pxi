@@ -64,7 +64,7 @@ cdef class _Sync:
 cdef int _sync_init(Client c) except -1:
     """init(): the hidden endpoint, its segment, published to every process."""
     cdef _Sync s = _Sync.__new__(_Sync)
-    half = int(os.environ.get("GEXMK_COLL_SCRATCH", "") or 65536)
+    half = int(os.environ.get("GEXMK_COLL_SCRATCH", "") or 262144)
     nblocks = int(os.environ.get("GEXMK_COLL_TEAMS", "") or 32)
     if half < 64 or nblocks < 1:
         raise ArgumentError(f"GEXMK_COLL_SCRATCH={half} / GEXMK_COLL_TEAMS={nblocks}: need "
@@ -428,30 +428,6 @@ cdef inline Py_ssize_t _addr_of(object arr):
 
 # ---- the collectives as generators (yield = a barrier) ----------------------------
 
-def _gen_bcast(_Coll co, object buf, int root, str sig):
-    cdef Py_ssize_t total = buf.nbytes, lo = 0, m
-    cdef Py_ssize_t step = co.half - _HDR
-    cdef uintptr_t at, p = _addr_of(buf)
-    hdr = _header(total, buf.dtype, 0)
-    while True:
-        m = min(step, total - lo)
-        at = _half_addr(co, root, co.phase)
-        co.phase += 1
-        if co.me == root:
-            co.sync._put(root, at, <char*>hdr, _HDR)
-            if m:
-                co.sync._put(root, at + _HDR, <void*>(p + lo), m)
-        yield
-        if co.me != root:
-            if lo == 0:
-                _check_header(co, root, at, hdr, sig)
-            if m:
-                co.sync._get(<void*>(p + lo), root, at + _HDR, m)
-        lo += m
-        if lo >= total:
-            break
-
-
 def _gen_gather(_Coll co, object send, object recv, int root, str sig):
     """gather (root >= 0) or allgather (root < 0)."""
     cdef Py_ssize_t total = send.nbytes, lo = 0, m
@@ -493,17 +469,6 @@ cdef object _tm_barrier(Team tm, object timeout, bint nb):
         return _coll_event(tm, co, None, None)
     _barrier(co, t)
     return None
-
-
-cdef object _tm_bcast(Team tm, object buf, object root, bint nb):
-    sig = "bcast_nb(buf, root)" if nb else "bcast(buf, root)"
-    cdef _Coll co = _coll(tm, sig)
-    r = _check_root(co, root, sig)
-    arr = _as_array(buf, sig, "buf", True)
-    gen = _gen_bcast(co, arr, r, sig)
-    if nb:
-        return _coll_event(tm, co, gen, (buf, arr))
-    return _run(co, gen)
 
 
 cdef object _tm_gather(Team tm, object send, object recv, object root, bint nb):

@@ -1,4 +1,4 @@
-# ---- reduce and allreduce: one engine, blocking and NB (after coll.pxi) ----------
+# ---- reduce, allreduce, bcast: one engine, blocking and NB (after coll.pxi) ------
 #
 # Per chunk (at most one scratch half of data) every member stores the chunk's
 # header and data in its own half and the team passes a barrier; then either
@@ -17,7 +17,8 @@
 # is read in place where it is mapped here and fetched into a private buffer
 # otherwise.  C loops combine the fixed-width integer and float types; other
 # dtypes (bool, complex, float16, byte-swapped) go through the numpy ufunc.
-# The blocking call runs without Python objects per chunk: the payload's
+# A broadcast is the same loop: the root stores each chunk, the others copy
+# it after the barrier.  The blocking call runs without Python objects per chunk: the payload's
 # addresses come from the buffer protocol, the loops run without the GIL.
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE
@@ -108,6 +109,7 @@ cdef class _Red:
     cdef uint64_t ph                # the phase (half) of the chunk in progress
     cdef int dt, op, root
     cdef bint split
+    cdef bint bcast                 # a broadcast: the root stores, the others copy
     cdef unsigned char hdr[_HDR]
     cdef object dtype               # numpy dtype (ufunc path and messages)
     cdef object ufunc               # dt < 0 only
@@ -188,7 +190,6 @@ cdef _Red _red_intake(_Coll co, object send, object recv, object op, int root, s
     cdef int code = 0
     cdef char ch
     cdef int64_t total
-    cdef int i
     R.sig = sig
     R.root = root
     _get_send(R, send, sig)
@@ -211,12 +212,36 @@ cdef _Red _red_intake(_Coll co, object send, object recv, object op, int root, s
             (R.sv.format[1] if R.sv.format != NULL else b'B')
     else:
         ch = ord(_red_dtype(R).char)
-    total = R.total
+    _set_header(R, ch, code)
+    return R
+
+
+cdef int _set_header(_Red R, char ch, int code) except -1:
+    """The chunk header: total bytes (little-endian int64), the dtype's char,
+    six zero bytes, the op code (coll.pxi's _header, byte for byte)."""
+    cdef int i
+    cdef int64_t total = R.total
     for i in range(8):
         R.hdr[i] = (total >> (8 * i)) & 0xff
     R.hdr[8] = <unsigned char>ch
     memset(&R.hdr[9], 0, 6)
     R.hdr[15] = <unsigned char>code
+    return 0
+
+
+cdef _Red _bc_intake(_Coll co, object buf, int root, str sig):
+    cdef _Red R = _Red.__new__(_Red)
+    arr = _as_array(buf, sig, "buf", True)        # writable, C-contiguous, numeric
+    PyObject_GetBuffer(arr, &R.rv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+    R.has_r = True
+    R.sig = sig
+    R.root = root
+    R.bcast = True
+    R.rp = R.sp = <char*>R.rv.buf
+    R.isz = 1
+    R.total = R.rv.len
+    R.step = co.half - _HDR
+    _set_header(R, ord(arr.dtype.char), 0)
     return R
 
 
@@ -315,6 +340,8 @@ cdef int _red_post(_Coll co, _Red R) except -1 nogil:
     R.split = R.root < 0 and co.n > 1 and R.m >= _SPLIT_BYTES and R.m // R.isz >= co.n
     R.ph = co.phase
     co.phase += 1
+    if R.bcast and co.me != R.root:
+        return 0
     at = _half_addr(co, co.me, R.ph)
     _put_own(co, at, R.hdr, _HDR)
     if R.m:
@@ -329,7 +356,22 @@ cdef int _red_mid(_Coll co, _Red R) except -1 nogil:
     cdef const char* h
     cdef int q
     cdef Py_ssize_t a, b
+    cdef uintptr_t at
     if R.rp == NULL:
+        R.lo += R.m
+        return 0
+    if R.bcast:
+        if co.me != R.root:
+            at = _half_addr(co, R.root, R.ph)
+            if R.lo == 0:
+                h = _peer(co, R, R.root, at, _HDR, <char*>theirs)
+                if memcmp(h, R.hdr, _HDR) != 0:
+                    with gil:
+                        _check_header(co, R.root, at, (<char*>R.hdr)[:_HDR], R.sig)
+            if R.m:
+                q = gx_get(co.st, R.root, R.rp + R.lo, at + _HDR, R.m)
+                if q != GX_OK:
+                    get_slow(co.st, R.root, R.rp + R.lo, at + _HDR, R.m, q)
         R.lo += R.m
         return 0
     if R.lo == 0:
@@ -379,7 +421,7 @@ cdef int _red_blocking(_Coll co, _Red R) except -1:
     c._inflight += 1
     try:
         while True:
-            if R.step < _SMALL_COPY and R.total - R.lo < _SMALL_COPY:
+            if R.step < _SMALL_COPY or R.total - R.lo < _SMALL_COPY:
                 _red_post(co, R)
                 _barrier(co, 0)
                 _red_mid(co, R)
@@ -411,6 +453,16 @@ def _gen_red(_Coll co, _Red R):
             _red_end(co, R)
         if R.lo >= R.total:
             break
+
+
+cdef object _tm_bcast(Team tm, object buf, object root, bint nb):
+    cdef str sig = "bcast_nb(buf, root)" if nb else "bcast(buf, root)"
+    cdef _Coll co = _coll(tm, sig)
+    cdef _Red R = _bc_intake(co, buf, _check_root(co, root, sig), sig)
+    if nb:
+        return _coll_event(tm, co, _gen_red(co, R), (buf, R))
+    _red_blocking(co, R)
+    return None
 
 
 _RED_SIGS = {(True, False): "allreduce(send, recv, op)", (True, True): "allreduce_nb(send, recv, op)",
