@@ -252,7 +252,7 @@ cdef inline void _slice(Py_ssize_t cnt, int n, int r, Py_ssize_t* a, Py_ssize_t*
     b[0] = cnt * (r + 1) // n
 
 
-cdef const char* _peer(_Coll co, _Red R, int q, uintptr_t at, Py_ssize_t nb, char* buf) except NULL nogil:
+cdef const char* _peer(_Coll co, int q, uintptr_t at, Py_ssize_t nb, char* buf) except NULL nogil:
     """Bytes [at, at + nb) of q's sync segment: in place where mapped here,
     else fetched into buf."""
     cdef char* p
@@ -321,7 +321,7 @@ cdef int _reduce_into(_Coll co, _Red R, char* dst, Py_ssize_t off, Py_ssize_t nb
             with gil:
                 raise MemoryError()
     for q in range(co.n):
-        src = _peer(co, R, q, _half_addr(co, q, R.ph) + _HDR + off, nb, dst if q == 0 else R.tmp)
+        src = _peer(co, q, _half_addr(co, q, R.ph) + _HDR + off, nb, dst if q == 0 else R.tmp)
         if q == 0:
             first = src
         elif q == 1:
@@ -364,7 +364,7 @@ cdef int _red_mid(_Coll co, _Red R) except -1 nogil:
         if co.me != R.root:
             at = _half_addr(co, R.root, R.ph)
             if R.lo == 0:
-                h = _peer(co, R, R.root, at, _HDR, <char*>theirs)
+                h = _peer(co, R.root, at, _HDR, <char*>theirs)
                 if memcmp(h, R.hdr, _HDR) != 0:
                     with gil:
                         _check_header(co, R.root, at, (<char*>R.hdr)[:_HDR], R.sig)
@@ -378,7 +378,7 @@ cdef int _red_mid(_Coll co, _Red R) except -1 nogil:
         for q in range(co.n):
             if q == co.me:
                 continue
-            h = _peer(co, R, q, _half_addr(co, q, R.ph), _HDR, <char*>theirs)
+            h = _peer(co, q, _half_addr(co, q, R.ph), _HDR, <char*>theirs)
             if memcmp(h, R.hdr, _HDR) != 0:
                 with gil:
                     _check_header(co, q, _half_addr(co, q, R.ph), (<char*>R.hdr)[:_HDR], R.sig)
