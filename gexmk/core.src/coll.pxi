@@ -347,13 +347,6 @@ cdef _CollEvent _coll_event(Team tm, _Coll co, object gen, object keep):
     return ev
 
 
-cdef object _run(_Coll co, object gen):
-    """Run a collective's generator to the end, a blocking barrier at each yield."""
-    for _ in gen:
-        _barrier(co, 0)
-    return None
-
-
 # ---- argument intake ------------------------------------------------------------
 
 cdef object _as_array(object a, str sig, str name, bint writable):
@@ -400,10 +393,6 @@ cdef int _check_root(_Coll co, object root, str sig) except -1:
     return r
 
 
-cdef bytes _header(Py_ssize_t nbytes, object dtype, int op):
-    return struct.pack("<qcxxxxxxB", nbytes, dtype.char.encode(), op)
-
-
 cdef int _check_header(_Coll co, int p, uintptr_t at, bytes mine, str sig) except -1:
     """Rank p's chunk header must equal this rank's (sizes, dtype, op agree)."""
     cdef char theirs[_HDR]
@@ -422,43 +411,6 @@ cdef inline uintptr_t _half_addr(_Coll co, int p, uint64_t phase) noexcept nogil
     return co.base[p] + _SYNC_BYTES + (phase & 1) * co.half
 
 
-cdef inline Py_ssize_t _addr_of(object arr):
-    return arr.__array_interface__["data"][0]
-
-
-# ---- the collectives as generators (yield = a barrier) ----------------------------
-
-def _gen_gather(_Coll co, object send, object recv, int root, str sig):
-    """gather (root >= 0) or allgather (root < 0)."""
-    cdef Py_ssize_t total = send.nbytes, lo = 0, m
-    cdef Py_ssize_t step = co.half - _HDR
-    cdef uintptr_t at, sp = _addr_of(send), rp = 0
-    cdef int q
-    cdef bint reader = root < 0 or co.me == root
-    hdr = _header(total, send.dtype, 0)
-    if reader:
-        rp = _addr_of(recv)
-    while True:
-        m = min(step, total - lo)
-        mine = _half_addr(co, co.me, co.phase)
-        co.sync._put(co.me, mine, <char*>hdr, _HDR)
-        if m:
-            co.sync._put(co.me, mine + _HDR, <void*>(sp + lo), m)
-        ph = co.phase
-        co.phase += 1
-        yield
-        if reader:
-            for q in range(co.n):
-                at = _half_addr(co, q, ph)
-                if lo == 0 and q != co.me:
-                    _check_header(co, q, at, hdr, sig)
-                if m:
-                    co.sync._get(<void*>(rp + q * total + lo), q, at + _HDR, m)
-        lo += m
-        if lo >= total:
-            break
-
-
 # ---- Team methods (delegated from team.pxi) --------------------------------------
 
 cdef object _tm_barrier(Team tm, object timeout, bint nb):
@@ -469,22 +421,3 @@ cdef object _tm_barrier(Team tm, object timeout, bint nb):
         return _coll_event(tm, co, None, None)
     _barrier(co, t)
     return None
-
-
-cdef object _tm_gather(Team tm, object send, object recv, object root, bint nb):
-    allg = root is None
-    name = "allgather" if allg else "gather"
-    sig = f"{name}{'_nb' if nb else ''}(send, recv" + (")" if allg else ", root)")
-    cdef _Coll co = _coll(tm, sig)
-    r = -1 if allg else _check_root(co, root, sig)
-    s = _as_array(send, sig, "send", False)
-    rv = None
-    if allg or co.me == r:
-        rv = _as_array(recv, sig, "recv", True)
-        if rv.dtype != s.dtype or rv.size != s.size * co.n:
-            raise ArgumentError(f"{sig}: recv ({rv.size} x {rv.dtype}) must hold team size "
-                                f"({co.n}) x send ({s.size} x {s.dtype})")
-    gen = _gen_gather(co, s, rv, r, sig)
-    if nb:
-        return _coll_event(tm, co, gen, (send, recv, s, rv))
-    return _run(co, gen)

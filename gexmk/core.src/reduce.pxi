@@ -1,4 +1,4 @@
-# ---- reduce, allreduce, bcast: one engine, blocking and NB (after coll.pxi) ------
+# ---- reduce, allreduce, bcast, gather, allgather: one engine, blocking and NB ------
 #
 # Per chunk (at most one scratch half of data) every member stores the chunk's
 # header and data in its own half and the team passes a barrier; then either
@@ -18,7 +18,8 @@
 # otherwise.  C loops combine the fixed-width integer and float types; other
 # dtypes (bool, complex, float16, byte-swapped) go through the numpy ufunc.
 # A broadcast is the same loop: the root stores each chunk, the others copy
-# it after the barrier.  The blocking call runs without Python objects per chunk: the payload's
+# it after the barrier; a gather: every member stores, the readers copy every
+# member's chunk into its place.  The blocking call runs without Python objects per chunk: the payload's
 # addresses come from the buffer protocol, the loops run without the GIL.
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE
@@ -110,6 +111,7 @@ cdef class _Red:
     cdef int dt, op, root
     cdef bint split
     cdef bint bcast                 # a broadcast: the root stores, the others copy
+    cdef bint gather                # a gather: the readers copy every member's chunk
     cdef unsigned char hdr[_HDR]
     cdef object dtype               # numpy dtype (ufunc path and messages)
     cdef object ufunc               # dt < 0 only
@@ -156,7 +158,9 @@ cdef int _get_send(_Red R, object send, str sig) except -1:
     return 0
 
 
-cdef int _get_recv(_Red R, object recv, str sig) except -1:
+cdef int _get_recv(_Red R, object recv, str sig, int members) except -1:
+    """recv through the buffer protocol: writable, C-contiguous, send's dtype
+    and ``members`` times its size (1: a reduction, team size: a gather)."""
     ok = type(recv) is _numpy().ndarray
     if ok:
         try:
@@ -168,13 +172,16 @@ cdef int _get_recv(_Red R, object recv, str sig) except -1:
         PyObject_GetBuffer(r, &R.rv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE)
     R.has_r = True
     R.rp = <char*>R.rv.buf
-    if R.rv.len != R.sv.len or R.rv.itemsize != R.sv.itemsize or _fmt_dt(&R.rv) != R.dt \
+    if R.rv.len != R.sv.len * members or R.rv.itemsize != R.sv.itemsize or _fmt_dt(&R.rv) != R.dt \
             or (R.dt < 0 and R.rv.format != NULL and R.sv.format != NULL
                 and (<bytes>R.rv.format) != (<bytes>R.sv.format)):
         rd, sd = (<object>R.rv.obj).dtype, _red_dtype(R)
         rn = R.rv.len // R.rv.itemsize if R.rv.itemsize else 0
         sn = R.sv.len // R.sv.itemsize if R.sv.itemsize else 0
-        if rd != sd or rn != sn:
+        if members != 1 and (rd != sd or rn != sn * members):
+            raise ArgumentError(f"{sig}: recv ({rn} x {rd}) must hold team size ({members}) x "
+                                f"send ({sn} x {sd})")
+        if rd != sd or rn != sn * members:
             raise ArgumentError(f"{sig}: recv ({rn} x {rd}) must match send ({sn} x {sd})")
     return 0
 
@@ -194,7 +201,7 @@ cdef _Red _red_intake(_Coll co, object send, object recv, object op, int root, s
     R.root = root
     _get_send(R, send, sig)
     if root < 0 or co.me == root:
-        _get_recv(R, recv, sig)
+        _get_recv(R, recv, sig, 1)
     if type(op) is str or type(op) is int:
         code = _FAST_OPS.get(op, 0)
     if code == 0 or R.dt < 0 or (R.dt >= 8 and code >= 5):
@@ -207,18 +214,38 @@ cdef _Red _red_intake(_Coll co, object send, object recv, object op, int root, s
     R.total = R.sv.len
     R.step = ((co.half - _HDR) // R.isz) * R.isz
     # the header: total bytes (little-endian int64), dtype char, six zero bytes, op
+    _set_header(R, _send_char(R), code)
+    return R
+
+
+cdef char _send_char(_Red R) except 0:
+    """send's numpy dtype char (the header's): the buffer's format where it is
+    one of the C loops' characters (the same char), else the dtype's."""
+    if R.dt >= 0 and R.sv.format != NULL:
+        return R.sv.format[0] if R.sv.format[0] != b'@' else R.sv.format[1]
     if R.dt >= 0:
-        ch = R.sv.format[0] if R.sv.format != NULL and R.sv.format[0] != b'@' else \
-            (R.sv.format[1] if R.sv.format != NULL else b'B')
-    else:
-        ch = ord(_red_dtype(R).char)
-    _set_header(R, ch, code)
+        return b'B'
+    return ord(_red_dtype(R).char)
+
+
+cdef _Red _ga_intake(_Coll co, object send, object recv, int root, str sig):
+    cdef _Red R = _Red.__new__(_Red)
+    R.sig = sig
+    R.root = root
+    R.gather = True
+    _get_send(R, send, sig)
+    if root < 0 or co.me == root:
+        _get_recv(R, recv, sig, co.n)
+    R.isz = 1
+    R.total = R.sv.len
+    R.step = co.half - _HDR
+    _set_header(R, _send_char(R), 0)
     return R
 
 
 cdef int _set_header(_Red R, char ch, int code) except -1:
     """The chunk header: total bytes (little-endian int64), the dtype's char,
-    six zero bytes, the op code (coll.pxi's _header, byte for byte)."""
+    six zero bytes, the op code (what coll.pxi's _check_header unpacks)."""
     cdef int i
     cdef int64_t total = R.total
     for i in range(8):
@@ -357,6 +384,7 @@ cdef int _red_mid(_Coll co, _Red R) except -1 nogil:
     cdef int q
     cdef Py_ssize_t a, b
     cdef uintptr_t at
+    cdef int rc
     if R.rp == NULL:
         R.lo += R.m
         return 0
@@ -382,6 +410,15 @@ cdef int _red_mid(_Coll co, _Red R) except -1 nogil:
             if memcmp(h, R.hdr, _HDR) != 0:
                 with gil:
                     _check_header(co, q, _half_addr(co, q, R.ph), (<char*>R.hdr)[:_HDR], R.sig)
+    if R.gather:
+        for q in range(co.n):
+            if R.m:
+                at = _half_addr(co, q, R.ph) + _HDR
+                rc = gx_get(co.st, q, R.rp + q * R.total + R.lo, at, R.m)
+                if rc != GX_OK:
+                    get_slow(co.st, q, R.rp + q * R.total + R.lo, at, R.m, rc)
+        R.lo += R.m
+        return 0
     if not R.split:
         _reduce_into(co, R, R.rp + R.lo, 0, R.m)
         R.lo += R.m
@@ -461,6 +498,22 @@ cdef object _tm_bcast(Team tm, object buf, object root, bint nb):
     cdef _Red R = _bc_intake(co, buf, _check_root(co, root, sig), sig)
     if nb:
         return _coll_event(tm, co, _gen_red(co, R), (buf, R))
+    _red_blocking(co, R)
+    return None
+
+
+_GA_SIGS = {(True, False): "allgather(send, recv)", (True, True): "allgather_nb(send, recv)",
+            (False, False): "gather(send, recv, root)", (False, True): "gather_nb(send, recv, root)"}
+
+
+cdef object _tm_gather(Team tm, object send, object recv, object root, bint nb):
+    cdef bint allg = root is None
+    cdef str sig = _GA_SIGS[allg, nb]
+    cdef _Coll co = _coll(tm, sig)
+    cdef int r = -1 if allg else _check_root(co, root, sig)
+    cdef _Red R = _ga_intake(co, send, recv, r, sig)
+    if nb:
+        return _coll_event(tm, co, _gen_red(co, R), (send, recv, R))
     _red_blocking(co, R)
     return None
 
