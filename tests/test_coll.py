@@ -276,6 +276,28 @@ for dt, m in cases:
             assert out.tobytes() == want.tobytes(), (dt, m, op, root)
         done += 1
 
+# numpy's results where C could differ: NaN operands of min/max (the NaN is
+# returned, as np.minimum does), integer sums and products that wrap
+for m in (7, 5000):
+    for dt, op in ((np.float64, "min"), (np.float32, "max"), (np.float64, "sum"),
+                   (np.int32, "sum"), (np.int64, "prod"), (np.uint16, "prod"), (np.int8, "sum")):
+        alls = []
+        for r in range(n):
+            if np.dtype(dt).kind == "f":
+                x = data(r, dt, m)
+                x[r::n + 1] = np.nan
+                x[(r + 1) % m] = -np.inf
+            else:
+                info = np.iinfo(dt)
+                x = (np.arange(m, dtype=np.int64) * 7919 * (r + 1) % (int(info.max) - 3) + 3).astype(dt)
+            alls.append(x)
+        want = alls[0].copy()
+        for x in alls[1:]:
+            UF[op](want, x, out=want)
+        out = np.zeros_like(alls[me])
+        tm.allreduce(alls[me], out, op)
+        assert out.tobytes() == want.tobytes(), (dt, m, op, out[:8], want[:8])
+
 # sizes that pick different algorithms (8 KB: whole, 24 KB: split): all raise
 k = 1000 if me == 0 else 3000
 e = expect_raises(E.ArgumentError, tm.allreduce, np.ones(k), np.zeros(k), "sum")
