@@ -339,16 +339,23 @@ cdef int _reduce_into(_Coll co, _Red R, char* dst, Py_ssize_t off, Py_ssize_t nb
     """dst = the members' bytes [off, off + nb) of the chunk, combined in rank order."""
     cdef const char* first = NULL
     cdef const char* src
+    cdef char* p
+    cdef gx_route* rt
+    cdef uintptr_t at
     cdef int q
     if nb == 0:
         return 0
-    if R.tmp == NULL:
-        R.tmp = <char*>malloc(co.half)      # for unmapped peers (a mapped one never uses it)
-        if R.tmp == NULL:
-            with gil:
-                raise MemoryError()
     for q in range(co.n):
-        src = _peer(co, q, _half_addr(co, q, R.ph) + _HDR + off, nb, dst if q == 0 else R.tmp)
+        at = _half_addr(co, q, R.ph) + _HDR + off
+        if q == 0 or gx_locate(co.st, q, at, nb, &p, &rt) == GX_OK:
+            src = _peer(co, q, at, nb, dst)     # in place, or (rank 0) fetched into dst
+        else:
+            if R.tmp == NULL:               # only where a peer is not mapped here
+                R.tmp = <char*>malloc(co.half)
+                if R.tmp == NULL:
+                    with gil:
+                        raise MemoryError()
+            src = _peer(co, q, at, nb, R.tmp)
         if q == 0:
             first = src
         elif q == 1:
@@ -397,9 +404,9 @@ cdef int _red_mid(_Coll co, _Red R) except -1 nogil:
                     with gil:
                         _check_header(co, R.root, at, (<char*>R.hdr)[:_HDR], R.sig)
             if R.m:
-                q = gx_get(co.st, R.root, R.rp + R.lo, at + _HDR, R.m)
-                if q != GX_OK:
-                    get_slow(co.st, R.root, R.rp + R.lo, at + _HDR, R.m, q)
+                rc = gx_get(co.st, R.root, R.rp + R.lo, at + _HDR, R.m)
+                if rc != GX_OK:
+                    get_slow(co.st, R.root, R.rp + R.lo, at + _HDR, R.m, rc)
         R.lo += R.m
         return 0
     if R.lo == 0:
