@@ -229,6 +229,107 @@ def test_collectives_ofi(tmp_path):
     assert r.stdout.count("COLL-OK") == 2, r.report()
 
 
+# allreduce of chunks of at least 16 KiB runs as reduce-scatter + allgather
+# (core.src/reduce.pxi): with 64 KiB of scratch, sizes around and
+# across the chunk limits, uneven slices, the C loops and the numpy ones,
+# NB on some ranks beside blocking on the others, reduce beside it, and
+# members passing sizes that would pick different algorithms.
+SPLIT = r"""
+c = gexmk.init()
+tm = c.tm
+n, me = tm.size, tm.rank
+
+def data(r, dt, m):
+    x = (np.arange(m) * (r + 3) + 7 * r) % 11 + 1
+    return x.astype(dt)
+
+UF = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
+      "xor": np.bitwise_xor, "or": np.bitwise_or}
+cases = [(np.float64, 2500), (np.float64, 3 * 8190 + 5), (np.float32, 4097 * 3),
+         (np.int64, 8190 * 2 + n - 1), (np.int16, 8200 * 5 + 3), (np.uint8, 70001),
+         (np.complex128, 1500), (np.bool_, 20000), (np.float16, 9000)]
+done = 0
+for dt, m in cases:
+    mine = data(me, dt, m)
+    alls = [data(r, dt, m) for r in range(n)]
+    for op, uf in UF.items():
+        if op in ("xor", "or") and np.dtype(dt).kind not in "biu":
+            continue
+        if op in ("min", "max") and np.dtype(dt).kind == "c":
+            continue
+        want = alls[0].copy()
+        for x in alls[1:]:
+            uf(want, x, out=want)
+        out = np.zeros_like(mine)
+        if (done + me) % 3 == 0:
+            tm.allreduce_nb(mine, out, op).wait()
+        else:
+            tm.allreduce(mine, out, op)
+        assert out.tobytes() == want.tobytes(), (dt, m, op, out[:5], want[:5])
+        inplace = mine.copy()
+        tm.allreduce(inplace, inplace, op)
+        assert inplace.tobytes() == want.tobytes(), (dt, m, op, "in place")
+        root = done % n
+        out = np.zeros_like(mine)
+        tm.reduce(mine, out if me == root else None, op, root)
+        if me == root:
+            assert out.tobytes() == want.tobytes(), (dt, m, op, root)
+        done += 1
+
+# numpy's results where C could differ: NaN operands of min/max (the NaN is
+# returned, as np.minimum does), integer sums and products that wrap
+for m in (7, 5000):
+    for dt, op in ((np.float64, "min"), (np.float32, "max"), (np.float64, "sum"),
+                   (np.int32, "sum"), (np.int64, "prod"), (np.uint16, "prod"), (np.int8, "sum")):
+        alls = []
+        for r in range(n):
+            if np.dtype(dt).kind == "f":
+                x = data(r, dt, m)
+                x[r::n + 1] = np.nan
+                x[(r + 1) % m] = -np.inf
+            else:
+                info = np.iinfo(dt)
+                x = (np.arange(m, dtype=np.int64) * 7919 * (r + 1) % (int(info.max) - 3) + 3).astype(dt)
+            alls.append(x)
+        want = alls[0].copy()
+        for x in alls[1:]:
+            UF[op](want, x, out=want)
+        out = np.zeros_like(alls[me])
+        tm.allreduce(alls[me], out, op)
+        assert out.tobytes() == want.tobytes(), (dt, m, op, out[:8], want[:8])
+
+# sizes that pick different algorithms (8 KB: whole, 24 KB: split): all raise
+k = 1000 if me == 0 else 3000
+e = expect_raises(E.ArgumentError, tm.allreduce, np.ones(k), np.zeros(k), "sum")
+assert "matching" in str(e), e
+tm.barrier()
+x = np.full(5000, me + 1.0)
+tm.allreduce(x, x, "sum")
+assert (x == n * (n + 1) / 2).all()
+print("SPLIT-OK", done, flush=True)
+c.finalize()
+"""
+
+
+@pytest.mark.timeout(120)
+@NRANKS
+def test_allreduce_split_nbrhd(tmp_path, n):
+    r = mp_util.run_job(tmp_path, SPLIT, n, env={"GEXMK_COLL_SCRATCH": 65536, "GEXMK_TIMEOUT": 60},
+                        launcher_timeout=100)
+    r.check()
+    assert r.stdout.count("SPLIT-OK") == n, r.report()
+
+
+@pytest.mark.timeout(150)
+def test_allreduce_split_ofi(tmp_path):
+    _need_ofi("tcp;ofi_rxm")
+    r = mp_util.run_job(tmp_path, SPLIT, 2, env={
+        "GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm", "FI_PROVIDER": None,
+        "GEXMK_COLL_SCRATCH": 65536, "GEXMK_TIMEOUT": 60}, launcher_timeout=130)
+    r.check()
+    assert r.stdout.count("SPLIT-OK") == 2, r.report()
+
+
 # ---- 3. unmatched barriers ---------------------------------------------------------
 
 SKIP = r'''

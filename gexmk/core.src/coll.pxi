@@ -19,8 +19,10 @@
 # Collectives move data through the scratch halves: each rank stores its
 # chunk (a 16-byte header, then the data) in its own half, the team passes
 # a barrier, and readers fetch the chunks they need through the sync team's
-# routes (memcpy on a mapping, a get over the network) and combine them with
-# numpy in rank order (every rank computes the same bits).  Halves alternate
+# routes (memcpy on a mapping, a get over the network); reductions combine
+# them in rank order (every rank computes the same bits; core.src/reduce.pxi,
+# which also splits large allreduce chunks into reduce-scatter + allgather,
+# two barriers per chunk).  Halves alternate
 # per chunk, so one barrier per chunk suffices: a half is written again only
 # after the next chunk's barrier, which every rank enters after reading.
 
@@ -62,7 +64,7 @@ cdef class _Sync:
 cdef int _sync_init(Client c) except -1:
     """init(): the hidden endpoint, its segment, published to every process."""
     cdef _Sync s = _Sync.__new__(_Sync)
-    half = int(os.environ.get("GEXMK_COLL_SCRATCH", "") or 65536)
+    half = int(os.environ.get("GEXMK_COLL_SCRATCH", "") or 262144)
     nblocks = int(os.environ.get("GEXMK_COLL_TEAMS", "") or 32)
     if half < 64 or nblocks < 1:
         raise ArgumentError(f"GEXMK_COLL_SCRATCH={half} / GEXMK_COLL_TEAMS={nblocks}: need "
@@ -345,13 +347,6 @@ cdef _CollEvent _coll_event(Team tm, _Coll co, object gen, object keep):
     return ev
 
 
-cdef object _run(_Coll co, object gen):
-    """Run a collective's generator to the end, a blocking barrier at each yield."""
-    for _ in gen:
-        _barrier(co, 0)
-    return None
-
-
 # ---- argument intake ------------------------------------------------------------
 
 cdef object _as_array(object a, str sig, str name, bint writable):
@@ -398,10 +393,6 @@ cdef int _check_root(_Coll co, object root, str sig) except -1:
     return r
 
 
-cdef bytes _header(Py_ssize_t nbytes, object dtype, int op):
-    return struct.pack("<qcxxxxxxB", nbytes, dtype.char.encode(), op)
-
-
 cdef int _check_header(_Coll co, int p, uintptr_t at, bytes mine, str sig) except -1:
     """Rank p's chunk header must equal this rank's (sizes, dtype, op agree)."""
     cdef char theirs[_HDR]
@@ -416,109 +407,8 @@ cdef int _check_header(_Coll co, int p, uintptr_t at, bytes mine, str sig) excep
     return 0
 
 
-cdef inline uintptr_t _half_addr(_Coll co, int p, uint64_t phase):
+cdef inline uintptr_t _half_addr(_Coll co, int p, uint64_t phase) noexcept nogil:
     return co.base[p] + _SYNC_BYTES + (phase & 1) * co.half
-
-
-cdef inline Py_ssize_t _addr_of(object arr):
-    return arr.__array_interface__["data"][0]
-
-
-# ---- the collectives as generators (yield = a barrier) ----------------------------
-
-def _gen_bcast(_Coll co, object buf, int root, str sig):
-    cdef Py_ssize_t total = buf.nbytes, lo = 0, m
-    cdef Py_ssize_t step = co.half - _HDR
-    cdef uintptr_t at, p = _addr_of(buf)
-    hdr = _header(total, buf.dtype, 0)
-    while True:
-        m = min(step, total - lo)
-        at = _half_addr(co, root, co.phase)
-        co.phase += 1
-        if co.me == root:
-            co.sync._put(root, at, <char*>hdr, _HDR)
-            if m:
-                co.sync._put(root, at + _HDR, <void*>(p + lo), m)
-        yield
-        if co.me != root:
-            if lo == 0:
-                _check_header(co, root, at, hdr, sig)
-            if m:
-                co.sync._get(<void*>(p + lo), root, at + _HDR, m)
-        lo += m
-        if lo >= total:
-            break
-
-
-def _gen_reduce(_Coll co, object send, object recv, object ufunc, int opcode, int root, str sig):
-    """reduce (root >= 0) or allreduce (root < 0)."""
-    np = _numpy()
-    cdef Py_ssize_t total = send.nbytes, lo = 0, m, isz = send.dtype.itemsize
-    cdef Py_ssize_t step = ((co.half - _HDR) // isz) * isz
-    cdef uintptr_t at, sp = _addr_of(send), rp = 0
-    cdef int q
-    cdef bint reader
-    hdr = _header(total, send.dtype, opcode)
-    reader = root < 0 or co.me == root
-    tmp = np.empty(step // isz, send.dtype) if reader and co.n > 1 else None
-    if reader:
-        rp = _addr_of(recv)
-    while True:
-        m = min(step, total - lo)
-        mine = _half_addr(co, co.me, co.phase)
-        co.sync._put(co.me, mine, <char*>hdr, _HDR)
-        if m:
-            co.sync._put(co.me, mine + _HDR, <void*>(sp + lo), m)
-        ph = co.phase
-        co.phase += 1
-        yield
-        if reader:
-            out = recv[lo // isz:(lo + m) // isz]
-            for q in range(co.n):
-                at = _half_addr(co, q, ph)
-                if lo == 0 and q != co.me:
-                    _check_header(co, q, at, hdr, sig)
-                if not m:
-                    continue
-                if q == 0:
-                    co.sync._get(<void*>(rp + lo), q, at + _HDR, m)
-                else:
-                    co.sync._get(<void*><uintptr_t>_addr_of(tmp), q, at + _HDR, m)
-                    ufunc(out, tmp[:m // isz], out=out)
-        lo += m
-        if lo >= total:
-            break
-
-
-def _gen_gather(_Coll co, object send, object recv, int root, str sig):
-    """gather (root >= 0) or allgather (root < 0)."""
-    cdef Py_ssize_t total = send.nbytes, lo = 0, m
-    cdef Py_ssize_t step = co.half - _HDR
-    cdef uintptr_t at, sp = _addr_of(send), rp = 0
-    cdef int q
-    cdef bint reader = root < 0 or co.me == root
-    hdr = _header(total, send.dtype, 0)
-    if reader:
-        rp = _addr_of(recv)
-    while True:
-        m = min(step, total - lo)
-        mine = _half_addr(co, co.me, co.phase)
-        co.sync._put(co.me, mine, <char*>hdr, _HDR)
-        if m:
-            co.sync._put(co.me, mine + _HDR, <void*>(sp + lo), m)
-        ph = co.phase
-        co.phase += 1
-        yield
-        if reader:
-            for q in range(co.n):
-                at = _half_addr(co, q, ph)
-                if lo == 0 and q != co.me:
-                    _check_header(co, q, at, hdr, sig)
-                if m:
-                    co.sync._get(<void*>(rp + q * total + lo), q, at + _HDR, m)
-        lo += m
-        if lo >= total:
-            break
 
 
 # ---- Team methods (delegated from team.pxi) --------------------------------------
@@ -531,53 +421,3 @@ cdef object _tm_barrier(Team tm, object timeout, bint nb):
         return _coll_event(tm, co, None, None)
     _barrier(co, t)
     return None
-
-
-cdef object _tm_bcast(Team tm, object buf, object root, bint nb):
-    sig = "bcast_nb(buf, root)" if nb else "bcast(buf, root)"
-    cdef _Coll co = _coll(tm, sig)
-    r = _check_root(co, root, sig)
-    arr = _as_array(buf, sig, "buf", True)
-    gen = _gen_bcast(co, arr, r, sig)
-    if nb:
-        return _coll_event(tm, co, gen, (buf, arr))
-    return _run(co, gen)
-
-
-cdef object _tm_reduce(Team tm, object send, object recv, object op, object root, bint nb):
-    allr = root is None
-    name = "allreduce" if allr else "reduce"
-    sig = (f"{name}{'_nb' if nb else ''}(send, recv, op" + (")" if allr else ", root)"))
-    cdef _Coll co = _coll(tm, sig)
-    r = -1 if allr else _check_root(co, root, sig)
-    s = _as_array(send, sig, "send", False)
-    ufunc = _coll_op(op, s.dtype, sig)
-    rv = None
-    if allr or co.me == r:
-        rv = _as_array(recv, sig, "recv", True)
-        if rv.dtype != s.dtype or rv.size != s.size:
-            raise ArgumentError(f"{sig}: recv ({rv.size} x {rv.dtype}) must match send "
-                                f"({s.size} x {s.dtype})")
-    gen = _gen_reduce(co, s, rv, ufunc, _OP_CODE[ufunc.__name__], r, sig)
-    if nb:
-        return _coll_event(tm, co, gen, (send, recv, s, rv))
-    return _run(co, gen)
-
-
-cdef object _tm_gather(Team tm, object send, object recv, object root, bint nb):
-    allg = root is None
-    name = "allgather" if allg else "gather"
-    sig = f"{name}{'_nb' if nb else ''}(send, recv" + (")" if allg else ", root)")
-    cdef _Coll co = _coll(tm, sig)
-    r = -1 if allg else _check_root(co, root, sig)
-    s = _as_array(send, sig, "send", False)
-    rv = None
-    if allg or co.me == r:
-        rv = _as_array(recv, sig, "recv", True)
-        if rv.dtype != s.dtype or rv.size != s.size * co.n:
-            raise ArgumentError(f"{sig}: recv ({rv.size} x {rv.dtype}) must hold team size "
-                                f"({co.n}) x send ({s.size} x {s.dtype})")
-    gen = _gen_gather(co, s, rv, r, sig)
-    if nb:
-        return _coll_event(tm, co, gen, (send, recv, s, rv))
-    return _run(co, gen)
