@@ -42,6 +42,8 @@ from posix.stdlib cimport posix_memalign
 from gexmk.lib.gx cimport *
 from gexmk.lib.linux cimport sched_yield
 from gexmk.memory cimport Segment, MemoryKind, host_buffer
+from gexmk.kinds.kind cimport gx_kind_ops, GX_WAITV_GEQ, GX_WAITV_EQ
+from cpython.pycapsule cimport PyCapsule_GetPointer
 
 from gexmk.memory import (HOST, mk_create as _mk_create, describe_kind as _describe_kind,
                           device_range as _device_range)

@@ -63,7 +63,8 @@ def test_stub_has_the_signal_api():
     methods = {f.name for f in team.body if isinstance(f, ast.FunctionDef)}
     api = {"put_signal", "put_signal_nb", "put_signal_nbi", "signal_op", "signal_fetch",
            "wait_until", "wait_until_all", "wait_until_any", "wait_until_some",
-           "test", "test_all", "test_any", "test_some"}
+           "test", "test_all", "test_any", "test_some", "put_signal_on_stream",
+           "signal_wait_until_on_stream"}
     assert api <= methods, api - methods
     for name in api:
         assert getattr(gexmk.Team, name).__doc__, name

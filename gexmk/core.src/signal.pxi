@@ -351,6 +351,42 @@ cdef int put_signal_slow(const gx_team* tm, int rank, uintptr_t dest, const void
                 a, b, NULL, mode if mode != GX_NBI_LCNOW else GX_NBI, handle, GX_NOT_MAPPED)
 
 
+cdef int _put_signal_on_stream(const gx_team* tm, int rank, uintptr_t dest, const void* src,
+                               size_t n, uintptr_t sig_addr, uint64_t value, int sig_op,
+                               void* stream) except -1 nogil:
+    """put_signal enqueued on a CUDA stream (NVSHMEM putmem_signal_on_stream):
+    the data, then the signal, in stream order with no host synchronisation.
+    Only where one path serves both and the target is device memory that this
+    process's GPU work can update (the route's put_signal slot with x.stream)."""
+    cdef gx_route* r
+    cdef char* p
+    cdef gx_xfer x
+    if (sig_op != GX_SIGNAL_SET and sig_op != GX_SIGNAL_ADD) or (sig_addr & 7) \
+            or gx_locate(tm, rank, sig_addr, 8, &p, &r) < 0 or gx_locate(tm, rank, dest, n, &p, &r) < 0:
+        return _sig_check(tm, rank, dest, n, sig_addr, sig_op, "put_signal_on_stream")
+    r = tm.routes[rank]
+    if r.t.kind == GX_MK_HOST or r.rma.ops != r.amo.ops or r.rma.peer != r.amo.peer \
+            or r.rma.ops.put_signal == NULL:
+        with gil:
+            raise UnsupportedError(
+                f"put_signal_on_stream: team rank {rank}'s path ({r.rma.ops.name.decode()}) cannot "
+                "order a signal after the data on a stream (it needs a device segment reached by "
+                "one path, e.g. nbrhd or self)")
+    _xfer_init(&x, &r.rma, r.t, dest, <void*>src, n, GX_NBI)
+    if gx_in_dev(tm, src, n):
+        x.local_kind = tm.ep.seg_kind
+        x.local_device = tm.ep.seg_device
+    x.stream = stream
+    x.sig_addr = sig_addr
+    x.a.u64 = value
+    x.b.u64 = 0
+    x.op = sig_op
+    x.dt = GX_DT_U64
+    r.rma.ops.put_signal(&x)
+    gx_count_add(&r.via[GX_CNT_PUT], n)
+    return 0
+
+
 cdef int signal_op_slow(const gx_team* tm, int rank, uintptr_t sig_addr, uint64_t value,
                         int sig_op, int rc) except -1 nogil:
     """A signal_op the inline path declined: errors, or the route's atomics path."""
@@ -450,6 +486,69 @@ cdef object _signal_issue(Team tm, str sig, object rank, object dest, object src
         return None
     finally:
         _drop(&view, &loc)
+
+
+cdef object _signal_on_stream(Team tm, object rank, object dest, object src, object sig_addr,
+                              object signal, object sig_op, object stream):
+    sig = "put_signal_on_stream(rank, dest, src, sig_addr, signal, sig_op, stream)"
+    cdef Py_buffer view
+    cdef _Local loc
+    cdef int r = _as_rank(rank, sig, &tm.c)
+    cdef uintptr_t d = _as_addr(dest, sig, "dest")
+    cdef uintptr_t sa = _as_addr(sig_addr, sig, "sig_addr")
+    cdef int so = _as_sig_op(sig_op, sig)
+    cdef gx_val v
+    cdef void* s = <void*>_stream_handle(stream)
+    _to_val(GX_DT_U64, signal, &v, sig, "signal")
+    _take(src, &view, &loc, False, sig, b"src", &tm.c)
+    try:
+        with nogil:
+            _put_signal_on_stream(&tm.c, r, d, loc.p, loc.n, sa, v.u64, so, s)
+    finally:
+        _drop(&view, &loc)
+
+
+# cuStreamWaitValue64 compares: >= (cyclic), ==, and bit masks; gexmk's CMP_GT is
+# ">= value + 1" there, CMP_NE / CMP_LT / CMP_LE have no stream form
+cdef int _waitv_cmp(int cmp, uint64_t* value, str sig) except -1:
+    if cmp == GX_CMP_EQ:
+        return GX_WAITV_EQ
+    if cmp == GX_CMP_GE:
+        return GX_WAITV_GEQ
+    if cmp == GX_CMP_GT:
+        value[0] += 1
+        return GX_WAITV_GEQ
+    raise UnsupportedError(f"{_fn(sig)}: on a stream the comparison must be CMP_EQ, CMP_GE or "
+                           "CMP_GT (what cuStreamWaitValue64 evaluates); wait on the host "
+                           "(wait_until) for the others")
+
+
+cdef object _wait_on_stream(Team tm, object sig_addr, object cmp, object value, object stream):
+    sig = "signal_wait_until_on_stream(sig_addr, cmp, value, stream)"
+    cdef uintptr_t sa = _as_addr(sig_addr, sig, "sig_addr")
+    cdef int c = _as_cmp(cmp, sig)
+    cdef gx_val v
+    cdef void* s = <void*>_stream_handle(stream)
+    cdef const gx_kind_ops* ops
+    cdef void* kctx
+    cdef int wc
+    _to_val(GX_DT_U64, value, &v, sig, "value")
+    seg = tm.ep.segment
+    if seg is None or seg.kind.cls == GX_MK_HOST or seg.kind.impl is None:
+        raise UnsupportedError(f"{_fn(sig)}: the word must be in a device segment bound to this "
+                               "team's endpoint (a stream waits on device memory)")
+    if sa & 7 or sa < <uintptr_t>seg.address or sa + 8 > <uintptr_t>seg.address + <size_t>seg.size:
+        raise BoundsError(f"{_fn(sig)}: sig_addr 0x{sa:x} is not an aligned 8-byte word of the "
+                          f"endpoint's device segment [0x{seg.address:x}, +{seg.size})")
+    impl = seg.kind.impl
+    ops = <const gx_kind_ops*>PyCapsule_GetPointer(impl.ops_capsule(), b"gexmk.kind_ops")
+    kctx = <void*><uintptr_t>impl.handle
+    if ops.wait_value == NULL:
+        raise UnsupportedError(f"{_fn(sig)}: the {ops.name.decode()} kind cannot make a stream "
+                               "wait on a word")
+    wc = _waitv_cmp(c, &v.u64, sig)
+    with nogil:
+        ops.wait_value(kctx, s, sa, v.u64, wc)
 
 
 cdef object _signal_op(Team tm, object rank, object sig_addr, object value, object sig_op):

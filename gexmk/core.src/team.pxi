@@ -709,6 +709,24 @@ cdef class Team:
         _signal_issue(self, "put_signal_nbi(rank, dest, src, sig_addr, signal, sig_op=SIGNAL_SET)",
                       rank, dest, src, sig_addr, signal, sig_op, GX_NBI_LCNOW)
 
+    def put_signal_on_stream(self, rank, dest, src, sig_addr, signal, sig_op, stream):
+        """put_signal enqueued on a CUDA ``stream`` (NVSHMEM
+        ``putmem_signal_on_stream``): when the stream reaches it, the data is
+        put, then the signal word updated (SIGNAL_SET / SIGNAL_ADD), with no
+        host synchronisation; a GPU waiting on the word
+        (:meth:`signal_wait_until_on_stream`) sees the data.  Device segment
+        targets reached by one path (nbrhd, self); elsewhere UnsupportedError
+        naming the path.  ``src`` as for :meth:`put_on_stream`."""
+        _signal_on_stream(self, rank, dest, src, sig_addr, signal, sig_op, stream)
+
+    def signal_wait_until_on_stream(self, sig_addr, cmp, value, stream):
+        """Work enqueued on ``stream`` after this waits, on the GPU, until the
+        64-bit signal word at ``sig_addr`` (in the device segment bound to this
+        team's endpoint) satisfies ``cmp`` (CMP_EQ, CMP_GE or CMP_GT) against
+        ``value`` (NVSHMEM ``signal_wait_until_on_stream``,
+        ``cuStreamWaitValue64``).  The host does not wait."""
+        _wait_on_stream(self, sig_addr, cmp, value, stream)
+
     def signal_op(self, rank, sig_addr, value, sig_op=GX_SIGNAL_SET):
         """Set (SIGNAL_SET) or add to (SIGNAL_ADD) the 64-bit signal word at
         ``sig_addr`` of team rank ``rank`` (NVSHMEM ``signal_op``); blocking."""

@@ -58,6 +58,14 @@ ctypedef int (*gx_mk_wait_fn)(void* kctx, void* stream, void* event) except -1 n
 ctypedef int (*gx_mk_pinned_fn)(void* kctx, const void* p, size_t n) except -1 nogil
 ctypedef int (*gx_mk_write_fn)(void* kctx, void* stream, uintptr_t dst, uint64_t value,
                                int nbytes) except -1 nogil
+ctypedef int (*gx_mk_waitv_fn)(void* kctx, void* stream, uintptr_t addr, uint64_t value,
+                               int cmp) except -1 nogil
+
+cdef enum:                        # gx_kind_ops.wait_value comparisons
+    GX_WAITV_GEQ = 0              # (int64_t)(*addr - value) >= 0
+    GX_WAITV_EQ = 1
+    GX_WAITV_AND = 2              # (*addr & value) != 0
+    GX_WAITV_NOR = 3              # ~(*addr | value) != 0
 
 cdef struct gx_kind_ops:
     const char* name              # "host", "cuda_uva", ...
@@ -91,3 +99,5 @@ cdef struct gx_kind_ops:
                                   # may come from another context or device (no host wait)
     gx_mk_query_fn stream_capturing   # 1 while the stream (passed as the event argument) is
                                       # being captured into a graph, else 0
+    gx_mk_waitv_fn wait_value     # work issued on stream after this waits until the aligned
+                                  # 64-bit device word at addr compares (GX_WAITV_*) with value

@@ -544,23 +544,32 @@ cdef int _dev_put_signal(gx_xfer* x) except -1 nogil:
     cdef int mode = x.mode
     cdef void** handle = x.handle
     cdef uintptr_t remote = x.remote
-    if x.stream != NULL:
-        with gil:
-            raise UnsupportedError("put_signal: stream-ordered signals (put_signal_on_stream) "
-                                   "are not implemented on the self/nbrhd device paths")
     if d.k.atomic == NULL:
         with gil:
             raise UnsupportedError("put_signal: the device segment's memory kind has no atomics "
                                    "here, so the signal word cannot be updated after the data")
     if x.sig_addr & 7:
         return _sig_misaligned(x)
+    zero.u64 = 0
+    if x.stream != NULL:
+        # stream order: the copy, then the kind's atomic kernel on the same stream
+        # (a kernel starts after the copy before it has completed; its system-scope
+        # store follows the data for any observer)
+        d.k.ops.copy(d.k.kctx, x.stream, _dev_addr(x), <uintptr_t>x.local, x.n)
+        x.remote = x.sig_addr
+        try:
+            d.k.atomic(d.k.kctx, x.stream, _dev_addr(x), GX_DT_U64,
+                       GX_OP_SET if x.op == GX_SIGNAL_SET else GX_OP_ADD, x.a, zero, NULL)
+        finally:
+            x.remote = remote
+        _done(x)
+        return 0
     x.mode = GX_BLOCKING
     x.handle = NULL
     _dev_copy(x, _dev_addr(x), <uintptr_t>x.local, True)
     x.mode = mode
     x.handle = handle
     x.remote = x.sig_addr
-    zero.u64 = 0
     try:
         d.k.atomic(d.k.kctx, NULL, _dev_addr(x), GX_DT_U64,
                    GX_OP_SET if x.op == GX_SIGNAL_SET else GX_OP_ADD, x.a, zero, &old)

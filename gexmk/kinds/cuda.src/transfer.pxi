@@ -160,6 +160,33 @@ cdef int _cu_stream_wait(void* kctx, void* stream, void* event) except -1 nogil:
     return check("cuStreamWaitEvent", cydriver.cuStreamWaitEvent(<CUstream>stream, <CUevent>event, 0))
 
 
+cdef int _cu_wait_value(void* kctx, void* stream, uintptr_t addr, uint64_t value,
+                        int cmp) except -1 nogil:
+    """Work issued on `stream` after this waits, on the GPU, until the 64-bit
+    word at device address addr compares (GX_WAITV_*) with value
+    (cuStreamWaitValue64)."""
+    cdef CudaCtx* k = <CudaCtx*>kctx
+    cdef unsigned int flags
+    cdef CUresult rc
+    if addr & 7:
+        with gil:
+            raise ArgumentError(f"wait_value: address 0x{addr:x} is not aligned to 8 bytes")
+    if cmp == GX_WAITV_GEQ:
+        flags = cydriver.CU_STREAM_WAIT_VALUE_GEQ
+    elif cmp == GX_WAITV_EQ:
+        flags = cydriver.CU_STREAM_WAIT_VALUE_EQ
+    elif cmp == GX_WAITV_AND:
+        flags = cydriver.CU_STREAM_WAIT_VALUE_AND
+    else:
+        flags = cydriver.CU_STREAM_WAIT_VALUE_NOR
+    if k == NULL or k.closed:
+        return _closed(k)
+    _push(k)
+    rc = cydriver.cuStreamWaitValue64(<CUstream>stream, <CUdeviceptr>addr, value, flags)
+    _pop(k)
+    return check("cuStreamWaitValue64", rc)
+
+
 cdef int _cu_stream_capturing(void* kctx, void* stream) except -1 nogil:
     """1 while `stream` is being captured into a CUDA graph, else 0."""
     cdef cydriver.CUstreamCaptureStatus st = cydriver.CU_STREAM_CAPTURE_STATUS_NONE

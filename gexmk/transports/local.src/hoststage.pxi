@@ -289,6 +289,9 @@ cdef int _staged_put_signal(gx_xfer* x) except -1 nogil:
     cdef lp_dev* d = <lp_dev*>x.peer
     cdef gx_val old, zero
     cdef uintptr_t remote = x.remote
+    if x.stream != NULL:
+        return _staged_unsupported("put_signal_on_stream (the signal would need the segment's "
+                                   "GPU to follow the user's stream)")
     if d.k.atomic == NULL:
         return _staged_unsupported("put_signal (the kind has no device atomics)")
     if x.sig_addr & 7:
