@@ -200,16 +200,15 @@ cdef _Coll _coll(Team tm, str sig):
     co.sync = Team._make(c, s.ep, [(jr, _SYNC_EP) for jr, _ in tm._members], tm.c.rank,
                          tm.id + "/sync", False)
     co.st = &co.sync.c
-    # Over a network whose RMA writes land in order (ofi with FI_ORDER_RAW: tcp,
-    # shm), a round's arrival is the barrier's sequence number as one 8-byte
-    # injected write: a round-k counter has a single writer, its writes arrive in
-    # issue order, and a write costs the provider less than an atomic (tcp;ofi_rxm
-    # emulates atomics as messages: a 2-rank barrier 20 us by atomics, 9 by writes)
-    ofi = c.transports.get("ofi")
-    if ofi is not None and ofi.ordered_flush[0]:
-        for k in range(co.rounds):
-            if co.sync.paths(co.partner[k])["rma"] == "ofi":
-                co.store_rounds |= (<uint64_t>1) << k
+    # Where the path's small implicit puts land in issue order (Reach.ordered: an
+    # ordered network), a round's arrival is the barrier's sequence number as one
+    # 8-byte implicit store: a round-k counter has a single writer, its stores
+    # arrive in issue order, and a store costs a network less than an atomic
+    # (2-rank barrier over tcp: 20 us by atomics, 9 by stores)
+    for k in range(co.rounds):
+        keep = (<_Route>co.sync._route_objs[co.partner[k]]).keep
+        if keep is not None and keep[0] is not None and getattr(keep[0][0], "ordered", False):
+            co.store_rounds |= (<uint64_t>1) << k
     s.owners[blk] = weakref.ref(co)
     tm._coll = co
     return co

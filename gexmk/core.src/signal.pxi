@@ -371,7 +371,7 @@ cdef int _put_signal_on_stream(const gx_team* tm, int rank, uintptr_t dest, cons
             raise UnsupportedError(
                 f"put_signal_on_stream: team rank {rank}'s path ({r.rma.ops.name.decode()}) cannot "
                 "order a signal after the data on a stream (it needs a device segment reached by "
-                "one path, e.g. nbrhd or self)")
+                "one path that copies on the stream)")
     _xfer_init(&x, &r.rma, r.t, dest, <void*>src, n, GX_NBI)
     if gx_in_dev(tm, src, n):
         x.local_kind = tm.ep.seg_kind

@@ -715,8 +715,8 @@ cdef class Team:
         put, then the signal word updated (SIGNAL_SET / SIGNAL_ADD), with no
         host synchronisation; a GPU waiting on the word
         (:meth:`signal_wait_until_on_stream`) sees the data.  Device segment
-        targets reached by one path (nbrhd, self); elsewhere UnsupportedError
-        naming the path.  ``src`` as for :meth:`put_on_stream`."""
+        targets reached by one path that copies on the stream (the same node);
+        elsewhere UnsupportedError naming the path.  ``src`` as for :meth:`put_on_stream`."""
         _signal_on_stream(self, rank, dest, src, sig_addr, signal, sig_op, stream)
 
     def signal_wait_until_on_stream(self, sig_addr, cmp, value, stream):

@@ -65,10 +65,12 @@ Peer = namedtuple("Peer", "jobrank ep_index pid node same_process same_node base
 #: A transport's answer to ``reach``: path name, scores, table, peer handle, CPU base,
 #: ``view``: (address, device) of a device mapping of the target in this process
 #: that kernels on that device may load from and store to (NVSHMEM's nvshmem_ptr), or None,
-#: and ``staged``: True when the path is a degraded one that copies through host bounce
-#: buffers (device memory the path cannot reach directly); a user may refuse those.
-Reach = namedtuple("Reach", "name rma amo ops peer local_base view staged",
-                   defaults=(None, False))
+#: ``staged``: True when the path is a degraded one that copies through host bounce
+#: buffers (device memory the path cannot reach directly); a user may refuse those;
+#: and ``ordered``: True when small implicit puts from one endpoint to the target land
+#: in issue order (the collectives then signal a round by a store, not an atomic).
+Reach = namedtuple("Reach", "name rma amo ops peer local_base view staged ordered",
+                   defaults=(None, False, False))
 
 
 def _always(job):

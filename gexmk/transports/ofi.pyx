@@ -409,7 +409,7 @@ cdef class OfiTransport:
         else:
             amo = score
         return Reach("ofi-staged" if staged else "ofi", score, amo, <uintptr_t>&_OPS, p.handle, 0,
-                     None, bool(staged))
+                     None, bool(staged), bool(self.domain.d.ordered) and not staged)
 
     def connect(self, pairs):
         """Set up the connections of newly published targets now, so that the
