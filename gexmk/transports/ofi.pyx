@@ -142,6 +142,7 @@ cdef struct ofi_dom:
     double last_app         # when an application thread last drove progress itself
     int ordered             # FI_ORDER_RAW: a read issued after writes sees them (flush by read)
     size_t max_order_raw    # ... for writes up to this size
+    int waw                 # FI_ORDER_WAW: writes from one endpoint to a target land in issue order
     ofi_ep* eps[MAX_EPS]    # live endpoints: what waits and the progress thread poll
     long neps
     long readers            # threads walking eps[] without the GIL (see _unregister)
@@ -409,7 +410,7 @@ cdef class OfiTransport:
         else:
             amo = score
         return Reach("ofi-staged" if staged else "ofi", score, amo, <uintptr_t>&_OPS, p.handle, 0,
-                     None, bool(staged), bool(self.domain.d.ordered) and not staged)
+                     None, bool(staged), bool(self.domain.d.waw) and not staged)
 
     def connect(self, pairs):
         """Set up the connections of newly published targets now, so that the

@@ -143,6 +143,8 @@ cdef class Domain:
         cdef fi_info* rma = self.d.rma_info if self.d.split else self.d.info
         self.d.ordered = _raw_ordered(rma) and ordered_flush
         self.d.max_order_raw = rma.ep_attr.max_order_raw_size
+        self.d.waw = (rma.tx_attr.msg_order & (FI_ORDER_WAW | FI_ORDER_RMA_WAW)) != 0 \
+            and rma.ep_attr.max_order_waw_size >= 8
         cdef fi_av_attr av_attr
         memset(&av_attr, 0, sizeof(av_attr))
         av_attr.type = FI_AV_TABLE
@@ -170,6 +172,12 @@ cdef class Domain:
         """True when implicit puts complete remotely by a read-after-write flush
         (FI_ORDER_RAW), and up to which size; else they ask for delivery completion."""
         return bool(self.d.ordered), self.d.max_order_raw
+
+    @property
+    def ordered_writes(self):
+        """True when writes from one endpoint to one target land in issue order
+        (FI_ORDER_WAW, at least 8 bytes): the collectives then signal by stores."""
+        return bool(self.d.waw)
 
     @property
     def mr_mode(self):
