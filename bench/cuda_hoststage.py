@@ -98,10 +98,17 @@ def main(argv=None):
             ceil_get = min(d2h1, h2d0)
             print(f"64 MiB device -> peer device put ({path})  {put:7.2f} GB/s   pinned ceiling "
                   f"min(DtoH gpu{device} {d2h0:.2f}, HtoD gpu{other} {h2d1:.2f}) = {ceil_put:.2f} GB/s"
-                  f"   ratio {put / ceil_put:.2f} (target >= 0.9)", flush=True)
+                  f"   ratio {put / ceil_put:.3f} (target >= 0.9)", flush=True)
             print(f"64 MiB peer device -> device get ({path})  {get:7.2f} GB/s   pinned ceiling "
                   f"min(DtoH gpu{other} {d2h1:.2f}, HtoD gpu{device} {h2d0:.2f}) = {ceil_get:.2f} GB/s"
-                  f"   ratio {get / ceil_get:.2f}", flush=True)
+                  f"   ratio {get / ceil_get:.3f}", flush=True)
+            # the same with the copies in alternating over two streams (the default is one)
+            from gexmk.transports import local
+            local._set_stage_in_streams(2)
+            put2 = n / med(lambda: mine.put(1, dst, (dseg.address, n)), args.iters) / 1e9
+            local._set_stage_in_streams(1)
+            print(f"  copies in on two streams: put {put2:7.2f} GB/s, ratio {put2 / ceil_put:.3f} "
+                  f"(one stream: {put / ceil_put:.3f})", flush=True)
             print(f"path counters: {mine.path_stats(1)}", flush=True)
         tm.barrier()
     return 0

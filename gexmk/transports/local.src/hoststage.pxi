@@ -147,6 +147,15 @@ cdef size_t _stage_chunk = 4 << 20    # bytes per staged chunk (GEXMK_CUDA_STAGE
                                       # pipeline's fill costs one chunk, each chunk a few calls
 
 
+cdef int _stage_in_streams = 1       # copies in: 1 stream, or alternating over 2 (experiments)
+
+
+def _set_stage_in_streams(int n):
+    """1 or 2 streams for a host-staged copy's copies in (bench/cuda_hoststage.py)."""
+    global _stage_in_streams
+    _stage_in_streams = n
+
+
 cdef int _set_stage_chunk(size_t n) except -1:
     global _stage_chunk
     _stage_chunk = n
@@ -181,7 +190,9 @@ cdef int _staged_copy(lp_ep* ep, lp_kind* kin, lp_kind* kout, uintptr_t dst, uin
         evin[i] = NULL
     try:
         sins[0] = _ep_stream(ep, kin)
-        sins[1] = _ep_stream(ep, kin, 1) if gpu_wait else sins[0]
+        # one stream for the copies in: two in flight would share the copy engine and
+        # delay the first chunk, which is what the copies out wait for
+        sins[1] = sins[0] if _stage_in_streams < 2 else _ep_stream(ep, kin, 1)
         if sins[1] == NULL:
             sins[1] = sins[0]
         sin = sins[0]
