@@ -36,6 +36,19 @@ def test_on_stream_forms_refused_where_they_cannot_work():
         with pytest.raises(E.BoundsError):
             tm.put_signal_on_stream(0, tm.addr(0, 64), b"x" * 8, tm.addr(0, 12), 1,
                                     gexmk.SIGNAL_SET, 1)
+        with pytest.raises(E.BoundsError, match="outside the bound segment"):
+            tm.put_signal_on_stream(0, tm.addr(0, (1 << 16) - 4), b"x" * 8, tm.addr(0, 8), 1,
+                                    gexmk.SIGNAL_SET, 1)
+        with pytest.raises(E.RankError):
+            tm.put_signal_on_stream(3, tm.addr(0, 64), b"x" * 8, tm.addr(0, 8), 1,
+                                    gexmk.SIGNAL_SET, 1)
+        with pytest.raises(TypeError, match="signal"):
+            tm.put_signal_on_stream(0, tm.addr(0, 64), b"x" * 8, tm.addr(0, 8), 1.0,
+                                    gexmk.SIGNAL_SET, 1)
+        with pytest.raises(OverflowError, match="value"):
+            tm.signal_wait_until_on_stream(tm.addr(0, 8), gexmk.CMP_EQ, -1, 1)
+        with pytest.raises(TypeError, match="stream"):
+            tm.signal_wait_until_on_stream(tm.addr(0, 8), gexmk.CMP_EQ, 1, "s")
 
 
 WORKER = r'''

@@ -295,7 +295,7 @@ cdef int _sig_check(const gx_team* tm, int rank, uintptr_t dest, size_t n, uintp
     cdef int rc
     if sig_op != GX_SIGNAL_SET and sig_op != GX_SIGNAL_ADD:
         raise ArgumentError(f"{what}: sig_op must be SIGNAL_SET or SIGNAL_ADD (got {sig_op})")
-    if what == "put_signal":
+    if what.startswith("put_signal"):
         rc = gx_locate(tm, rank, dest, n, &p, &r)
         if rc != GX_OK and rc != GX_NOT_MAPPED:
             return _raise_rc(tm, rank, dest, n, rc, what)
