@@ -55,6 +55,8 @@ def test_stage_options_parse():
 WORKER = r'''
 import numpy as np
 P = lambda *a: pattern(*a).tobytes()
+if os.environ.get("GX_MIXED_CHUNKS"):       # ranks with different landing chunk sizes
+    os.environ["GEXMK_OFI_STAGE_CHUNK"] = ("64K", "96K")[int(os.environ["GEXMK_RANK"]) % 2]
 c = gexmk.init()
 tm = c.tm
 me, n = tm.rank, tm.size
@@ -106,6 +108,14 @@ assert bytes(got) == want[5:100005]
 tm.barrier()
 assert bytes(mem[1 << 20:(1 << 20) + 200000]) == P(200000, left, 1)
 assert bytes(mem[1600000:1670000]) == P(70000, left, 2)
+# local buffers inside my own segment go through the endpoint's bounce slots
+tm.barrier()
+tm.put(right, tm.addr(right, 1700000), (seg.address + (2 << 20), 300000))
+tm.barrier()
+assert bytes(mem[1700000:2000000]) == P(S - (2 << 20), left, 99)[:300000], "put from the segment"
+tm.barrier()
+tm.get((seg.address + 1700000, 250000), right, tm.addr(right, (2 << 20) + 1000))
+assert bytes(mem[1700000:1950000]) == want[1000:251000], "get into the segment"
 # atomics run by the owner's lander: exact under contention from every rank
 ad = tm.ad_create(gexmk.DT_I64, gexmk.OP_FADD | gexmk.OP_GET | gexmk.OP_FCAS)
 tm.barrier()
@@ -151,6 +161,12 @@ def test_staged_protocol_over_tcp(tmp_path, n):
     _run(tmp_path, n)
 
 
+def test_staged_with_different_chunk_sizes(tmp_path):
+    """Each zone's geometry is its owner's: an initiator with larger or smaller
+    bounce slots than the target's landing slots cuts chunks to fit both."""
+    _run(tmp_path, 2, GX_MIXED_CHUNKS="1")
+
+
 def test_staged_refused(tmp_path):
     _run(tmp_path, 2, GEXMK_STAGED="refuse")
 
@@ -158,6 +174,8 @@ def test_staged_refused(tmp_path):
 GPU_WORKER = r'''
 import numpy as np
 P = lambda *a: pattern(*a).tobytes()
+if os.environ.get("GX_MIXED_CHUNKS"):       # ranks with different landing chunk sizes
+    os.environ["GEXMK_OFI_STAGE_CHUNK"] = ("64K", "96K")[int(os.environ["GEXMK_RANK"]) % 2]
 from cuda.bindings import driver as cu
 c = gexmk.init()
 tm = c.tm

@@ -464,7 +464,8 @@ cdef int _stg_put_zone(ofi_ep* ep, ofi_peer* t, uint64_t off, char* local, size_
             pseq[i] = q
             poff[i] = off + pos
             plen[i] = m
-            _stg_post(ep, t, True, t.stg_ring + _stg_data_off(S) + <uint64_t>s * C, src, m, &ops[i])
+            _stg_post(ep, t, True, t.stg_ring + _stg_data_off(S) + <uint64_t>s * t.stg_chunk, src, m,
+                      &ops[i])
             cnt += 1
             pos += m
         _stg_wait_all(ep, t)
