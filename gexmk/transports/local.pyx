@@ -518,7 +518,8 @@ cdef int _sig_misaligned(gx_xfer* x) except -1 with gil:
 cdef int _mapped_put_signal(gx_xfer* x) except -1 nogil:
     """The data by memcpy (or the endpoint's copy engine from its device
     segment, synchronously), then the signal by a CPU atomic on the mapping:
-    release ordering puts it after the data for any reader that acquires it."""
+    release ordering puts it after the data for any reader that acquires it;
+    then the target's sleeping waiters are woken (gx_wake)."""
     cdef lp_peer* p = <lp_peer*>x.peer
     cdef char* s
     cdef int mode = x.mode

@@ -488,9 +488,10 @@ static inline int gx_atomic(const gx_team *tm, int rank, uintptr_t addr, int dt,
  * A signal is a 64-bit unsigned word of a bound segment.  put_signal writes
  * data and then updates the signal word at the target; whoever sees the new
  * signal value (by an acquire load, as gx_cmp_local does) sees the data.  The
- * inline form serves CPU-mapped targets: memcpy, then the signal update with
- * release ordering.  Waiting (gexmk.core's wait_words) polls the word with
- * gx_cmp_local. */
+ * inline form serves CPU-mapped targets: memcpy, then the signal update (a
+ * seq_cst read-modify-write: release ordering and more), then a wake of the
+ * target segment's sleeping waiters, if any (gx_wake).  Waiting (gexmk.core's
+ * wait_words) polls the word with gx_cmp_local, then sleeps on the wake word. */
 
 enum { GX_SIGNAL_SET = 0, GX_SIGNAL_ADD = 1 };
 enum { GX_CMP_EQ = 0, GX_CMP_NE, GX_CMP_GT, GX_CMP_GE, GX_CMP_LT, GX_CMP_LE, GX_CMP_COUNT };
