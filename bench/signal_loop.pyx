@@ -54,3 +54,22 @@ def echo(Team tm, int rank, uintptr_t data, uintptr_t peer_sig, uintptr_t my_sig
             rma.put_signal(t, rank, data, &seen, 8, peer_sig, seen, rma.GX_SIGNAL_SET)
     return seen
 
+
+
+def put_signal8(Team tm, int rank, uintptr_t dest, uintptr_t sig, Py_ssize_t n):
+    """``n`` 8 B put_signal (SIGNAL_SET 1) to (rank, dest), nobody waiting."""
+    cdef rma.gx_team* t = rma.team_handle(tm)
+    cdef uint64_t x = 1
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(n):
+            rma.put_signal(t, rank, dest, &x, 8, sig, 1, rma.GX_SIGNAL_SET)
+
+
+def wait_ready(Team tm, uintptr_t my_word, Py_ssize_t n):
+    """``n`` wait_until(my_word >= 1) on a word already satisfied: the entry cost."""
+    cdef rma.gx_team* t = rma.team_handle(tm)
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(n):
+            rma.wait_until(t, my_word, rma.GX_CMP_GE, 1)

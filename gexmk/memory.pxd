@@ -9,7 +9,7 @@ cdef class MemoryKind:
 cdef class Segment:
     cdef char* addr                # first byte
     cdef size_t size               # bytes usable
-    cdef size_t maplen             # bytes mapped (library-allocated: size rounded to pages)
+    cdef size_t maplen             # bytes mapped (library-allocated: size rounded to pages, + the wake page)
     cdef int fd                    # memfd behind a library-allocated host segment, else -1
     cdef readonly str token        # the memfd's name, checked by peers before they map it
     cdef readonly MemoryKind kind

@@ -264,7 +264,9 @@ cdef class Segment:
         s.fd = memfd_create(name, MFD_CLOEXEC)
         if s.fd < 0:
             raise OSError(errno, f"memfd_create for a {size}-byte segment failed: {os.strerror(errno)}")
-        s.maplen = ((size + page - 1) // page) * page if size else page
+        # the data rounded to pages, then one page for the wake word (gx_wake:
+        # waiters on this segment's words sleep on it; peers map it too)
+        s.maplen = (((size + page - 1) // page) * page if size else page) + page
         if ftruncate(s.fd, s.maplen) != 0:
             e = errno
             close(s.fd); s.fd = -1
@@ -402,6 +404,14 @@ cdef class Segment:
             PyBuffer_Release(&self.held)
             self.has_view = False
         self.addr = NULL
+
+    @property
+    def _wake_address(self):
+        """Private: the address of this segment's wake word (``gx_wake``, in
+        the page after a library-allocated host segment's data), or 0."""
+        if self.fd < 0 or self.destroyed or self.maplen == 0:
+            return 0
+        return <uintptr_t>self.addr + self.maplen - <size_t>sysconf(_SC_PAGESIZE)
 
     @property
     def address(self):

@@ -554,6 +554,73 @@ def test_four_ranks_on_two_cores_pingpong(tmp_path):
         assert f"PINGPONG-OK {rank}" in r.stdout, r.report()
 
 
+# A token ring on two cores where every wait sleeps at once (no spin, no yield,
+# no GIL spin) and each sleep lasts 100 s unless a writer wakes it: the job's
+# limit (60 s) is shorter than one sleep, so a wake-up lost between a writer's
+# signal and a sleeper's futex fails the job instead of passing slowly.  The
+# writes that must wake: put_signal (SET), signal_op (ADD) and an atomic.
+SLEEPRING = r'''
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
+c = gexmk.init()
+tm = c.tm
+me, n = tm.rank, tm.size
+right = (me + 1) % n
+seg = c.segment_attach(4096)
+mine = np.asarray(seg)
+TOKEN, CNT, FLAG, DATA = 0, 8, 16, 64
+ITERS = 300
+x = np.zeros(1, np.uint64)
+ad = tm.ad_create(gexmk.DT_U64, gexmk.OP_SET | gexmk.OP_FADD)
+tm.barrier()
+gexmk.core._wait_tuning(spin_us=0, yield_us=0, nap_us=(100e6, 100e6), gil_spin=0)
+gexmk.core._wait_stats(reset=True)
+t0 = time.monotonic()
+for i in range(1, ITERS + 1):
+    # the token goes round: rank 0 starts lap i, the others pass it on
+    if me != 0:
+        tm.wait_until(tm.addr(me, TOKEN), gexmk.CMP_GE, i)
+        assert int(mine[DATA:DATA + 8].view(np.uint64)[0]) == i * 1000 + me - 1
+    x[0] = i * 1000 + me
+    tm.put_signal(right, tm.addr(right, DATA), x, tm.addr(right, TOKEN), i)
+    if me == 0:
+        tm.wait_until(tm.addr(me, TOKEN), gexmk.CMP_GE, i)
+        assert int(mine[DATA:DATA + 8].view(np.uint64)[0]) == i * 1000 + n - 1
+# SIGNAL_ADD from every other rank into rank 0's counter, then an atomic flag
+if me != 0:
+    for k in range(50):
+        tm.signal_op(0, tm.addr(0, CNT), 1, gexmk.SIGNAL_ADD)
+else:
+    tm.wait_until(tm.addr(0, CNT), gexmk.CMP_EQ, 50 * (n - 1))
+took = time.monotonic() - t0
+if me == n - 1:
+    time.sleep(0.5)         # rank 0 is asleep on the flag by now: only the atomic wakes it
+    ad.op(0, tm.addr(0, FLAG), gexmk.OP_SET, 7)
+elif me == 0:
+    before = gexmk.core._wait_stats()["woken"]
+    tm.wait_until(tm.addr(0, FLAG), gexmk.CMP_EQ, 7)
+    assert gexmk.core._wait_stats()["woken"] > before, gexmk.core._wait_stats()
+st = gexmk.core._wait_stats()
+log(f"{ITERS} laps of {n} ranks on 2 cores, every wait asleep: {took / ITERS * 1e6:.1f} us "
+    f"a lap; {st}")
+gexmk.core._wait_tuning(defaults=True)
+tm.barrier()
+print(f"SLEEPRING-OK {me}", flush=True)
+c.finalize()
+'''
+
+
+@pytest.mark.timeout(120)
+@NRANKS
+def test_sleeping_waiters_are_woken_by_signals_and_atomics(tmp_path, n):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    r = mp_util.run_job(tmp_path, SLEEPRING, n, env={"GEXMK_TIMEOUT": 300}, launcher_timeout=60)
+    assert not r.timed_out, r.report()
+    r.check()
+    for rank in range(n):
+        assert f"SLEEPRING-OK {rank}" in r.stdout, r.report()
+
+
 # ---- 5. device segments (GPU machines; skipped here without a driver) ----------------
 
 def _gpus():

@@ -81,9 +81,11 @@ with cupy.cuda.Device(device):
             dev.signal_wait_until_on_stream(sig + 8, gexmk.CMP_GE, k - 1, s)
         with s:
             src.fill(10 * k + me)                     # the kernel that makes the data
-        # the put and its signal follow that kernel on the stream; no host wait
-        dev.put_signal_on_stream(peer, dev.addr(peer, n), src, dev.addr(peer, 3 * n), 1,
-                                 gexmk.SIGNAL_ADD, s)
+        # the put and its signal follow that kernel on the stream; no host wait.
+        # Rounds alternate SIGNAL_ADD 1 and SIGNAL_SET k: the word reads k either way
+        value, op = (1, gexmk.SIGNAL_ADD) if k % 2 else (k, gexmk.SIGNAL_SET)
+        dev.put_signal_on_stream(peer, dev.addr(peer, n), src, dev.addr(peer, 3 * n), value,
+                                 op, s)
         # the consumer: my stream waits on the GPU for the peer's k-th signal, then a
         # kernel copies what arrived
         dev.signal_wait_until_on_stream(sig, gexmk.CMP_GE, k, s)

@@ -233,6 +233,7 @@ cdef class Client:
         cdef gx_target* t = rt.target.t
         cdef Endpoint ep = None
         r.local_base = NULL         # no memcpy through the route while it changes
+        t.wake = NULL               # (set again below where the mapping has one)
         gx_mem_fence()
         rt.fold()                   # counters so far belong to the paths chosen before
         r.remote_base = t.remote_base
@@ -279,6 +280,10 @@ cdef class Client:
         if best_rma is not None and best_amo is not None and best_rma[0].local_base \
                 and best_rma[0].ops == best_amo[0].ops:
             r.local_base = <char*><uintptr_t>best_rma[0].local_base
+            # the target's wake word, where the mapping has one: CPU signal and
+            # atomic writers wake its sleeping waiters (the route of any endpoint)
+            if best_rma[0].wake:
+                t.wake = <gx_wake*><uintptr_t>best_rma[0].wake
         return 0
 
     def _reroute(self, _Target tg=None, Endpoint ep=None):

@@ -3,7 +3,7 @@
 # A signal is a 64-bit unsigned word of a bound segment.  put_signal writes
 # data, then updates the signal word at the target (SIGNAL_SET or SIGNAL_ADD);
 # the signal is never visible before the data, on any path: inline (memcpy,
-# then a release store / atomic add on the mapping), or through the route's
+# then a seq_cst exchange / atomic add on the mapping), or through the route's
 # transport (its put_signal slot; a route whose RMA and atomics take different
 # transports composes a completed put with the atomic).
 #
@@ -12,9 +12,17 @@
 # wait_words (nogil, exported in core.pxd): it polls with acquire loads,
 # drives the progress of every transport of the team's endpoint (over the
 # network the word is written by the network), spins briefly, then yields,
-# then naps with a growing sleep, so that more ranks than cores still make
-# progress; a dead team member, a closed team or GEXMK_TIMEOUT end it with an
-# error naming the word and the value seen.
+# then sleeps: on the segment's wake word (a futex in the page after a
+# library-allocated host segment; CPU signal and atomic writers on the node
+# wake it, gexmk.h's gx_wake), else a nap; either sleep grows from 1 us to
+# 100 us, so that words written by puts or by the network are still seen.  More
+# ranks than cores still make progress; a dead team member, a closed team or
+# GEXMK_TIMEOUT end it with an error naming the word and the value seen.
+#
+# From Python, a wait whose word is not yet satisfied first spins a little
+# with the GIL held (_gil_spin passes, ~1.3 us; none on an oversubscribed node):
+# a ping-pong's answer usually comes within it, and the wait then returns
+# without the GIL's release and retake.
 
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC, nanosleep
 from libc.stdlib cimport malloc
@@ -33,19 +41,31 @@ _CMP_NAMES = {CMP_EQ: "CMP_EQ", CMP_NE: "CMP_NE", CMP_GT: "CMP_GT", CMP_GE: "CMP
               CMP_LT: "CMP_LT", CMP_LE: "CMP_LE"}
 _SIG_NAMES = {SIGNAL_SET: "SIGNAL_SET", SIGNAL_ADD: "SIGNAL_ADD"}
 
-cdef enum:
-    _NAP_MAX_NS = 100000       # the longest nap between passes
+cdef long _NAP_MIN_NS = 1000       # the first sleep
+cdef long _NAP_MAX_NS = 100000     # the longest sleep between passes
+cdef long _nap_min = _NAP_MIN_NS
+cdef long _nap_max = _NAP_MAX_NS
+cdef int _GIL_SPIN = 48            # passes a Python wait spins with the GIL held (~1.3 us
+                                   # here: a pause and a load are ~27 ns on this EPYC)
+cdef int _gil_spin = _GIL_SPIN
 
 # Seconds a wait gives its peers when the caller passes none (GEXMK_TIMEOUT).
 cdef double _wait_timeout = 300.0
 # A wait spins (CPU pause, progress) for _spin_for s (none on an oversubscribed
-# node), then yields the CPU on each pass until _yield_for s, then naps between
-# passes, 1 us doubling up to 100 us.  Yields cost little when nothing else
-# wants the CPU and hand it over when something does; naps cost a wake-up
-# (timer slack: ~50 us), so they start only after a long wait.
-cdef double _SPIN_FOR = 20e-6
+# node), then yields the CPU on each pass until _yield_for s, then sleeps
+# between passes, 1 us doubling up to 100 us.  Yields cost little when nothing
+# else wants the CPU and hand it over when something does.  A sleep on the
+# wake word ends as soon as a node-local writer signals (a futex wake, a few
+# us); a plain nap costs a timer wake-up (timer slack: ~50 us).  Spinning
+# longer than a round trip only takes the core from a peer that shares it
+# (two ranks on one core: every hop would cost the whole spin), so the spin is
+# short and the yields give way to sleep soon.
+cdef double _SPIN_FOR = 5e-6
 cdef double _spin_for = _SPIN_FOR
-cdef double _yield_for = 1e-3
+cdef double _spin_init = _SPIN_FOR     # what init() chose for this node
+cdef int _gil_init = _GIL_SPIN
+cdef double _YIELD_FOR = 50e-6
+cdef double _yield_for = _YIELD_FOR
 
 
 cdef int _signal_init(Client c) except -1:
@@ -53,26 +73,52 @@ cdef int _signal_init(Client c) except -1:
     with more ranks than this process may run on (its CPU affinity) makes
     waits yield at once instead of spinning first (Open MPI's
     yield-when-idle rule): a spinning rank there holds the core its peer needs."""
-    global _wait_timeout, _spin_for
+    global _wait_timeout, _spin_for, _gil_spin, _spin_init, _gil_init
     _wait_timeout = c.config.timeout
     local = sum(1 for n in c._nodes if n == c._nodes[c.rank])
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    _spin_for = 0.0 if local > cpus else _SPIN_FOR
+    _spin_for = _spin_init = 0.0 if local > cpus else _SPIN_FOR
+    _gil_spin = _gil_init = 0 if local > cpus else _GIL_SPIN
     return 0
 
 
-def _wait_tuning(spin_us=None, yield_us=None):
+def _wait_tuning(spin_us=None, yield_us=None, nap_us=None, gil_spin=None, defaults=False):
     """Private: set how long this process's waits spin and yield (µs) before
-    napping; returns the (spin_us, yield_us) in force.  For benchmarks."""
-    global _spin_for, _yield_for
+    sleeping, the first and longest sleep (µs, a pair) and the passes a
+    Python wait spins with the GIL held; ``defaults`` restores all four
+    first.  Returns (spin_us, yield_us) in force.  For benchmarks and tests
+    (a long first sleep makes a lost wake-up show as a stall)."""
+    global _spin_for, _yield_for, _nap_min, _nap_max, _gil_spin
+    if defaults:
+        _spin_for, _yield_for, _gil_spin = _spin_init, _YIELD_FOR, _gil_init
+        _nap_min, _nap_max = _NAP_MIN_NS, _NAP_MAX_NS
     if spin_us is not None:
         _spin_for = float(spin_us) * 1e-6
     if yield_us is not None:
         _yield_for = float(yield_us) * 1e-6
+    if nap_us is not None:
+        _nap_min = max(1000, int(float(nap_us[0]) * 1e3))
+        _nap_max = max(_nap_min, int(float(nap_us[1]) * 1e3))
+    if gil_spin is not None:
+        _gil_spin = max(0, int(gil_spin))
     return (_spin_for * 1e6, _yield_for * 1e6)
+
+
+# Sleeps on wake words, and how they ended (private, for tests and benchmarks).
+cdef unsigned long _n_sleeps = 0, _n_woken = 0
+
+
+def _wait_stats(reset=False):
+    """Private: {"sleeps": futex sleeps, "woken": those a writer's wake (or
+    a change before sleeping) ended}; ``reset`` zeroes them."""
+    global _n_sleeps, _n_woken
+    out = {"sleeps": _n_sleeps, "woken": _n_woken}
+    if reset:
+        _n_sleeps = _n_woken = 0
+    return out
 
 
 cdef inline double _mono() noexcept nogil:
@@ -170,11 +216,14 @@ cdef Py_ssize_t wait_words(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t
     cdef gx_val seen, want, last
     cdef Py_ssize_t i, got, need = 0, pending = -1
     cdef unsigned long passes = 0
-    cdef bint spinning = True
+    cdef bint spinning = True, sleeping = False
     cdef double t0 = 0, deadline = 0, now
-    cdef long nap = 1000
+    cdef long nap = _nap_min
     cdef int rc, why = 0, h = -2
     cdef timespec ts
+    cdef gx_wake* w = NULL          # counted in as a waiter on this wake word
+    cdef uint32_t wseq = 0
+    global _n_sleeps, _n_woken
     if cmp < 0 or cmp >= GX_CMP_COUNT or dt < 0 or dt >= GX_DT_COUNT or mode < 0 or mode > 2 \
             or n < 0:
         with gil:
@@ -206,6 +255,12 @@ cdef Py_ssize_t wait_words(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t
         wait_progress(tm)       # a test drives progress once: over the network it lands signals
     try:
         while True:
+            if sleeping and w == NULL:
+                # count in before looking at the words: a writer that stores
+                # after this look sees us and wakes us (gx_wake_enter)
+                w = tm.routes[tm.rank].t.wake
+                if w != NULL:
+                    wseq = gx_wake_enter(w)
             got = 0
             pending = -1
             for i in range(n):
@@ -257,13 +312,24 @@ cdef Py_ssize_t wait_words(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t
             elif now - t0 < _yield_for:
                 spinning = False
                 sched_yield()
-            else:
+            elif not sleeping:
                 spinning = False
-                ts.tv_sec = 0
-                ts.tv_nsec = nap
-                nanosleep(&ts, NULL)
-                nap = nap * 2 if nap < _NAP_MAX_NS // 2 else _NAP_MAX_NS
+                sleeping = True         # the next pass counts in, looks, then sleeps
+            else:
+                if w != NULL:
+                    _n_sleeps += 1
+                    if not gx_wake_sleep(w, wseq, nap):
+                        _n_woken += 1
+                    gx_wake_leave(w)
+                    w = NULL
+                else:
+                    ts.tv_sec = nap // 1000000000
+                    ts.tv_nsec = nap % 1000000000
+                    nanosleep(&ts, NULL)
+                nap = nap * 2 if nap < _nap_max // 2 else _nap_max
     finally:
+        if w != NULL:
+            gx_wake_leave(w)
         if done != small:
             free(done)
     if pending < 0:
@@ -575,11 +641,39 @@ cdef object _signal_fetch(Team tm, object sig_addr):
     cdef int rc = gx_own_word(&tm.c, sa, GX_DT_U64, &p)
     if rc != GX_OK:
         _word_error(&tm.c, sa, GX_DT_U64, rc, sig)
-    with nogil:
-        wait_progress(&tm.c)        # over the network the word is written by the network
+    # over the network the word is written by the network: one progress pass (a
+    # non-blocking poll; with the GIL held, as its release and retake would
+    # double this call's cost)
+    wait_progress(&tm.c)
     seen.u64 = 0
     gx_cmp_local(p, GX_DT_U64, GX_CMP_EQ, seen, &seen)
     return seen.u64
+
+
+cdef dict _csigs = {}
+
+
+cdef bytes _csig(str sig):
+    """The C name of a wait form for wait_words' messages (made once)."""
+    b = _csigs.get(sig)
+    if b is None:
+        b = _csigs[sig] = _fn(sig).encode()
+    return b
+
+
+cdef int _spin_word(const gx_team* tm, const void* p, int dt, int cmp, gx_val v) except -1 nogil:
+    """Spin up to _gil_spin passes (the caller holds the GIL) for the word at
+    local p to compare cmp to v: a ping-pong's answer, usually.  1 when it
+    does.  Progress every 16 passes (a network writes the word only when
+    progressed); the team's health and the deadline are wait_words' job next."""
+    cdef int i
+    for i in range(1, _gil_spin + 1):
+        gx_cpu_relax()
+        if gx_cmp_local(p, dt, cmp, v, NULL):
+            return 1
+        if (i & 15) == 0:
+            wait_progress(tm)
+    return 0
 
 
 cdef object _wait(Team tm, str sig, object addrs, object cmp, object value, object dt,
@@ -601,9 +695,12 @@ cdef object _wait(Team tm, str sig, object addrs, object cmp, object value, obje
         a1 = _as_addr(addrs, sig, "addr")
         v1.u64 = 0
         _to_val(d, value, &v1, sig, "value")
-        if gx_own_word(&tm.c, a1, d, &p) == GX_OK and gx_cmp_local(p, d, c, v1, &seen):
-            return 0
-        csig = _fn(sig).encode()
+        if gx_own_word(&tm.c, a1, d, &p) == GX_OK:
+            if gx_cmp_local(p, d, c, v1, &seen):
+                return 0
+            if block and _gil_spin > 0 and _spin_word(&tm.c, p, d, c, v1):
+                return 0
+        csig = _csig(sig)
         cs = csig
         with nogil:
             got = wait_words(&tm.c, &a1, 1, d, c, &v1, False, GX_WAIT_ANY, block, t, NULL, &i, cs)
@@ -630,7 +727,7 @@ cdef object _wait(Team tm, str sig, object addrs, object cmp, object value, obje
         raise MemoryError()
     cdef gx_val* v = <gx_val*>(a + n)
     cdef Py_ssize_t* idx = <Py_ssize_t*>(v + len(values))
-    csig = _fn(sig).encode()
+    csig = _csig(sig)
     cs = csig
     try:
         for i in range(n):

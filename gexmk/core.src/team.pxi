@@ -743,7 +743,8 @@ cdef class Team:
         compares ``cmp`` (CMP_EQ, CMP_NE, CMP_GT, CMP_GE, CMP_LT, CMP_LE) to
         ``value``: ``word cmp value`` (NVSHMEM ``wait_until``).  ``dt``: the
         word's type (DT_*, default DT_U64, naturally aligned).  Spins briefly,
-        then yields and naps, driving the transports' progress; raises
+        then yields and sleeps (woken at once by node-local signal and atomic
+        writers), driving the transports' progress; raises
         gexmk.TimeoutError after ``timeout`` s (default GEXMK_TIMEOUT) and
         PeerDeadError when a team member dies meanwhile."""
         _wait(self, "wait_until(addr, cmp, value, dt=DT_U64, timeout=None)", addr, cmp, value, dt,

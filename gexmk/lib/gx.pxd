@@ -24,6 +24,10 @@ cdef extern from "gexmk/gexmk.h" nogil:
         float flt
         double dbl
 
+    ctypedef struct gx_wake:
+        uint32_t seq
+        uint32_t waiters
+
     ctypedef struct gx_target:
         uintptr_t remote_base
         size_t size
@@ -33,6 +37,7 @@ cdef extern from "gexmk/gexmk.h" nogil:
         int jobrank
         int ep_index
         int dead
+        gx_wake* wake
 
     enum:
         GX_BLOCKING
@@ -176,6 +181,10 @@ cdef extern from "gexmk/gexmk.h" nogil:
     int gx_cmp_local(const void* p, int dt, int cmp, gx_val v, gx_val* seen)
     int gx_own_word(const gx_team* tm, uintptr_t addr, int dt, void** out)
     void gx_signal_local(void* p, uint64_t value, int sig_op)
+    void gx_wake_waiters(gx_wake* w)
+    uint32_t gx_wake_enter(gx_wake* w)
+    int gx_wake_sleep(gx_wake* w, uint32_t seq, long ns)
+    void gx_wake_leave(gx_wake* w)
     int gx_put_signal(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n,
                       uintptr_t sig_addr, uint64_t value, int sig_op)
     int gx_signal_op(const gx_team* tm, int rank, uintptr_t sig_addr, uint64_t value, int sig_op)

@@ -67,10 +67,12 @@ Peer = namedtuple("Peer", "jobrank ep_index pid node same_process same_node base
 #: that kernels on that device may load from and store to (NVSHMEM's nvshmem_ptr), or None,
 #: ``staged``: True when the path is a degraded one that copies through host bounce
 #: buffers (device memory the path cannot reach directly); a user may refuse those;
-#: and ``ordered``: True when small implicit puts from one endpoint to the target land
-#: in issue order (the collectives then signal a round by a store, not an atomic).
-Reach = namedtuple("Reach", "name rma amo ops peer local_base view staged ordered",
-                   defaults=(None, False, False))
+#: ``ordered``: True when small implicit puts from one endpoint to the target land
+#: in issue order (the collectives then signal a round by a store, not an atomic);
+#: and ``wake``: with ``local_base``, the CPU address of the target's ``gx_wake``
+#: word (gexmk.h: CPU signal and atomic writers wake sleeping waiters), else 0.
+Reach = namedtuple("Reach", "name rma amo ops peer local_base view staged ordered wake",
+                   defaults=(None, False, False, 0))
 
 
 def _always(job):

@@ -436,6 +436,8 @@ cdef int _mapped_atomic(gx_xfer* x) except -1 nogil:
         with gil:
             from gexmk.errors import ArgumentError
             raise ArgumentError("atomic: invalid atomic operation or data type")
+    if x.op != GX_OP_GET:
+        gx_wake_waiters(x.t.wake)
     _done(x)
     return 0
 
@@ -516,7 +518,8 @@ cdef int _sig_misaligned(gx_xfer* x) except -1 with gil:
 cdef int _mapped_put_signal(gx_xfer* x) except -1 nogil:
     """The data by memcpy (or the endpoint's copy engine from its device
     segment, synchronously), then the signal by a CPU atomic on the mapping:
-    release ordering puts it after the data for any reader that acquires it."""
+    release ordering puts it after the data for any reader that acquires it;
+    then the target's sleeping waiters are woken (gx_wake)."""
     cdef lp_peer* p = <lp_peer*>x.peer
     cdef char* s
     cdef int mode = x.mode
@@ -530,6 +533,7 @@ cdef int _mapped_put_signal(gx_xfer* x) except -1 nogil:
     x.handle = handle
     s = <char*>x.sig_addr if p == NULL else p.local_base + (x.sig_addr - x.t.remote_base)
     gx_signal_local(s, x.a.u64, x.op)
+    gx_wake_waiters(x.t.wake)
     _done(x)
     return 0
 
@@ -788,7 +792,7 @@ cdef class LocalTransport:
     cdef bint no_peer_access       # GEXMK_CUDA_PEER_ACCESS=off: device<->device between
                                    # segments of different endpoints is host-staged
     cdef dict _peers               # (jobrank, ep_index) -> _PeerContext
-    cdef dict _maps                # (jobrank, token) -> [addr, maplen, refs]
+    cdef dict _maps                # (jobrank, token) -> [addr, maplen, refs, wake address or 0]
     cdef dict _devsegs             # address of a bound device segment of this process -> _DeviceContext
     cdef list _retired             # contexts of unbound device segments, kept until close
     cdef dict _hosts               # address of a bound host segment -> [segment, pinning _DeviceContext]
@@ -997,7 +1001,9 @@ cdef class LocalTransport:
         cdef _DeviceContext d
         if peer.same_process:
             if peer.kind == GX_MK_HOST:
-                return Reach("self", SELF_SCORE, SELF_SCORE, <uintptr_t>&_SELF, 0, peer.base)
+                entry = self._hosts.get(peer.base)
+                return Reach("self", SELF_SCORE, SELF_SCORE, <uintptr_t>&_SELF, 0, peer.base,
+                             wake=entry[0]._wake_address if entry is not None else 0)
             d = self._devsegs.get(peer.base)
             if d is None or d.c.k.ops == NULL:
                 return None
@@ -1020,8 +1026,9 @@ cdef class LocalTransport:
                          (<uintptr_t>d.c.local_base, d.kind.device))
         pc = ctx
         if pc.c.local_base != NULL:
+            m = self._maps.get(pc.map_key)
             return Reach("nbrhd", NBRHD_SCORE, NBRHD_SCORE, <uintptr_t>&_NBRHD, pc.handle,
-                         <uintptr_t>pc.c.local_base)
+                         <uintptr_t>pc.c.local_base, wake=m[3] if m is not None else 0)
         return Reach("pvm", PVM_SCORE, 1, <uintptr_t>&_PVM, pc.handle, 0)
 
     def peer_died(self, int jobrank):
@@ -1054,8 +1061,8 @@ cdef class LocalTransport:
     def _map(self, _PeerContext pc, key, int pid, int fd, size_t size):
         m = self._maps.get(key)
         if m is None:
-            addr, maplen = _map_peer_fd(pid, fd, key[1], size)
-            m = self._maps[key] = [addr, maplen, 0]
+            addr, maplen, wake = _map_peer_fd(pid, fd, key[1], size)
+            m = self._maps[key] = [addr, maplen, 0, wake]
         m[2] += 1
         pc.map_key = key
         pc.c.local_base = <char*><uintptr_t>m[0]
@@ -1079,7 +1086,9 @@ def open(job):
 
 def _map_peer_fd(int pid, int fd, str token, size_t size):
     """Map a peer's memfd: open it through /proc/<pid>/fd (a read-level
-    ptrace check); check it is the file the peer published."""
+    ptrace check); check it is the file the peer published.  Returns
+    (address, bytes mapped, address of its wake word or 0): the page after
+    the data, where the file has one."""
     path = f"/proc/{pid}/fd/{fd}"
     try:
         link = os.readlink(path)
@@ -1092,14 +1101,18 @@ def _map_peer_fd(int pid, int fd, str token, size_t size):
                            "(destroyed during publication?)")
     cdef int nfd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     cdef size_t page = <size_t>sysconf(_SC_PAGESIZE)
-    cdef size_t maplen = ((size + page - 1) // page) * page
+    cdef size_t maplen = ((size + page - 1) // page) * page if size else page
+    cdef size_t data = maplen
     cdef void* p
     try:
-        if os.fstat(nfd).st_size < <Py_ssize_t>size:
+        st_size = os.fstat(nfd).st_size
+        if st_size < <Py_ssize_t>size:
             raise SegmentError(f"peer pid {pid}'s segment {token!r} is smaller than published")
+        if st_size >= <Py_ssize_t>(maplen + page):
+            maplen += page      # the wake page
         p = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, nfd, 0)
         if p == MAP_FAILED:
             raise OSError(errno, f"mapping peer segment {token!r}: {os.strerror(errno)}")
     finally:
         close(nfd)
-    return <uintptr_t>p, maplen
+    return <uintptr_t>p, maplen, (<uintptr_t>p + data if maplen > data else 0)

@@ -5,7 +5,8 @@
  * and perform atomics on segments that are mapped into this process (the
  * CPU-mapped host paths), and the tables through which the core reaches the
  * transports for everything else.  Everything here runs without the GIL and
- * without a syscall.  The Cython layer (gexmk/rma.pxd) wraps these functions
+ * without a syscall (but the futex wake of a sleeping waiter, gx_wake).  The
+ * Cython layer (gexmk/rma.pxd) wraps these functions
  * and turns their return codes into exceptions; a C caller checks them itself.
  *
  * Addresses: a remote address is the address of the target segment in its
@@ -18,6 +19,14 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __linux__
+#include <errno.h>
+#include <limits.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -38,6 +47,17 @@ typedef union gx_val {
     int32_t i32; uint32_t u32; int64_t i64; uint64_t u64; float flt; double dbl;
 } gx_val;
 
+/* The wake word of a library-allocated host segment, in the page after its
+ * data (shared by every process that maps the segment): a waiter that goes to
+ * sleep (wait_until after its spin) counts itself in `waiters` and sleeps on
+ * `seq` (a futex); a CPU writer of a signal or atomic on the node then bumps
+ * `seq` and wakes it.  Writers read `waiters` only: no syscall unless someone
+ * sleeps. */
+typedef struct gx_wake {
+    uint32_t seq;            /* bumped by a writer that finds waiters (the futex word) */
+    uint32_t waiters;        /* threads of any process sleeping or about to sleep on seq */
+} gx_wake;
+
 /* Memory kinds (classes). */
 enum { GX_MK_HOST = 0, GX_MK_CUDA_UVA = 1, GX_MK_HIP = 2, GX_MK_ZE = 3 };
 
@@ -53,6 +73,8 @@ typedef struct gx_target {
     int jobrank;             /* owner's rank in the job */
     int ep_index;            /* owner's endpoint index */
     volatile int dead;       /* set when the owner is known to have died */
+    struct gx_wake *wake;    /* the segment's wake word where this process maps it (a
+                              * library-allocated host segment on this node), else NULL */
 } gx_target;
 
 /* ---- the transport plug-in interface (data plane) -------------------------
@@ -247,6 +269,69 @@ static inline int gx_get(const gx_team *tm, int rank, void *dest, uintptr_t src,
  * rma.fence/rma.quiet also complete the endpoint's transports' implicit ops.) */
 static inline void gx_mem_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
+/* ---- waking sleepers (gx_wake) --------------------------------------------
+ *
+ * A CPU store that may satisfy a wait on another process of the node (a
+ * signal, an atomic) is followed by gx_wake_waiters(t->wake): one load of the
+ * waiter count, and a futex wake only when someone sleeps.  Ordering: the
+ * writer's store is a seq_cst read-modify-write (x86: locked, a full barrier;
+ * elsewhere a fence follows), the sleeper counts itself with one and fences
+ * before it looks at its word again (gx_wake_enter), so either the writer sees
+ * the sleeper or the sleeper sees the store.  Plain puts do not wake (their
+ * cost stays a memcpy): a sleeper on a word written by puts, or by the network,
+ * sees it when its sleep times out (gexmk.core's wait_words bounds it). */
+
+/* After a seq_cst RMW on a word of the segment that `w` belongs to. */
+static inline void gx_wake_slow(gx_wake *w)
+{
+    __atomic_fetch_add(&w->seq, 1, __ATOMIC_SEQ_CST);
+#ifdef __linux__
+    syscall(SYS_futex, &w->seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+#endif
+}
+
+static inline void gx_wake_waiters(gx_wake *w)
+{
+    if (w == NULL)
+        return;
+#if !defined(__x86_64__) && !defined(__i386__)
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
+    if (__atomic_load_n(&w->waiters, __ATOMIC_SEQ_CST) != 0)
+        gx_wake_slow(w);
+}
+
+/* A waiter about to sleep: count itself, then (after the full fence) look at
+ * its words once more; the value returned is what gx_wake_sleep takes. */
+static inline uint32_t gx_wake_enter(gx_wake *w)
+{
+    __atomic_fetch_add(&w->waiters, 1, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    return __atomic_load_n(&w->seq, __ATOMIC_SEQ_CST);
+}
+
+/* Sleep until a writer bumps seq past `seq` (at once if it already has), a
+ * signal, or `ns` nanoseconds pass.  1 when the time ran out, else 0. */
+static inline int gx_wake_sleep(gx_wake *w, uint32_t seq, long ns)
+{
+#ifdef __linux__
+    struct timespec ts;
+    ts.tv_sec = ns / 1000000000L;
+    ts.tv_nsec = ns % 1000000000L;
+    if (syscall(SYS_futex, &w->seq, FUTEX_WAIT, seq, &ts, NULL, 0) != 0)
+        return errno == ETIMEDOUT;
+    return 0;
+#else
+    (void)w; (void)seq; (void)ns;
+    return 1;
+#endif
+}
+
+static inline void gx_wake_leave(gx_wake *w)
+{
+    __atomic_fetch_sub(&w->waiters, 1, __ATOMIC_SEQ_CST);
+}
+
 /* ---- remote atomics on mapped memory ---------------------------------- */
 
 /* Data types (GASNet-EX GEX_DT_*). */
@@ -390,8 +475,11 @@ static inline int gx_atomic(const gx_team *tm, int rank, uintptr_t addr, int dt,
     if (((uintptr_t)p & (n - 1)) != 0)
         return GX_ERANGE;
     rc = gx_atomic_local(p, dt, op, a, b, result);
-    if (rc == GX_OK)
+    if (rc == GX_OK) {
+        if (op != GX_OP_GET)
+            gx_wake_waiters(r->t->wake);
         gx_count_add(&r->mapped[GX_CNT_AMO], n);
+    }
     return rc;
 }
 
@@ -400,9 +488,10 @@ static inline int gx_atomic(const gx_team *tm, int rank, uintptr_t addr, int dt,
  * A signal is a 64-bit unsigned word of a bound segment.  put_signal writes
  * data and then updates the signal word at the target; whoever sees the new
  * signal value (by an acquire load, as gx_cmp_local does) sees the data.  The
- * inline form serves CPU-mapped targets: memcpy, then the signal update with
- * release ordering.  Waiting (gexmk.core's wait_words) polls the word with
- * gx_cmp_local. */
+ * inline form serves CPU-mapped targets: memcpy, then the signal update (a
+ * seq_cst read-modify-write: release ordering and more), then a wake of the
+ * target segment's sleeping waiters, if any (gx_wake).  Waiting (gexmk.core's
+ * wait_words) polls the word with gx_cmp_local, then sleeps on the wake word. */
 
 enum { GX_SIGNAL_SET = 0, GX_SIGNAL_ADD = 1 };
 enum { GX_CMP_EQ = 0, GX_CMP_NE, GX_CMP_GT, GX_CMP_GE, GX_CMP_LT, GX_CMP_LE, GX_CMP_COUNT };
@@ -466,11 +555,12 @@ static inline int gx_own_word(const gx_team *tm, uintptr_t addr, int dt, void **
 }
 
 /* Update a signal word at local p (GX_SIGNAL_SET / GX_SIGNAL_ADD), ordered
- * after every earlier store of this thread. */
+ * after every earlier store of this thread; a seq_cst read-modify-write either
+ * way, so that gx_wake_waiters may follow it. */
 static inline void gx_signal_local(void *p, uint64_t value, int sig_op)
 {
     if (sig_op == GX_SIGNAL_SET)
-        __atomic_store_n((uint64_t *)p, value, __ATOMIC_RELEASE);
+        (void)__atomic_exchange_n((uint64_t *)p, value, __ATOMIC_SEQ_CST);
     else
         __atomic_fetch_add((uint64_t *)p, value, __ATOMIC_SEQ_CST);
 }
@@ -498,6 +588,7 @@ static inline int gx_put_signal(const gx_team *tm, int rank, uintptr_t dest, con
         return GX_NOT_MAPPED;
     memcpy(p, src, n);
     gx_signal_local(s, value, sig_op);
+    gx_wake_waiters(r->t->wake);
     return GX_OK;
 }
 
@@ -515,6 +606,7 @@ static inline int gx_signal_op(const gx_team *tm, int rank, uintptr_t sig_addr, 
     if (((uintptr_t)s & 7) != 0)
         return GX_ERANGE;
     gx_signal_local(s, value, sig_op);
+    gx_wake_waiters(r->t->wake);
     return GX_OK;
 }
 
