@@ -90,6 +90,16 @@ class Config:
     #: bench/ofi_staged.py sweeps them.
     ofi_stage_chunk: int = 1 << 20
     ofi_stage_slots: int = 4
+    #: GEXMK_NBRHD_STAGE: ``auto`` (default): a device segment that cannot be
+    #: exported (stream-ordered pool memory) is reached by peers of its node
+    #: through a landing zone of shared pinned host memory that the owner's
+    #: lander thread copies in and out of (path ``nbrhd-landed``); ``all``: host
+    #: segments too (to test that path without a GPU).
+    nbrhd_stage: str = "auto"
+    #: GEXMK_NBRHD_STAGE_CHUNK / _SLOTS: bytes per landing slot and slots per
+    #: initiator of an ``nbrhd-landed`` zone (job size x slots x chunk bytes).
+    nbrhd_stage_chunk: int = 1 << 20
+    nbrhd_stage_slots: int = 4
     #: GEXMK_STAGED: ``allow`` (default) or ``refuse`` degraded paths that copy
     #: device memory through host bounce buffers; refused, a route whose only
     #: path is staged raises UnsupportedError naming it (``gexmk.init(staged=)``
@@ -143,6 +153,9 @@ def load(env=None) -> Config:
         ofi_stage=_choice(env, "GEXMK_OFI_STAGE", {"auto": "auto", "all": "all"}, "auto"),
         ofi_stage_chunk=_bytes(env, "GEXMK_OFI_STAGE_CHUNK", 1 << 20, 4096, 1 << 30),
         ofi_stage_slots=_bytes(env, "GEXMK_OFI_STAGE_SLOTS", 4, 1, 16, suffix=False),
+        nbrhd_stage=_choice(env, "GEXMK_NBRHD_STAGE", {"auto": "auto", "all": "all"}, "auto"),
+        nbrhd_stage_chunk=_bytes(env, "GEXMK_NBRHD_STAGE_CHUNK", 1 << 20, 4096, 1 << 30),
+        nbrhd_stage_slots=_bytes(env, "GEXMK_NBRHD_STAGE_SLOTS", 4, 1, 16, suffix=False),
         staged=staged_option(_text(env, "GEXMK_STAGED"), "GEXMK_STAGED"),
         pageable_chunk=_bytes(env, "GEXMK_PAGEABLE_CHUNK", 8 << 20, 4096, 1 << 30),
         pageable_buffers=_bytes(env, "GEXMK_PAGEABLE_BUFFERS", 4, 0, 16, suffix=False),

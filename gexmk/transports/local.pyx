@@ -1,6 +1,6 @@
 """The ``local`` transport: targets this process reaches without a network.
 
-Three paths, each with its own table:
+Four paths, each with its own table:
 
 ``self``
     an endpoint of this process: its host segment is addressed directly
@@ -13,6 +13,12 @@ Three paths, each with its own table:
 ``pvm``
     client-allocated host memory of another process of this node (or any,
     with ``GEXMK_TRANSPORT=pvm``): ``process_vm_{read,write}v``; no atomics.
+
+``nbrhd-landed``
+    a device segment of another process of this node that cannot be
+    exported (stream-ordered pool memory): its owner's lander thread copies
+    requests in and out of a landing zone of shared pinned host memory
+    (``local.src/landed.pxi``).
 
 Every operation completes at issue; NB operations hand out no op.  The inline
 fast path of ``gexmk.h`` serves ``self`` and ``nbrhd`` for host buffers; the
@@ -53,6 +59,7 @@ from gexmk.transports import Reach
 
 # Scores (the core takes the highest reach for each target): an endpoint of
 # this process first, then a shared mapping, then process_vm.
+cdef int _HIDDEN = 1 << 30        # endpoint indices from here on are the library's (sync area)
 cdef int SELF_SCORE = 100
 cdef int NBRHD_SCORE = 90
 cdef int PVM_SCORE = 50
@@ -639,8 +646,9 @@ cdef int _nbi_test(void* epv, int categories) except -1 nogil:
 
 
 include "local.src/hoststage.pxi"
+include "local.src/landed.pxi"
 
-cdef gx_tr_ops _SELF, _NBRHD, _PVM, _SELF_DEV, _NBRHD_DEV, _SELF_STAGED, _NBRHD_STAGED
+cdef gx_tr_ops _SELF, _NBRHD, _PVM, _SELF_DEV, _NBRHD_DEV, _SELF_STAGED, _NBRHD_STAGED, _NBRHD_LANDED
 
 
 cdef void _fill(gx_tr_ops* t, const char* name, gx_tr_xfer_fn put, gx_tr_xfer_fn get,
@@ -667,6 +675,7 @@ _SELF_DEV.wait = _NBRHD_DEV.wait = _dev_wait
 _SELF_DEV.orphan = _NBRHD_DEV.orphan = _dev_orphan
 _fill(&_SELF_STAGED, b"self-staged", _staged_put, _staged_get, _dev_atomic, _staged_put_signal)
 _fill(&_NBRHD_STAGED, b"nbrhd-staged", _staged_put, _staged_get, _dev_atomic, _staged_put_signal)
+_fill(&_NBRHD_LANDED, b"nbrhd-landed", _landed_put, _landed_get, _landed_atomic, _landed_put_signal)
 
 
 cdef int _set_kind(lp_kind* k, object mk) except -1:
@@ -693,6 +702,8 @@ cdef class _EndpointContext:
     cdef readonly bint closed
     cdef object seg
     cdef object offered            # the fd server's key of the bound device segment's export
+    cdef int index                 # the endpoint's index (the sync area's is hidden)
+    cdef _LandingZone zone         # nbrhd-landed: the bound segment's landing zone, or None
 
     @property
     def handle(self):
@@ -712,8 +723,13 @@ cdef class _EndpointContext:
         self.seg = seg
         if seg.kind.cls != GX_MK_HOST:
             self.tr._device_bound(seg)
-            return self.tr._offer_device(self, seg)
+            blob = self.tr._offer_device(self, seg)
+            if blob is None and seg.allocation is not None and not seg.allocation.exportable:
+                blob = self.tr._offer_zone(self, seg)
+            return blob
         self.tr._host_bound(seg)
+        if self.tr.stage_all and self.index < _HIDDEN:
+            return self.tr._offer_zone(self, seg)
         if seg.fd >= 0:
             return pickle.dumps(("host", seg.fd, seg.token))
         return None
@@ -722,6 +738,9 @@ cdef class _EndpointContext:
         if self.offered is not None:
             fdpass.process_server().withdraw(self.offered)
             self.offered = None
+        if self.zone is not None:
+            self.zone.close()
+            self.zone = None
         if self.seg is not None and (<Segment>self.seg).kind.cls != GX_MK_HOST:
             self.tr._device_unbound(self.seg)
         elif self.seg is not None:
@@ -798,6 +817,10 @@ cdef class LocalTransport:
     cdef dict _hosts               # address of a bound host segment -> [segment, pinning _DeviceContext]
     cdef dict _kinds               # (class, device) -> a kind made here to import peers' segments
     cdef long _gen                 # numbers the device exports offered
+    cdef list _zones               # every landing zone this process opened (nbrhd-landed)
+    cdef readonly bint stage_all   # GEXMK_NBRHD_STAGE=all: host segments land too (tests)
+    cdef int stage_slots           # GEXMK_NBRHD_STAGE_SLOTS / _CHUNK: landing zones' shape
+    cdef size_t stage_chunk
     cdef readonly bint closed
 
     def __init__(self, job):
@@ -812,11 +835,16 @@ cdef class LocalTransport:
         self._hosts = {}
         self._kinds = {}
         self._gen = 0
+        self._zones = []
+        self.stage_all = getattr(job.config, "nbrhd_stage", "auto") == "all"
+        self.stage_slots = getattr(job.config, "nbrhd_stage_slots", 4)
+        self.stage_chunk = getattr(job.config, "nbrhd_stage_chunk", 1 << 20)
         _configure(job.config)
 
     def open_endpoint(self, int index):
         cdef _EndpointContext ctx = _EndpointContext()
         ctx.tr = self
+        ctx.index = index
         return ctx
 
     def _device_bound(self, Segment seg):
@@ -882,6 +910,9 @@ cdef class LocalTransport:
         """A peer of this node published (or withdrew) a host segment: map its
         memfd (nbrhd) where allowed and possible, else reach it by address (pvm)."""
         key = (peer.jobrank, peer.ep_index)
+        desc = pickle.loads(blob) if blob is not None else None
+        if (desc is not None and desc[0] == "zone") or isinstance(self._peers.get(key), _LandContext):
+            return self._apply_zone(key, peer, desc)
         if peer.kind != GX_MK_HOST or isinstance(self._peers.get(key), _DeviceContext):
             return self._apply_device(key, peer, blob)
         cdef _PeerContext pc = self._peers.pop(key, None)
@@ -923,6 +954,60 @@ cdef class LocalTransport:
                 os.close(fd)
         ctx.offered = name
         return pickle.dumps(("device", server.address, name, kblob))
+
+    def _offer_zone(self, _EndpointContext ctx, Segment seg):
+        """A bound segment that peers of this node cannot map (device pool
+        memory; host segments with GEXMK_NBRHD_STAGE=all): open its landing
+        zone and lander, offer the zone's memfd through the fd server."""
+        if self.job.size == 1 or self.force in ("ofi", "pvm"):
+            return None
+        z = _LandingZone()
+        try:
+            z.open(seg, self.job.size, self.stage_slots, self.stage_chunk)
+            self._gen += 1
+            name = f"zone-{self._gen}"
+            server = fdpass.process_server()
+            server.offer(name, [z.fd], allowed_pids=set(self.job.pids))
+        except BaseException:
+            z.close()
+            raise
+        ctx.zone = z
+        ctx.offered = name
+        self._zones.append(z)
+        return pickle.dumps(("zone", server.address, name, z.layout))
+
+    @property
+    def landed(self):
+        """Requests (chunks of puts and gets, atomics) this process's landers served."""
+        return sum((<_LandingZone>z).z.landed for z in self._zones)
+
+    def _apply_zone(self, key, peer, desc):
+        """A peer of this node published (or withdrew) a segment reached
+        through its landing zone: map the zone (this process's ring)."""
+        cdef _LandContext lc = self._peers.pop(key, None) if isinstance(
+            self._peers.get(key), _LandContext) else None
+        wanted = (peer.size != 0 and not peer.same_process and peer.same_node
+                  and self.force not in ("ofi", "pvm") and desc is not None and desc[0] == "zone")
+        if lc is not None and (not wanted or lc.key != (desc[1], desc[2])):
+            lc.unmap()
+            self._retired.append(lc)
+            lc = None
+        if not wanted:
+            return None
+        if lc is None:
+            fds = fdpass.fetch(desc[1], desc[2], self.job.config.timeout)
+            lc = _LandContext()
+            try:
+                lc.map(fds[0], tuple(desc[3]), self.job.rank, self.job.config.timeout)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            lc.key = (desc[1], desc[2])
+            for d in self._devsegs.values():        # copies from this process's GPU: DMA
+                lc.pin_with((<_DeviceContext>d).kind)
+                break
+        self._peers[key] = lc
+        return lc
 
     def _apply_device(self, key, peer, blob):
         """A peer of this node published (or withdrew) a device segment: fetch
@@ -1015,6 +1100,10 @@ cdef class LocalTransport:
                          <uintptr_t>&_SELF_DEV, d.handle, 0, (peer.base, peer.device))
         if ctx is None:
             return None
+        if isinstance(ctx, _LandContext):
+            return Reach("nbrhd-landed", NBRHD_SCORE,
+                         NBRHD_SCORE if (<_LandContext>ctx).c.amo else 0,
+                         <uintptr_t>&_NBRHD_LANDED, ctx.handle, 0, None, True)
         if isinstance(ctx, _DeviceContext):
             d = ctx
             if d.staged and (<_EndpointContext>epctx).c.k.ops != NULL:
@@ -1050,6 +1139,8 @@ cdef class LocalTransport:
         for p in list(self._peers.values()) + self._retired:
             if isinstance(p, _DeviceContext):
                 (<_DeviceContext>p).unmap()
+            elif isinstance(p, _LandContext):
+                (<_LandContext>p).unmap()
         for mk in self._kinds.values():
             mk.close()
         self._kinds.clear()

@@ -1,0 +1,314 @@
+"""Device memory that cannot be exported, reached from the node: the path
+``nbrhd-landed`` (issue 9).
+
+Stream-ordered pool memory (``cudaMallocAsync``) has no shareable handle, so
+a peer process cannot map it; its owner offers a landing zone of shared
+pinned host memory that its lander thread copies in and out of.  On this
+CPU-only machine GEXMK_NBRHD_STAGE=all sends library-allocated host segments
+through the same zones (memcpy and CPU atomics), so every step of the
+protocol runs here: chunked puts and gets across slot reuse, NB and NBI
+forms, atomics under contention (exact counts), put_signal + wait_until,
+per-path counters, the refusal of staged paths, a killed owner.  The GPU
+tests (marker ``gpu``) run testcudauva's cases against pool memory of
+another process on the same GPU.
+"""
+import pytest
+
+from gexmk import config
+from gexmk import errors as E
+
+try:
+    from . import mp_util
+    from .test_cuda_segments import HAVE_GPU
+except ImportError:
+    import mp_util
+    from test_cuda_segments import HAVE_GPU
+
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no NVIDIA driver or device on this machine")
+
+
+def landed_env(**extra):
+    env = {"GEXMK_TRANSPORT": None, "GEXMK_TIMEOUT": 30, "GEXMK_NBRHD_STAGE": "all",
+           "GEXMK_NBRHD_STAGE_CHUNK": "64K", "GEXMK_NBRHD_STAGE_SLOTS": "3", "GEXMK_STAGED": None}
+    env.update(extra)
+    return env
+
+
+def test_landing_options_parse():
+    cfg = config.load({})
+    assert (cfg.nbrhd_stage, cfg.nbrhd_stage_chunk, cfg.nbrhd_stage_slots) == ("auto", 1 << 20, 4)
+    cfg = config.load({"GEXMK_NBRHD_STAGE": "all", "GEXMK_NBRHD_STAGE_CHUNK": "256K",
+                       "GEXMK_NBRHD_STAGE_SLOTS": "8"})
+    assert (cfg.nbrhd_stage, cfg.nbrhd_stage_chunk, cfg.nbrhd_stage_slots) == ("all", 256 << 10, 8)
+    for bad in ({"GEXMK_NBRHD_STAGE": "some"}, {"GEXMK_NBRHD_STAGE_SLOTS": "17"},
+                {"GEXMK_NBRHD_STAGE_CHUNK": "1"}):
+        with pytest.raises(E.ArgumentError, match=next(iter(bad))):
+            config.load(bad)
+
+
+WORKER = r'''
+import numpy as np
+P = lambda *a: pattern(*a).tobytes()
+if os.environ.get("GX_MIXED_CHUNKS"):       # ranks with different landing chunk sizes
+    os.environ["GEXMK_NBRHD_STAGE_CHUNK"] = ("64K", "96K")[int(os.environ["GEXMK_RANK"]) % 2]
+c = gexmk.init()
+tm = c.tm
+me, n = tm.rank, tm.size
+right, left = (me + 1) % n, (me - 1) % n
+S = 4 << 20
+seg = c.segment_attach(S)
+mem = np.asarray(seg)
+loc = c.transports["local"]
+refuse = os.environ.get("GEXMK_STAGED") == "refuse"
+if refuse:
+    assert tm.paths(right)["rma"] == "refused:nbrhd-landed", tm.paths(right)
+    e = expect_raises(E.UnsupportedError, tm.put, right, tm.addr(right, 0), b"x")
+    assert "nbrhd-landed" in str(e), e
+    tm.barrier()
+    c.finalize()
+    print("OK", me, flush=True)
+    raise SystemExit(0)
+assert tm.paths(right) == {"rma": "nbrhd-landed", "atomic": "nbrhd-landed"}, tm.paths(right)
+# sizes across the 64 KiB chunks and 3 slots: one byte, part of a chunk, whole
+# chunks, slot reuse, an odd tail
+sizes = [1, 8, 4095, 65536, 3 * 65536 + 17, (1 << 20) + 12345]
+offs = []
+o = 0
+for sz in sizes:
+    offs.append(o)
+    o += (sz + 4096) & ~4095
+mem[:] = 0
+mem[2 << 20:] = np.frombuffer(P(S - (2 << 20), me, 99), np.uint8)   # what peers get
+tm.barrier()
+for sz, off in zip(sizes, offs):
+    tm.put(right, tm.addr(right, off), P(sz, me, sz))
+tm.barrier()
+for sz, off in zip(sizes, offs):
+    assert bytes(mem[off:off + sz]) == P(sz, left, sz), (sz, off)
+tm.barrier()                      # before the left neighbour's next puts overlap these
+want = P(S - (2 << 20), right, 99)
+for sz, off in zip(sizes, offs):
+    got = np.zeros(sz, np.uint8)
+    tm.get(got, right, tm.addr(right, (2 << 20) + off))
+    assert bytes(got) == want[off:off + sz], ("get", sz, off)
+# NB and NBI forms (complete at issue on this path; their events and syncs still work)
+ev = tm.put_nb(right, tm.addr(right, 1 << 20), P(200000, me, 1))
+ev.wait()
+tm.put_nbi(right, tm.addr(right, 1600000), P(70000, me, 2))
+gexmk.nbi_wait(gexmk.EC_PUT)
+got = np.zeros(100000, np.uint8)
+tm.get_nb(got, right, tm.addr(right, (2 << 20) + 5)).wait()
+assert bytes(got) == want[5:100005]
+tm.barrier()
+assert bytes(mem[1 << 20:(1 << 20) + 200000]) == P(200000, left, 1)
+assert bytes(mem[1600000:1670000]) == P(70000, left, 2)
+# local buffers inside my own (landing) segment
+tm.barrier()
+tm.put(right, tm.addr(right, 1700000), (seg.address + (2 << 20), 300000))
+tm.barrier()
+assert bytes(mem[1700000:2000000]) == P(S - (2 << 20), left, 99)[:300000], "put from the segment"
+tm.barrier()
+tm.get((seg.address + 1700000, 250000), right, tm.addr(right, (2 << 20) + 1000))
+assert bytes(mem[1700000:1950000]) == want[1000:251000], "get into the segment"
+# atomics run by the owner's lander: exact under contention from every rank
+ad = tm.ad_create(gexmk.DT_I64, gexmk.OP_FADD | gexmk.OP_GET | gexmk.OP_FCAS)
+tm.barrier()
+for _ in range(200):
+    ad.op(0, tm.addr(0, 8), gexmk.OP_FADD, me + 1)
+tm.barrier()
+total = ad.op(0, tm.addr(0, 8), gexmk.OP_GET)
+assert total == 200 * n * (n + 1) // 2, total
+tm.barrier()
+if me == 0:
+    assert ad.op(right, tm.addr(right, 16), gexmk.OP_FCAS, 0, 42) == 0
+    assert ad.op(right, tm.addr(right, 16), gexmk.OP_FCAS, 0, 43) == 42
+ad.destroy()
+# put_signal: the data lands before the signal, through the same ring
+sig = tm.addr(me, 64)
+for k in range(1, 4):
+    tm.put_signal(right, tm.addr(right, 4096 * 8), P(150000, me, k), tm.addr(right, 64), k)
+    tm.wait_until(sig, gexmk.CMP_EQ, k, timeout=20)
+    assert bytes(mem[4096 * 8:4096 * 8 + 150000]) == P(150000, left, k), k
+    tm.barrier()                  # before the left neighbour's next round overwrites it
+# out of the segment: refused before anything is sent
+expect_raises(E.BoundsError, tm.put, right, tm.addr(right, S - 4), b"12345678")
+st = tm.path_stats(right)
+assert set(st) == {"nbrhd-landed"}, st
+assert st["nbrhd-landed"]["put"]["ops"] >= len(sizes) + 2 and st["nbrhd-landed"]["get"]["ops"] >= len(sizes) + 1, st
+landed = loc.landed
+assert landed > 0, landed
+tm.barrier()
+c.finalize()
+print("OK", me, landed, flush=True)
+'''
+
+
+def _run(tmp_path, n, worker=WORKER, **env):
+    r = mp_util.run_job(tmp_path, worker, n, launcher_timeout=150, env=landed_env(**env))
+    assert r.returncode == 0, r.report()
+    assert r.stdout.count("OK") == n, r.stdout
+    return r
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_landed_protocol(tmp_path, n):
+    _run(tmp_path, n)
+
+
+def test_landed_with_different_chunk_sizes(tmp_path):
+    """Each zone's geometry is its owner's: an initiator cuts chunks to the target's slots."""
+    _run(tmp_path, 2, GX_MIXED_CHUNKS="1")
+
+
+def test_landed_refused(tmp_path):
+    _run(tmp_path, 2, GEXMK_STAGED="refuse")
+
+
+def test_landed_owner_killed(tmp_path):
+    """An owner that dies while an initiator waits for its lander: the
+    initiator gets PeerDeadError or TimeoutError naming the path, no hang."""
+    worker = r'''
+import signal, time
+c = gexmk.init()
+tm = c.tm
+me = tm.rank
+seg = c.segment_attach(1 << 20)
+tm.barrier()
+if me == 1:
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGKILL)      # the owner (and its lander) dies
+time.sleep(1.0)
+t0 = time.monotonic()
+try:
+    for _ in range(200):
+        tm.put(1, tm.addr(1, 0), b"x" * 300000)
+except (E.PeerDeadError, E.TimeoutError) as e:
+    assert "nbrhd-landed" in str(e) or "job rank 1" in str(e), e
+    print("OK raised", type(e).__name__, round(time.monotonic() - t0, 2), flush=True)
+    os._exit(0)
+raise AssertionError("puts to a dead owner's landing zone all succeeded")
+'''
+    r = mp_util.run_job(tmp_path, worker, 2, keep_going=True, launcher_timeout=60,
+                        env=landed_env(GEXMK_TIMEOUT=5))
+    assert "OK raised" in r.stdout, r.report()
+
+
+POOL_WORKER = r'''
+import numpy as np, time
+import cupy
+from cuda.bindings import driver as cu
+P = lambda *a: pattern(*a).tobytes()
+c = gexmk.init()
+tm = c.tm
+me, peer = tm.rank, 1 - tm.rank
+N = 8 << 20
+mk = c.mk_create(gexmk.CUDA_UVA, 0)
+hseg = c.segment_attach(2 * N)                        # EP 0: host
+with cupy.cuda.Device(0):
+    s = cupy.cuda.Stream(non_blocking=True)
+    pool = cupy.cuda.runtime.mallocAsync(2 * N, s.ptr)  # stream-ordered pool memory
+    s.synchronize()
+ep1, ep2 = c.ep_create(), c.ep_create()
+pseg = c.segment_create(buffer=(pool, 2 * N), kind=mk)  # EP 1: pool memory (not exportable)
+dseg = c.segment_create(2 * N, kind=mk)                 # EP 2: a library device segment
+assert not pseg.allocation.exportable
+ep1.bind_segment(pseg)
+ep2.bind_segment(dseg)
+tm.publish_bound_segment([ep1, ep2])
+h1 = c.ep(0).pair(1)                                  # host EP 0 -> peers' pool EP 1
+t21 = ep2.pair(1)                                     # device EP 2 -> peers' pool EP 1
+assert h1.paths(peer) == {"rma": "nbrhd-landed", "atomic": "nbrhd-landed"}, h1.paths(peer)
+assert t21.paths(peer)["rma"] == "nbrhd-landed", t21.paths(peer)
+
+def dev_fill(addr, data):
+    cu.cuMemcpyHtoD(addr, data, len(data))
+
+def dev_read(addr, n):
+    out = np.zeros(n, np.uint8)
+    cu.cuMemcpyDtoH(out.ctypes.data, addr, n)
+    return out.tobytes()
+
+cu.cuCtxPushCurrent(mk.impl.context)
+hmem = np.asarray(hseg)
+hmem[:N] = np.frombuffer(P(N, me, 7), np.uint8)
+dev_fill(pool + N, P(N, me, 8))
+dev_fill(dseg.address, P(N, me, 9))
+tm.barrier()
+# 1. host -> remote pool GPU (NBI)
+h1.put_nbi(peer, h1.addr(peer, 0), (hseg.address, N))
+gexmk.nbi_wait(gexmk.EC_PUT)
+tm.barrier()
+assert dev_read(pool, N) == P(N, peer, 7), "case 1: host -> remote pool GPU"
+# 2. remote pool GPU -> host (NB, wait_all)
+hmem[N:] = 0
+ev = h1.get_nb((hseg.address + N, N), peer, h1.addr(peer, N))
+gexmk.wait_all([ev])
+assert hmem[N:].tobytes() == P(N, peer, 8), "case 2: remote pool GPU -> host"
+tm.barrier()
+# 3. GPU -> remote pool GPU (blocking), from a device endpoint
+t21.put(peer, t21.addr(peer, 0), (dseg.address, N))
+tm.barrier()
+assert dev_read(pool, N) == P(N, peer, 9), "case 3: GPU -> remote pool GPU"
+# 4. remote pool GPU -> local GPU (blocking)
+t21.get((dseg.address + N, N), peer, t21.addr(peer, N))
+assert dev_read(dseg.address + N, N) == P(N, peer, 8), "case 4: remote pool GPU -> local GPU"
+tm.barrier()
+# device atomics run by the owner's lander, exact under contention
+ad = h1.ad_create(gexmk.DT_U64, gexmk.OP_FADD | gexmk.OP_GET | gexmk.OP_SET)
+if me == 0:
+    ad.op(0, h1.addr(0, 2 * N - 64), gexmk.OP_SET, 0)
+tm.barrier()
+for _ in range(300):
+    ad.op(0, h1.addr(0, 2 * N - 64), gexmk.OP_FADD, 1)
+tm.barrier()
+total = ad.op(0, h1.addr(0, 2 * N - 64), gexmk.OP_GET)
+assert total == 600, total
+tm.barrier()
+# put_signal: the data, then the signal (the owner reads both from its device)
+if me == 0:
+    h1.put_signal(1, h1.addr(1, 4096), P(100000, 0, 5), h1.addr(1, 2 * N - 128), 7)
+tm.barrier()
+if me == 1:
+    assert int(np.frombuffer(dev_read(pool + 2 * N - 128, 8), np.uint64)[0]) == 7
+    assert dev_read(pool + 4096, 100000) == P(100000, 0, 5)
+tm.barrier()
+# figures: 8 MiB host -> remote pool put and remote pool -> host get, against a
+# pinned host -> device copy of the same size in this process
+if me == 0:
+    def best(f, k=5):
+        ts = []
+        for _ in range(k):
+            t = time.perf_counter(); f(); ts.append(time.perf_counter() - t)
+        return min(ts)
+    tput = best(lambda: h1.put(1, h1.addr(1, 0), (hseg.address, N)))
+    tget = best(lambda: h1.get((hseg.address + N, N), 1, h1.addr(1, 0)))
+    tcpy = best(lambda: cu.cuMemcpyHtoD(dseg.address, hseg.address, N))
+    print(f"FIGURES 8MiB nbrhd-landed put {N / tput / 1e9:.2f} GB/s get {N / tget / 1e9:.2f} GB/s "
+          f"pinned HtoD copy {N / tcpy / 1e9:.2f} GB/s", flush=True)
+st = h1.path_stats(peer)
+assert "nbrhd-landed" in st, st
+tm.barrier()
+cu.cuCtxPopCurrent()
+print("landed", c.transports["local"].landed, flush=True)
+c.finalize()
+with cupy.cuda.Device(0):
+    cupy.cuda.runtime.freeAsync(pool, s.ptr)
+    s.synchronize()
+print("OK", me, flush=True)
+'''
+
+
+@gpu
+@needs_gpu
+def test_pool_memory_reached_on_the_node(tmp_path):
+    """testcudauva's four cases at 8 MiB against stream-ordered pool memory
+    (cudaMallocAsync, not exportable) of another process on the same GPU:
+    its owner's lander copies in and out; device atomics exact; put_signal."""
+    pytest.importorskip("cupy")
+    env = landed_env(GEXMK_NBRHD_STAGE=None, GEXMK_NBRHD_STAGE_CHUNK=None,
+                     GEXMK_NBRHD_STAGE_SLOTS=None)
+    r = mp_util.run_job(tmp_path, POOL_WORKER, 2, launcher_timeout=200, env=env)
+    print(r.stdout)
+    assert r.returncode == 0, r.report()
+    assert r.stdout.count("OK") == 2, r.stdout
