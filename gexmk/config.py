@@ -110,10 +110,10 @@ class Config:
     #: bounce buffers of _CHUNK bytes per endpoint (0 buffers: never), the CPU
     #: side split over _THREADS helper threads (0: the calling thread alone).
     #: Sizes take a K, M or G suffix.  (bench/cuda_pageable.py sweeps them.)
-    pageable_chunk: int = 8 << 20
+    pageable_chunk: int = 4 << 20
     pageable_buffers: int = 4
     pageable_min: int = 1 << 20
-    pageable_threads: int = 3
+    pageable_threads: int = 3         # load(): PAGEABLE_THREADS_DEFAULT
     #: GEXMK_CUDA_SMALL_PUT: how tiny device copies are done: ``kernel`` (default,
     #: the fastest on an H100), ``copy`` (the copy engine only), or any of ``write_value`` (a put of 4 or 8 host bytes by
     #: cuStreamWriteValue32/64) and ``kernel`` (a device<->device copy of at most
@@ -130,6 +130,13 @@ class Config:
     #: 4M, from a 1/2/4/8M sweep on two H200s; at most 16 slots of the pageable
     #: bounce buffers' total).
     cuda_stage_chunk: int = 4 << 20
+
+
+#: Copy-pool helpers by default: 7 where the cores allow (H100 host, 16 cores,
+#: bench/cuda_pageable.py 2026-11-26: 4 MiB x 4 buffers x 7 threads 39 GB/s put,
+#: 4.6 x cuMemcpyHtoD from the same array; 3 threads 28 GB/s, and 17 at 8 MiB),
+#: fewer on small machines (one core is the caller's).
+PAGEABLE_THREADS_DEFAULT = max(1, min(7, (os.cpu_count() or 2) - 1))
 
 
 def load(env=None) -> Config:
@@ -157,10 +164,11 @@ def load(env=None) -> Config:
         nbrhd_stage_chunk=_bytes(env, "GEXMK_NBRHD_STAGE_CHUNK", 1 << 20, 4096, 1 << 30),
         nbrhd_stage_slots=_bytes(env, "GEXMK_NBRHD_STAGE_SLOTS", 4, 1, 16, suffix=False),
         staged=staged_option(_text(env, "GEXMK_STAGED"), "GEXMK_STAGED"),
-        pageable_chunk=_bytes(env, "GEXMK_PAGEABLE_CHUNK", 8 << 20, 4096, 1 << 30),
+        pageable_chunk=_bytes(env, "GEXMK_PAGEABLE_CHUNK", 4 << 20, 4096, 1 << 30),
         pageable_buffers=_bytes(env, "GEXMK_PAGEABLE_BUFFERS", 4, 0, 16, suffix=False),
         pageable_min=_bytes(env, "GEXMK_PAGEABLE_MIN", 1 << 20, 0, 1 << 62),
-        pageable_threads=_bytes(env, "GEXMK_PAGEABLE_THREADS", 3, 0, 64, suffix=False),
+        pageable_threads=_bytes(env, "GEXMK_PAGEABLE_THREADS", PAGEABLE_THREADS_DEFAULT, 0, 64,
+                                suffix=False),
         cuda_small_put=small_put_option(_text(env, "GEXMK_CUDA_SMALL_PUT") or "kernel",
                                         "GEXMK_CUDA_SMALL_PUT"),
         cuda_peer_access=_choice(env, "GEXMK_CUDA_PEER_ACCESS",

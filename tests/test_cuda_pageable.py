@@ -68,7 +68,7 @@ def test_pageable_settings_parse():
         "write_value,kernel"
     d = config.load({})
     assert (d.pageable_chunk, d.pageable_buffers, d.pageable_min, d.pageable_threads,
-            d.cuda_small_put) == (8 * MiB, 4, MiB, 3, "kernel")
+            d.cuda_small_put) == (4 * MiB, 4, MiB, config.PAGEABLE_THREADS_DEFAULT, "kernel")
     for name, bad in (("GEXMK_PAGEABLE_CHUNK", "12"), ("GEXMK_PAGEABLE_CHUNK", "lots"),
                       ("GEXMK_PAGEABLE_BUFFERS", "17"), ("GEXMK_PAGEABLE_BUFFERS", "2M"),
                       ("GEXMK_PAGEABLE_THREADS", "-1"), ("GEXMK_CUDA_SMALL_PUT", "dma"),

@@ -91,7 +91,7 @@ cdef struct lp_kind:
 cdef enum:
     LP_BOUNCE_MAX = 16         # buffers per endpoint, at most
 
-cdef size_t _pg_chunk = 8 << 20    # bytes per bounce buffer (H100 sweep: 8 MiB x 4 buffers, 3 threads)
+cdef size_t _pg_chunk = 4 << 20    # bytes per bounce buffer (H100 sweep: 4 MiB x 4 buffers, 7 threads)
 cdef int _pg_nbuf = 4              # bounce buffers per endpoint (0: never pipeline)
 cdef size_t _pg_min = 1 << 20      # smaller copies go to the driver as they are
 cdef int _pg_threads = 3           # helper threads of the copy pool
@@ -995,6 +995,9 @@ cdef class LocalTransport:
         if not wanted:
             return None
         if lc is None:
+            global _pool
+            if _pool == NULL and _pg_threads > 0:
+                _pool = gx_cpool_create(_pg_threads)    # fills and drains the slots
             fds = fdpass.fetch(desc[1], desc[2], self.job.config.timeout)
             lc = _LandContext()
             try:

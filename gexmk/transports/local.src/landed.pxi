@@ -308,23 +308,17 @@ cdef inline int _lz_next_slot(lp_land* L, gx_target* t) except -1 nogil:
     return s
 
 
-cdef int _lz_fill(gx_xfer* x, char* dst, const char* src, size_t m) except -1 nogil:
-    """Into a data slot from the local buffer: memcpy, or the endpoint's kind
-    out of its device segment."""
+cdef int _lz_move(gx_xfer* x, char* dst, const char* src, size_t m) except -1 nogil:
+    """Between a data slot and the local buffer: host memory by the copy
+    pool's threads (one thread's memcpy, ~10 GB/s, would pace the transfer;
+    the lander's DMA runs at ~50), device memory by the endpoint's kind."""
     cdef lp_ep* ep = <lp_ep*>x.ep
-    if x.local_kind == GX_MK_HOST:
-        memcpy(dst, src, m)
-    else:
+    if x.local_kind != GX_MK_HOST:
         ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>dst, <uintptr_t>src, m)
-    return 0
-
-
-cdef int _lz_drain(gx_xfer* x, char* dst, const char* src, size_t m) except -1 nogil:
-    cdef lp_ep* ep = <lp_ep*>x.ep
-    if x.local_kind == GX_MK_HOST:
-        memcpy(dst, src, m)
+    elif _pool != NULL:
+        gx_cpool_copy(_pool, dst, src, m)
     else:
-        ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>dst, <uintptr_t>src, m)
+        memcpy(dst, src, m)
     return 0
 
 
@@ -354,7 +348,7 @@ cdef int _landed_put(gx_xfer* x) except -1 nogil:
         while pos < x.n:
             m = x.n - pos if x.n - pos < L.chunk else L.chunk
             s = _lz_next_slot(L, t)
-            _lz_fill(x, L.ring + L.data_off + <size_t>s * L.chunk, <char*>x.local + pos, m)
+            _lz_move(x, L.ring + L.data_off + <size_t>s * L.chunk, <char*>x.local + pos, m)
             _lz_post(L, t, LZ_PUT, off + pos, m)
             pos += m
         for s in range(L.slots):
@@ -387,7 +381,7 @@ cdef int _landed_get(gx_xfer* x) except -1 nogil:
             s = <int>((qs[got % L.slots] - 1) % <uint64_t>L.slots)
             _lz_wait(L, t, s, qs[got % L.slots])
             m = x.n - got * C if x.n - got * C < C else C
-            _lz_drain(x, <char*>x.local + got * C, L.ring + L.data_off + <size_t>s * C, m)
+            _lz_move(x, <char*>x.local + got * C, L.ring + L.data_off + <size_t>s * C, m)
             got += 1
     finally:
         gx_xchg_int(&L.lock, 0)
