@@ -98,7 +98,7 @@ class Config:
     nbrhd_stage: str = "auto"
     #: GEXMK_NBRHD_STAGE_CHUNK / _SLOTS: bytes per landing slot and slots per
     #: initiator of an ``nbrhd-landed`` zone (job size x slots x chunk bytes).
-    nbrhd_stage_chunk: int = 1 << 20
+    nbrhd_stage_chunk: int = 4 << 20
     nbrhd_stage_slots: int = 4
     #: GEXMK_STAGED: ``allow`` (default) or ``refuse`` degraded paths that copy
     #: device memory through host bounce buffers; refused, a route whose only
@@ -161,7 +161,7 @@ def load(env=None) -> Config:
         ofi_stage_chunk=_bytes(env, "GEXMK_OFI_STAGE_CHUNK", 1 << 20, 4096, 1 << 30),
         ofi_stage_slots=_bytes(env, "GEXMK_OFI_STAGE_SLOTS", 4, 1, 16, suffix=False),
         nbrhd_stage=_choice(env, "GEXMK_NBRHD_STAGE", {"auto": "auto", "all": "all"}, "auto"),
-        nbrhd_stage_chunk=_bytes(env, "GEXMK_NBRHD_STAGE_CHUNK", 1 << 20, 4096, 1 << 30),
+        nbrhd_stage_chunk=_bytes(env, "GEXMK_NBRHD_STAGE_CHUNK", 4 << 20, 4096, 1 << 30),
         nbrhd_stage_slots=_bytes(env, "GEXMK_NBRHD_STAGE_SLOTS", 4, 1, 16, suffix=False),
         staged=staged_option(_text(env, "GEXMK_STAGED"), "GEXMK_STAGED"),
         pageable_chunk=_bytes(env, "GEXMK_PAGEABLE_CHUNK", 4 << 20, 4096, 1 << 30),

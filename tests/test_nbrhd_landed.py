@@ -37,7 +37,7 @@ def landed_env(**extra):
 
 def test_landing_options_parse():
     cfg = config.load({})
-    assert (cfg.nbrhd_stage, cfg.nbrhd_stage_chunk, cfg.nbrhd_stage_slots) == ("auto", 1 << 20, 4)
+    assert (cfg.nbrhd_stage, cfg.nbrhd_stage_chunk, cfg.nbrhd_stage_slots) == ("auto", 4 << 20, 4)
     cfg = config.load({"GEXMK_NBRHD_STAGE": "all", "GEXMK_NBRHD_STAGE_CHUNK": "256K",
                        "GEXMK_NBRHD_STAGE_SLOTS": "8"})
     assert (cfg.nbrhd_stage, cfg.nbrhd_stage_chunk, cfg.nbrhd_stage_slots) == ("all", 256 << 10, 8)

@@ -838,7 +838,7 @@ cdef class LocalTransport:
         self._zones = []
         self.stage_all = getattr(job.config, "nbrhd_stage", "auto") == "all"
         self.stage_slots = getattr(job.config, "nbrhd_stage_slots", 4)
-        self.stage_chunk = getattr(job.config, "nbrhd_stage_chunk", 1 << 20)
+        self.stage_chunk = getattr(job.config, "nbrhd_stage_chunk", 4 << 20)
         _configure(job.config)
 
     def open_endpoint(self, int index):
