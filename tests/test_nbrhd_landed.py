@@ -19,9 +19,11 @@ from gexmk import errors as E
 
 try:
     from . import mp_util
+    from .staged_worker import staged_worker
     from .test_cuda_segments import HAVE_GPU
 except ImportError:
     import mp_util
+    from staged_worker import staged_worker
     from test_cuda_segments import HAVE_GPU
 
 gpu = pytest.mark.gpu
@@ -47,101 +49,7 @@ def test_landing_options_parse():
             config.load(bad)
 
 
-WORKER = r'''
-import numpy as np
-P = lambda *a: pattern(*a).tobytes()
-if os.environ.get("GX_MIXED_CHUNKS"):       # ranks with different landing chunk sizes
-    os.environ["GEXMK_NBRHD_STAGE_CHUNK"] = ("64K", "96K")[int(os.environ["GEXMK_RANK"]) % 2]
-c = gexmk.init()
-tm = c.tm
-me, n = tm.rank, tm.size
-right, left = (me + 1) % n, (me - 1) % n
-S = 4 << 20
-seg = c.segment_attach(S)
-mem = np.asarray(seg)
-loc = c.transports["local"]
-refuse = os.environ.get("GEXMK_STAGED") == "refuse"
-if refuse:
-    assert tm.paths(right)["rma"] == "refused:nbrhd-landed", tm.paths(right)
-    e = expect_raises(E.UnsupportedError, tm.put, right, tm.addr(right, 0), b"x")
-    assert "nbrhd-landed" in str(e), e
-    tm.barrier()
-    c.finalize()
-    print("OK", me, flush=True)
-    raise SystemExit(0)
-assert tm.paths(right) == {"rma": "nbrhd-landed", "atomic": "nbrhd-landed"}, tm.paths(right)
-# sizes across the 64 KiB chunks and 3 slots: one byte, part of a chunk, whole
-# chunks, slot reuse, an odd tail
-sizes = [1, 8, 4095, 65536, 3 * 65536 + 17, (1 << 20) + 12345]
-offs = []
-o = 0
-for sz in sizes:
-    offs.append(o)
-    o += (sz + 4096) & ~4095
-mem[:] = 0
-mem[2 << 20:] = np.frombuffer(P(S - (2 << 20), me, 99), np.uint8)   # what peers get
-tm.barrier()
-for sz, off in zip(sizes, offs):
-    tm.put(right, tm.addr(right, off), P(sz, me, sz))
-tm.barrier()
-for sz, off in zip(sizes, offs):
-    assert bytes(mem[off:off + sz]) == P(sz, left, sz), (sz, off)
-tm.barrier()                      # before the left neighbour's next puts overlap these
-want = P(S - (2 << 20), right, 99)
-for sz, off in zip(sizes, offs):
-    got = np.zeros(sz, np.uint8)
-    tm.get(got, right, tm.addr(right, (2 << 20) + off))
-    assert bytes(got) == want[off:off + sz], ("get", sz, off)
-# NB and NBI forms (complete at issue on this path; their events and syncs still work)
-ev = tm.put_nb(right, tm.addr(right, 1 << 20), P(200000, me, 1))
-ev.wait()
-tm.put_nbi(right, tm.addr(right, 1600000), P(70000, me, 2))
-gexmk.nbi_wait(gexmk.EC_PUT)
-got = np.zeros(100000, np.uint8)
-tm.get_nb(got, right, tm.addr(right, (2 << 20) + 5)).wait()
-assert bytes(got) == want[5:100005]
-tm.barrier()
-assert bytes(mem[1 << 20:(1 << 20) + 200000]) == P(200000, left, 1)
-assert bytes(mem[1600000:1670000]) == P(70000, left, 2)
-# local buffers inside my own (landing) segment
-tm.barrier()
-tm.put(right, tm.addr(right, 1700000), (seg.address + (2 << 20), 300000))
-tm.barrier()
-assert bytes(mem[1700000:2000000]) == P(S - (2 << 20), left, 99)[:300000], "put from the segment"
-tm.barrier()
-tm.get((seg.address + 1700000, 250000), right, tm.addr(right, (2 << 20) + 1000))
-assert bytes(mem[1700000:1950000]) == want[1000:251000], "get into the segment"
-# atomics run by the owner's lander: exact under contention from every rank
-ad = tm.ad_create(gexmk.DT_I64, gexmk.OP_FADD | gexmk.OP_GET | gexmk.OP_FCAS)
-tm.barrier()
-for _ in range(200):
-    ad.op(0, tm.addr(0, 8), gexmk.OP_FADD, me + 1)
-tm.barrier()
-total = ad.op(0, tm.addr(0, 8), gexmk.OP_GET)
-assert total == 200 * n * (n + 1) // 2, total
-tm.barrier()
-if me == 0:
-    assert ad.op(right, tm.addr(right, 16), gexmk.OP_FCAS, 0, 42) == 0
-    assert ad.op(right, tm.addr(right, 16), gexmk.OP_FCAS, 0, 43) == 42
-ad.destroy()
-# put_signal: the data lands before the signal, through the same ring
-sig = tm.addr(me, 64)
-for k in range(1, 4):
-    tm.put_signal(right, tm.addr(right, 4096 * 8), P(150000, me, k), tm.addr(right, 64), k)
-    tm.wait_until(sig, gexmk.CMP_EQ, k, timeout=20)
-    assert bytes(mem[4096 * 8:4096 * 8 + 150000]) == P(150000, left, k), k
-    tm.barrier()                  # before the left neighbour's next round overwrites it
-# out of the segment: refused before anything is sent
-expect_raises(E.BoundsError, tm.put, right, tm.addr(right, S - 4), b"12345678")
-st = tm.path_stats(right)
-assert set(st) == {"nbrhd-landed"}, st
-assert st["nbrhd-landed"]["put"]["ops"] >= len(sizes) + 2 and st["nbrhd-landed"]["get"]["ops"] >= len(sizes) + 1, st
-landed = loc.landed
-assert landed > 0, landed
-tm.barrier()
-c.finalize()
-print("OK", me, landed, flush=True)
-'''
+WORKER = staged_worker("nbrhd-landed", "local", "GEXMK_NBRHD_STAGE_CHUNK")
 
 
 def _run(tmp_path, n, worker=WORKER, **env):
@@ -272,6 +180,39 @@ tm.barrier()
 if me == 1:
     assert int(np.frombuffer(dev_read(pool + 2 * N - 128, 8), np.uint64)[0]) == 7
     assert dev_read(pool + 4096, 100000) == P(100000, 0, 5)
+tm.barrier()
+# stream order: a put after the kernel that produced its data, and a get whose
+# result a kernel after it reads, both on a non-blocking stream, no host sync;
+# a capture is refused (the host functions belong to one transfer)
+s2 = cupy.cuda.Stream(non_blocking=True)
+src = cupy.asarray(dseg)[:5 << 20]                    # inside EP 2's device segment
+with s2:
+    src.fill(40 + me)                                 # the kernel that produces the data
+t21.put_on_stream(peer, t21.addr(peer, 64), src, s2)
+with s2:
+    src.fill(0)                                       # after the put has read it
+s2.synchronize()
+tm.barrier()
+got = np.frombuffer(dev_read(pool + 64, 5 << 20), np.uint8)
+assert (got == 40 + peer).all(), "put_on_stream into remote pool memory"
+tm.barrier()
+dst = cupy.asarray(dseg)[N:N + (5 << 20)]
+t21.get_on_stream(dst, peer, t21.addr(peer, 64), s2)
+with s2:
+    total = int(dst.sum(dtype=cupy.uint64))           # the kernel after it sees the data
+assert total == (40 + me) * (5 << 20), total
+hostbuf = np.zeros(3 << 20, np.uint8)
+t21.get_on_stream(hostbuf, peer, t21.addr(peer, 64), s2)   # host memory: straight to the lander
+s2.synchronize()
+assert (hostbuf == 40 + me).all(), "get_on_stream into host memory"
+s2.begin_capture()
+try:
+    t21.put_on_stream(peer, t21.addr(peer, 0), src, s2)
+    raise AssertionError("a captured put to pool memory was accepted")
+except E.UnsupportedError as e:
+    assert "captured" in str(e), e
+finally:
+    s2.end_capture()
 tm.barrier()
 # figures: 8 MiB host -> remote pool put and remote pool -> host get, against a
 # pinned host -> device copy of the same size in this process

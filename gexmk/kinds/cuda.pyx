@@ -48,7 +48,7 @@ from cuda.bindings.cydriver cimport (
 from gexmk.kinds.kind cimport (
     gx_kind_ops, gx_mem, gx_export, GX_KIND_MAX_FDS, GX_KIND_BLOB, GX_MEM_LIBRARY,
     GX_MEM_CLIENT, GX_MEM_IMPORTED, GX_MEM_EXPORTABLE, GX_MEM_HOST_REGISTERED,
-    GX_WAITV_GEQ, GX_WAITV_EQ, GX_WAITV_AND, GX_WAITV_NOR)
+    GX_WAITV_GEQ, GX_WAITV_EQ, GX_WAITV_AND, GX_WAITV_NOR, gx_host_fn)
 from gexmk.lib.gx cimport (
     GX_MK_HOST, GX_MK_CUDA_UVA, gx_val, gx_dt_size, gx_op_valid,
     GX_DT_I32, GX_DT_U32, GX_DT_I64, GX_DT_U64, GX_DT_FLT, GX_DT_DBL, GX_DT_COUNT,

@@ -60,6 +60,8 @@ ctypedef int (*gx_mk_write_fn)(void* kctx, void* stream, uintptr_t dst, uint64_t
                                int nbytes) except -1 nogil
 ctypedef int (*gx_mk_waitv_fn)(void* kctx, void* stream, uintptr_t addr, uint64_t value,
                                int cmp) except -1 nogil
+ctypedef void (*gx_host_fn)(void* arg) noexcept nogil
+ctypedef int (*gx_mk_hostfn_fn)(void* kctx, void* stream, gx_host_fn fn, void* arg) except -1 nogil
 
 cdef enum:                        # gx_kind_ops.wait_value comparisons
     GX_WAITV_GEQ = 0              # (int64_t)(*addr - value) >= 0
@@ -101,3 +103,5 @@ cdef struct gx_kind_ops:
                                       # being captured into a graph, else 0
     gx_mk_waitv_fn wait_value     # work issued on stream after this waits until the aligned
                                   # 64-bit device word at addr compares (GX_WAITV_*) with value
+    gx_mk_hostfn_fn launch_host   # fn(arg) on a driver thread once the stream's work before it
+                                  # is done; later work waits for it (fn must not call the driver)

@@ -50,7 +50,7 @@ from posix.unistd cimport close, sysconf, _SC_PAGESIZE
 
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from gexmk.lib.gx cimport *
-from gexmk.kinds.kind cimport gx_kind_ops, gx_mk_atomic_fn
+from gexmk.kinds.kind cimport gx_kind_ops, gx_mk_atomic_fn, gx_host_fn
 from gexmk.lib.linux cimport iovec, process_vm_readv, process_vm_writev, sched_yield
 from gexmk.memory cimport Segment
 

@@ -194,6 +194,16 @@ cdef int _cu_stream_capturing(void* kctx, void* stream) except -1 nogil:
     return 0 if st == cydriver.CU_STREAM_CAPTURE_STATUS_NONE else 1
 
 
+cdef int _cu_launch_host(void* kctx, void* stream, gx_host_fn fn, void* arg) except -1 nogil:
+    """fn(arg) on a driver thread, in stream order (cuLaunchHostFunc)."""
+    cdef CudaCtx* k = <CudaCtx*>kctx
+    cdef CUresult rc
+    _push(k)
+    rc = cydriver.cuLaunchHostFunc(<CUstream>stream, <cydriver.CUhostFn>fn, arg)
+    _pop(k)
+    return check("cuLaunchHostFunc", rc)
+
+
 cdef int _cu_event_query(void* kctx, void* event) except -1 nogil:
     """1 when the work before the event has completed, 0 while it is pending."""
     cdef CUresult rc = cydriver.cuEventQuery(<CUevent>event)
