@@ -205,6 +205,16 @@ hostbuf = np.zeros(3 << 20, np.uint8)
 t21.get_on_stream(hostbuf, peer, t21.addr(peer, 64), s2)   # host memory: straight to the lander
 s2.synchronize()
 assert (hostbuf == 40 + me).all(), "get_on_stream into host memory"
+# put_signal_on_stream: the data's host functions, then the lander's signal
+tm.barrier()
+with s2:
+    src.fill(60 + me)
+t21.put_signal_on_stream(peer, t21.addr(peer, 1 << 20), src[:4096], t21.addr(peer, 2 * N - 192),
+                         11, gexmk.SIGNAL_SET, s2)
+s2.synchronize()
+tm.barrier()
+assert int(np.frombuffer(dev_read(pool + 2 * N - 192, 8), np.uint64)[0]) == 11
+assert dev_read(pool + (1 << 20), 4096) == bytes([60 + peer]) * 4096, "put_signal_on_stream data"
 s2.begin_capture()
 try:
     t21.put_on_stream(peer, t21.addr(peer, 0), src, s2)

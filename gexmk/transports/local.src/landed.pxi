@@ -476,18 +476,20 @@ cdef int _landed_atomic(gx_xfer* x) except -1 nogil:
 
 cdef int _landed_put_signal(gx_xfer* x) except -1 nogil:
     """The data (landed when the put returns), then the signal as an atomic
-    run by the same lander: never visible before the data.  No stream form
-    here (put_signal_on_stream needs the target's device atomics on the
-    caller's stream)."""
+    run by the same lander: never visible before the data.  On a stream: the
+    put's host functions, then one that has the lander run the signal."""
     cdef gx_val zero
     cdef int mode = x.mode
     cdef void** handle = x.handle
     if x.sig_addr & 7:
         return _sig_misaligned(x)
     if x.stream != NULL:
-        with gil:
-            raise UnsupportedError("put_signal_on_stream to a peer's pool memory (nbrhd-landed): "
-                                   "its owner's lander runs the signal, not the caller's stream")
+        # the data's host functions, then one that has the lander run the signal
+        _landed_on_stream(x, True)
+        _lz_launch(<lp_ep*>x.ep, x.stream, <lp_land*>x.peer, x.t, LZ_AMO,
+                   x.sig_addr - x.t.remote_base, NULL, x.a.u64,
+                   GX_OP_SET if x.op == GX_SIGNAL_SET else GX_OP_ADD)
+        return 0
     zero.u64 = 0
     x.mode = GX_BLOCKING
     x.handle = NULL
@@ -518,35 +520,42 @@ cdef int _landed_put_signal(gx_xfer* x) except -1 nogil:
 cdef struct lz_job:            # one host function's piece of a stream-ordered transfer
     lp_land* L
     gx_target* t
-    int put
+    int op                     # LZ_PUT, LZ_GET, or LZ_AMO (a signal: n is its value, aop its op)
     uint64_t off
     char* buf                  # host memory
     size_t n
+    int aop
 
 
 cdef void _lz_hostfn(void* arg) noexcept nogil:
     cdef lz_job* j = <lz_job*>arg
     cdef int st
+    cdef gx_val a, zero
     _lz_lock(j.L)
-    if j.put:
+    if j.op == LZ_PUT:
         st = _lz_put(j.L, j.t, j.off, j.buf, j.n, NULL)
-    else:
+    elif j.op == LZ_GET:
         st = _lz_get(j.L, j.t, j.off, j.buf, j.n, NULL)
+    else:
+        a.u64 = j.n
+        zero.u64 = 0
+        st = _lz_amo(j.L, j.t, j.off, GX_DT_U64, j.aop, a, zero, NULL)
     gx_xchg_int(&j.L.lock, 0)
     if st != LZ_OK:
         gx_xchg_int(&j.L.async_err, st)
     free(j)
 
 
-cdef int _lz_launch(lp_ep* ep, void* stream, lp_land* L, gx_target* t, bint put, uint64_t off,
-                    char* buf, size_t n) except -1 nogil:
+cdef int _lz_launch(lp_ep* ep, void* stream, lp_land* L, gx_target* t, int op, uint64_t off,
+                    char* buf, size_t n, int aop=0) except -1 nogil:
     cdef lz_job* j = <lz_job*>calloc(1, sizeof(lz_job))
     if j == NULL:
         with gil:
             raise MemoryError()
     j.L = L
     j.t = t
-    j.put = put
+    j.op = op
+    j.aop = aop
     j.off = off
     j.buf = buf
     j.n = n
@@ -583,7 +592,7 @@ cdef int _landed_on_stream(gx_xfer* x, bint put) except -1 nogil:
     if x.n == 0:
         return 0
     if x.local_kind == GX_MK_HOST:
-        return _lz_launch(ep, x.stream, L, x.t, put, off, <char*>x.local, x.n)
+        return _lz_launch(ep, x.stream, L, x.t, LZ_PUT if put else LZ_GET, off, <char*>x.local, x.n)
     bb = _staged_bounce(ep)
     try:
         _bounce_drain_all(bb, &ep.k)        # earlier synchronous users of the buffers
@@ -593,9 +602,9 @@ cdef int _landed_on_stream(gx_xfer* x, bint put) except -1 nogil:
             slot = bb.buf + <size_t>(b % bb.nbuf) * piece
             if put:
                 ep.k.ops.copy(ep.k.kctx, x.stream, <uintptr_t>slot, <uintptr_t>x.local + pos, m)
-                _lz_launch(ep, x.stream, L, x.t, True, off + pos, slot, m)
+                _lz_launch(ep, x.stream, L, x.t, LZ_PUT, off + pos, slot, m)
             else:
-                _lz_launch(ep, x.stream, L, x.t, False, off + pos, slot, m)
+                _lz_launch(ep, x.stream, L, x.t, LZ_GET, off + pos, slot, m)
                 ep.k.ops.copy(ep.k.kctx, x.stream, <uintptr_t>x.local + pos, <uintptr_t>slot, m)
             pos += m
             b += 1
