@@ -467,6 +467,23 @@ cdef class Segment:
     def __exit__(self, *exc):
         self.destroy()
 
+    def __array__(self, dtype=None, copy=None):
+        """numpy.asarray(seg) reaches this only when the buffer protocol
+        failed (numpy swallows that failure and would make a 0-d object
+        array): say why -- a destroyed segment, or device memory."""
+        self.check_alive()
+        if self.allocation is not None:
+            raise TypeError(f"a {self.kind.name} segment is device memory: use "
+                            "cupy.asarray(seg) / torch.from_dlpack(seg)")
+        import numpy
+        a = numpy.frombuffer(memoryview(self), dtype=numpy.uint8)
+        if dtype is not None and numpy.dtype(dtype) != a.dtype:
+            if copy is False:
+                raise ValueError("numpy.asarray(seg, dtype=..., copy=False): a typed zero-copy "
+                                 "view is seg.view(dtype)")
+            return a.astype(dtype)
+        return a
+
     def __getbuffer__(self, Py_buffer* buffer, int flags):
         if self.destroyed:
             raise StateError("segment has been destroyed")

@@ -293,6 +293,20 @@ def test_destroy_while_numpy_view_exists(client):
     assert not memfd_mapped(token)             # unmapped with the last view
 
 
+def test_numpy_of_a_destroyed_segment_raises(client):
+    """numpy swallows a failing buffer protocol and would make a 0-d object
+    array; a destroyed segment raises instead, and seg.view(dtype) is the
+    typed zero-copy view (asarray with another dtype would copy)."""
+    s = client.segment_create(4096)
+    w = s.view(np.float64)
+    assert w.shape == (512,) and w.ctypes.data == s.address
+    s.destroy()
+    with pytest.raises(gexmk.StateError, match="destroyed"):
+        np.asarray(s)
+    with pytest.raises(gexmk.StateError, match="destroyed"):
+        s.view(np.uint8)
+
+
 def test_segment_constructor_is_not_public():
     with pytest.raises(TypeError):
         gexmk.Segment()
