@@ -145,7 +145,10 @@ def mk_create(cls, device=0, context=None):
         raise ArgumentError(f"unknown memory kind class {cls!r}") from None
     if cls == MKClass.HOST:
         return HOST
-    if not isinstance(device, int) or device < 0:
+    if isinstance(device, bool) or not hasattr(type(device), "__index__"):
+        raise ArgumentError(f"device must be a non-negative int, got {device!r}")
+    device = device.__index__()         # numpy integers too, as everywhere else
+    if device < 0:
         raise ArgumentError(f"device must be a non-negative int, got {device!r}")
     if cls == MKClass.CUDA_UVA:
         try:

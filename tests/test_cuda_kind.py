@@ -81,6 +81,22 @@ def test_mk_create_cuda_uva_without_a_driver():
         gexmk.mk_create("cuda_uva")
 
 
+def test_mk_create_device_argument():
+    """Any integer (numpy's too) names a device; anything else, or a negative
+    one, is refused before the driver is asked."""
+    import numpy as np
+    for bad in (-1, 1.0, "0", True, None):
+        with pytest.raises(ArgumentError, match="device must be a non-negative int"):
+            gexmk.mk_create("cuda_uva", bad)
+    try:
+        mk = gexmk.mk_create("cuda_uva", np.int64(0))
+    except UnsupportedError:
+        pass                    # no driver here: the device was accepted, the kind is not
+    else:
+        assert mk.device == 0 and type(mk.device) is int
+        mk.close()
+
+
 def test_bad_arguments_are_refused_before_the_driver_is_asked():
     with pytest.raises(TypeError, match="device must be an int"):
         cuda.CudaKind(1.0)
