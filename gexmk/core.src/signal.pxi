@@ -406,7 +406,11 @@ cdef int put_signal_slow(const gx_team* tm, int rank, uintptr_t dest, const void
         x.handle = handle
         if handle_ops != NULL:
             handle_ops[0] = r.rma.ops
-        return r.rma.ops.put_signal(&x)
+        r.rma.ops.put_signal(&x)
+        # counted as the composition below is: a put and an 8-byte atomic on the path
+        gx_count_add(&r.via[GX_CNT_PUT], n)
+        gx_count_add(&r.via[GX_CNT_AMO], 8)
+        return 0
     # the generic composition: data complete at the target, then the signal
     _rma(tm, rank, True, dest, <void*>src, n, GX_BLOCKING, NULL, NULL)
     a.u64 = value

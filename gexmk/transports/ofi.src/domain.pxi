@@ -56,6 +56,7 @@ cdef class Domain:
         self.d.stg_nrings = 1
         split_wanted = config.ofi_split
         ordered_flush = config.ofi_ordered_flush
+        ordered_signal = config.ofi_ordered_signal
         hints = fi_allocinfo()
         if hints == NULL:
             raise MemoryError()
@@ -145,6 +146,19 @@ cdef class Domain:
         self.d.max_order_raw = rma.ep_attr.max_order_raw_size
         self.d.waw = (rma.tx_attr.msg_order & (FI_ORDER_WAW | FI_ORDER_RMA_WAW)) != 0 \
             and rma.ep_attr.max_order_waw_size >= 8
+        # put_signal's data and signal go back to back only where one endpoint
+        # carries both and orders an RMA write before a later atomic write:
+        # FI_ORDER_WAW proper (FI_ORDER_RMA_WAW + FI_ORDER_ATOMIC_WAW order each
+        # class only among itself).  shm grants it; tcp;ofi_rxm with FI_ATOMIC
+        # does not (and split endpoints are two connections).  FI_FENCE would
+        # be the next resort, but none of tcp, rxm and shm implements it in
+        # libfabric 1.17 (the flag is ignored, not refused), so elsewhere the
+        # data's delivery is waited for before the signal is issued.
+        self.d.sig_ordered = ordered_signal and not self.d.split \
+            and (self.d.info.caps & FI_ATOMIC) != 0 \
+            and (self.d.info.tx_attr.msg_order & FI_ORDER_WAW) != 0 \
+            and self.d.info.ep_attr.max_order_waw_size >= 8
+        self.d.sig_order_max = self.d.info.ep_attr.max_order_waw_size if self.d.sig_ordered else 0
         cdef fi_av_attr av_attr
         memset(&av_attr, 0, sizeof(av_attr))
         av_attr.type = FI_AV_TABLE
@@ -178,6 +192,25 @@ cdef class Domain:
         """True when writes from one endpoint to one target land in issue order
         (FI_ORDER_WAW, at least 8 bytes): the collectives then signal by stores."""
         return bool(self.d.waw)
+
+    @property
+    def put_signal_mode(self):
+        """How put_signal orders its signal after its data over this domain:
+        ``"ordered"`` (data write and signal atomic back to back on one
+        endpoint, the provider's FI_ORDER_WAW keeps them in order; up to
+        ``put_signal_stats()["ordered_max"]`` bytes of data) or ``"delivery"``
+        (the data's delivery completion is waited for, then the signal issued)."""
+        return "ordered" if self.d.sig_ordered else "delivery"
+
+    def put_signal_stats(self, reset=False):
+        """``{"ordered": n, "delivery": n, "ordered_max": bytes}``: put_signals
+        (and their kin) of this process issued each way (larger data than
+        ``ordered_max`` takes the delivery way); ``reset`` zeroes the counts."""
+        out = {"ordered": self.d.n_sig_ordered, "delivery": self.d.n_sig_delivery,
+               "ordered_max": self.d.sig_order_max}
+        if reset:
+            self.d.n_sig_ordered = self.d.n_sig_delivery = 0
+        return out
 
     @property
     def mr_mode(self):
@@ -369,26 +402,40 @@ cdef class Domain:
 
 cdef fi_info* _with_ordering(fi_info* p) except NULL:
     """The chosen provider and domain again, asking for read-after-write
-    ordering of data (providers report only the ordering that was asked for):
-    that info when granted, else a copy of p."""
+    ordering of data (providers report only the ordering that was asked for),
+    with write-after-write ordering if that is granted too: that info when
+    granted, else a copy of p."""
     cdef fi_info* hints = fi_dupinfo(p)
     cdef fi_info* got = NULL
     cdef fi_info* out
     cdef int rc
     if hints == NULL:
         raise MemoryError()
-    hints.tx_attr.msg_order = FI_ORDER_RAW | FI_ORDER_RMA_RAW
-    hints.ep_attr.max_order_raw_size = <size_t>-1
-    with nogil:
-        rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &got)
+    cdef int attempt
+    # first with write-after-write ordering of RMA and atomics too (put_signal
+    # then needs no round trip), then without
+    for attempt in range(2):
+        hints.tx_attr.msg_order = FI_ORDER_RAW | FI_ORDER_RMA_RAW
+        hints.ep_attr.max_order_raw_size = <size_t>-1
+        if attempt == 0:
+            hints.tx_attr.msg_order |= FI_ORDER_WAW
+            hints.ep_attr.max_order_waw_size = <size_t>-1
+        else:
+            hints.ep_attr.max_order_waw_size = 0
+        with nogil:
+            rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &got)
+        if rc == 0 and got != NULL and (got.tx_attr.msg_order & (FI_ORDER_RAW | FI_ORDER_RMA_RAW)) \
+                and got.ep_attr.max_order_raw_size > 0:
+            break
+        if got != NULL:
+            fi_freeinfo(got)
+            got = NULL
     fi_freeinfo(hints)
-    if rc == 0 and got != NULL and (got.tx_attr.msg_order & (FI_ORDER_RAW | FI_ORDER_RMA_RAW)) \
-            and got.ep_attr.max_order_raw_size > 0:
+    if got != NULL:
         out = fi_dupinfo(got)
+        fi_freeinfo(got)
     else:
         out = fi_dupinfo(p)
-    if got != NULL:
-        fi_freeinfo(got)
     if out == NULL:
         raise MemoryError()
     return out
