@@ -1,18 +1,20 @@
 """put_signal over the network (ofi): the signal never overtakes its data.
 
-The ofi transport issues a put_signal one of two ways (``Domain.put_signal_mode``,
-gexmk/transports/ofi.pyx): ``ordered`` -- the data write and the signal atomic
-back to back on one endpoint, where the provider orders an RMA write before a
-later atomic (FI_ORDER_WAW: shm) -- or ``delivery`` -- the data's delivery
-waited for before the signal is issued (tcp;ofi_rxm, and shm with
-GEXMK_OFI_ORDERED_SIGNAL=0).  A blocking put_signal waits only for local
-completion either way.
+The ofi transport issues a put_signal one of three ways (``Domain.put_signal_mode``,
+gexmk/transports/ofi.src/signal.pxi): ``ordered`` -- the data write and the
+signal atomic back to back on one endpoint, where the provider orders an RMA
+write before a later atomic (FI_ORDER_WAW: shm); ``message`` -- split endpoints
+(tcp;ofi_rxm): the data write, then the signal as a message on the same
+endpoint (FI_ORDER_SAW), applied by the target; ``delivery`` -- the data's
+delivery waited for before the signal atomic is issued (GEXMK_OFI_ORDERED_SIGNAL=0,
+and NB put_signals in message mode).  A blocking put_signal waits only for
+local completion in every mode.
 
 The job: every rank but 0 streams put_signals into its own slots at rank 0,
 without waiting for the signals (rank 0 acks slots for reuse); payloads
 alternate between large ones (written in many pieces; past the inject size,
-so the ordered path's write-then-wait branch) and small ones (injected), and
-calls between blocking, NB and NBI.  Rank 0 checks, whenever it sees a signal
+so the write-then-wait branch) and small ones (injected), and calls between
+blocking, NB and NBI.  Rank 0 checks, whenever it sees a signal
 value, that every payload that value vouches for is complete:
 
 - ``SET``: each sender sets its own word to the iteration number: iterations
@@ -86,8 +88,13 @@ if me != 0:
     for e in ev:
         e.wait()
     st = ofi.put_signal_stats()
-    assert st[WANT_MODE] == K and sum(st[k] for k in ("ordered", "delivery")) == K, st
-    if WANT_MODE == "ordered":
+    nbs = sum(1 for j in range(1, K + 1) if modes[j % len(modes)] == "nb")
+    if WANT_MODE == "message":      # an NB put_signal's event is the signal's remote completion
+        assert st["message"] == K - nbs and st["delivery"] == nbs, st
+    else:
+        assert st[WANT_MODE] == K, st
+    assert sum(st[k] for k in ("ordered", "message", "delivery")) == K, st
+    if WANT_MODE != "delivery":
         assert st["ordered_max"] >= BIG, st
     log("sent", K, st)
 else:
@@ -172,14 +179,15 @@ def _need_ofi(provider):
 
 
 # (provider, GEXMK_OFI_ORDERED_SIGNAL, the mode the domain must report)
-CASES = [("tcp;ofi_rxm", "1", "delivery"), ("shm", "1", "ordered"), ("shm", "0", "delivery")]
+CASES = [("tcp;ofi_rxm", "1", "message"), ("tcp;ofi_rxm", "0", "delivery"),
+         ("shm", "1", "ordered"), ("shm", "0", "delivery")]
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("op", ["SET", "ADD"])
 @pytest.mark.parametrize("provider,ordered,mode", CASES,
-                         ids=["tcp_rxm", "shm_ordered", "shm_delivery"])
+                         ids=["tcp_message", "tcp_delivery", "shm_ordered", "shm_delivery"])
 def test_signal_never_overtakes_data(tmp_path, provider, ordered, mode, op, n):
     _need_ofi(provider)
     env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": provider, "FI_PROVIDER": None,

@@ -5,7 +5,8 @@ vector, provider choice), ``endpoint`` (one libfabric endpoint + CQ per gexmk
 endpoint, registrations; the transport's control plane), ``rma`` (puts, gets,
 the remote-completion flush), ``atomic`` (fi_atomic and the CAS fallback),
 ``completion`` (ops, errors, waits, nbi sync), ``progress`` (CQ reading and
-the background progress thread).
+the background progress thread), ``signal`` (put_signal: the signal never
+before the data, three ways, and the target's side of signal messages).
 
 One :class:`Domain` per process (fabric, domain and one address vector shared
 by every endpoint); one :class:`Endpoint` per gexmk endpoint, owning its
@@ -69,6 +70,7 @@ cdef enum:
     MAX_EPS = 1024          # endpoints per process on the network
     ATOMICS_EVERY = 4       # split endpoints: progress passes per read of the atomics CQ
     DEATH_GRACE_MS = 1000   # how long a failure waits for the death notice that explains it
+    SIG_RX = 64             # signal messages: receives posted per endpoint (signal.pxi)
 
 
 # The progress thread keeps off the CQs for this long (s) after an application
@@ -83,6 +85,9 @@ cdef enum:
     STG_MAX_SLOTS = 16      # landing slots per ring of a staged target (GEXMK_OFI_STAGE_SLOTS)
     STG_MAX_ZONES = 64      # landing zones (device-bound endpoints) per process
     STG_DESC = 128          # bytes per request descriptor: 16 words, word 15 repeats word 0
+
+
+cdef struct sig_rx
 
 
 cdef struct ofi_zone:       # a device-bound endpoint's landing zone (staged.pxi)
@@ -148,6 +153,10 @@ cdef struct ofi_dom:
     size_t sig_order_max    # ... for data up to this size (max_order_waw_size)
     long n_sig_ordered      # put_signals issued back to back
     long n_sig_delivery     # put_signals whose data's delivery was waited for first
+    int sig_msg             # put_signal: data write, then the signal as a message on the RMA
+                            # endpoint (split: FI_ORDER_SAW there), applied by the target (signal.pxi)
+    long n_sig_msg          # put_signals issued that way
+    long sig_bad            # signal messages received that named no word of this process
     ofi_ep* eps[MAX_EPS]    # live endpoints: what waits and the progress thread poll
     long neps
     long readers            # threads walking eps[] without the GIL (see _unregister)
@@ -188,11 +197,14 @@ cdef struct ofi_ep:
     uintptr_t dev_lo        # ... its address range: local buffers there go through zone.bounce
     uintptr_t dev_hi
     int bb_lock             # one staged transfer at a time uses zone.bounce
+    sig_rx* rx              # signal messages: SIG_RX receives posted on ep (signal.pxi); NULL if none
+    gx_wake* wake           # the bound segment's wake word (futex sleepers), or NULL
 
 
 cdef struct gx_op:
     fi_context2 ctx         # first: the provider's per-op scratch (FI_CONTEXT2)
     ofi_ep* ep
+    int rx                  # a posted receive of signal messages (sig_rx), not an op
     ofi_peer* t             # the target: a wait gives up when its process dies
     int state               # OP_*
     int err                 # fi errno of a failed op, else 0
@@ -208,11 +220,17 @@ cdef struct gx_op:
 
 
 
+cdef struct sig_rx:         # a receive of signal messages (signal.pxi)
+    gx_op op                # first: the context the CQ hands back (op.rx = 1)
+    uint64_t msg[4]         # network address of the word, value, GX_SIGNAL_*, 0
+
+
 include "ofi.src/completion.pxi"
 include "ofi.src/progress.pxi"
 include "ofi.src/rma.pxi"
 include "ofi.src/atomic.pxi"
 include "ofi.src/staged.pxi"
+include "ofi.src/signal.pxi"
 include "ofi.src/domain.pxi"
 include "ofi.src/endpoint.pxi"
 include "ofi.src/connect.pxi"
@@ -250,132 +268,6 @@ cdef int ofi_atomic(gx_xfer* x) except -1 nogil:
         return 0
     return net_atomic(x.ep, <ofi_peer*>x.peer, x.remote, x.dt, x.op, x.a, x.b, x.result,
                       x.mode, x.handle)
-
-
-cdef int ofi_put_signal(gx_xfer* x) except -1 nogil:
-    """put_signal over the network: the data, then the signal as a 64-bit
-    atomic (SET: FI_ATOMIC_WRITE, ADD: FI_SUM), so that concurrent signals
-    from several ranks stay atomic with each other and with fi_atomic.  The
-    signal is never visible before the data; how that is kept is chosen per
-    domain (``Domain.put_signal_mode``):
-
-    - ``ordered``: the provider orders an RMA write before a later atomic
-      write on one endpoint (FI_ORDER_WAW, e.g. shm): the data write and the
-      signal go back to back, with no round trip between them (_put_signal_ordered);
-    - ``delivery`` (everything else, e.g. tcp;ofi_rxm, whose atomics are rxm
-      messages not ordered with tcp's RMA -- on split endpoints not even one
-      connection): the put with FI_DELIVERY_COMPLETE first, then the signal.
-
-    Either way a blocking (or LCNOW) put_signal waits only for local
-    completion, as NVSHMEM's putmem_signal does: the source is reusable on
-    return and the signal is an implicit op, completed by ``quiet``/nbi_wait.
-    An NB put_signal's event is the signal's remote completion.  A staged
-    target (device segment) gets both through its landing zone, in order."""
-    cdef gx_val zero
-    cdef ofi_peer* t = <ofi_peer*>x.peer
-    cdef ofi_ep* ep = <ofi_ep*>x.ep
-    cdef int mode = x.mode
-    cdef int amode
-    if x.stream != NULL:
-        return _no_stream(x, "put_signal")
-    if x.sig_addr & 7:
-        with gil:
-            from gexmk.errors import BoundsError
-            raise BoundsError(f"put_signal: signal address 0x{x.sig_addr:x} is not aligned to 8 bytes")
-    zero.u64 = 0
-    # the signal's completion mode: blocking and LCNOW ask for local completion only
-    amode = GX_NB if mode == GX_NB else GX_NBI
-    if t.stg or _stg_local(ep, x):
-        x.mode = GX_BLOCKING
-        try:
-            stg_rma(x, True)
-        finally:
-            x.mode = mode
-    elif ep.dom.sig_ordered and x.n <= ep.dom.sig_order_max:
-        gx_add_long(&ep.dom.n_sig_ordered, 1)
-        return _put_signal_ordered(ep, t, x, amode)
-    else:
-        gx_add_long(&ep.dom.n_sig_delivery, 1)
-        net_put(x.ep, t, x.remote, x.local, x.n, GX_BLOCKING, NULL)
-    if t.stg:
-        stg_amo(ep, t, x.sig_addr, GX_DT_U64,
-                GX_OP_SET if x.op == GX_SIGNAL_SET else GX_OP_ADD, x.a, zero, NULL)
-        if x.handle != NULL:
-            x.handle[0] = NULL
-        return 0
-    return net_atomic(x.ep, t, x.sig_addr, GX_DT_U64,
-                      GX_OP_SET if x.op == GX_SIGNAL_SET else GX_OP_ADD, x.a, zero, NULL,
-                      amode, x.handle)
-
-
-cdef int _put_signal_ordered(ofi_ep* ep, ofi_peer* t, gx_xfer* x, int amode) except -1 nogil:
-    """The data write and the signal atomic posted back to back on the one
-    endpoint that carries both (Domain.sig_ordered: not split, FI_ORDER_WAW
-    up to sig_order_max bytes), so the provider lands the data first.  Data
-    up to the inject size is injected (copied at issue); larger data is a
-    write with transmit completion, waited for after the signal is posted
-    (the source is then reusable); neither waits for the target."""
-    cdef gx_val zero
-    cdef gx_op* op = NULL
-    cdef void* desc
-    cdef iovec iov
-    cdef fi_rma_iov riov
-    cdef fi_msg_rma msg
-    cdef ssize_t rc = 0
-    cdef double deadline = 0
-    cdef bint ok = False
-    zero.u64 = 0
-    _app_active(ep.dom)
-    if x.n > 0 and x.n <= ep.dom.inject_size:
-        while True:
-            rc = fi_inject_write(ep.aep, x.local, x.n, t.net_addr, _raddr(t, x.remote), t.net_key)
-            if rc != -FI_EAGAIN:
-                break
-            rc = _retry(ep, t, &deadline)
-            if rc:
-                break
-        if rc < 0:
-            return _issue_failed(t, rc, "fi_inject_write (put_signal)")
-    elif x.n > 0:
-        op = _new_op(ep, t, GX_BLOCKING, GX_CAT_PUT)
-        rc = _desc(ep, op, x.local, x.n, FI_WRITE, &desc)
-        if rc < 0:
-            _drop_new(op)
-            return check("fi_mr_reg", rc)
-        iov.iov_base = x.local
-        iov.iov_len = x.n
-        riov.addr = _raddr(t, x.remote)
-        riov.len = x.n
-        riov.key = t.net_key
-        memset(&msg, 0, sizeof(msg))
-        msg.msg_iov = &iov
-        msg.desc = &desc
-        msg.iov_count = 1
-        msg.addr = t.net_addr
-        msg.rma_iov = &riov
-        msg.rma_iov_count = 1
-        msg.context = op
-        while True:
-            rc = fi_writemsg(ep.aep, &msg, FI_COMPLETION)
-            if rc != -FI_EAGAIN:
-                break
-            rc = _retry(ep, t, &deadline)
-            if rc:
-                break
-        if rc < 0:
-            _drop_new(op)
-            return _issue_failed(t, rc, "fi_writemsg (put_signal)")
-    try:
-        net_atomic(ep, t, x.sig_addr, GX_DT_U64,
-                   GX_OP_SET if x.op == GX_SIGNAL_SET else GX_OP_ADD, x.a, zero, NULL,
-                   amode, x.handle)
-        ok = True
-    finally:
-        if op != NULL and not ok:
-            _orphan(op)         # the write still owns its context until it completes
-    if op != NULL:
-        _wait_op(op, t, "put_signal (local completion of the data)")
-    return 0
 
 
 cdef gx_tr_ops _OPS

@@ -77,6 +77,9 @@ cdef void _release_mrs(gx_op* op) noexcept nogil:
 
 cdef void _complete(gx_op* op, int err) noexcept nogil:
     cdef ofi_ep* ep = op.ep
+    if op.rx:
+        _sig_landed(op, err)        # a signal message arrived (signal.pxi)
+        return
     _release_mrs(op)
     if op.amo:
         gx_add_long(&ep.amo_out, -1)

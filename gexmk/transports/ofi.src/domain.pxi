@@ -159,6 +159,17 @@ cdef class Domain:
             and (self.d.info.tx_attr.msg_order & FI_ORDER_WAW) != 0 \
             and self.d.info.ep_attr.max_order_waw_size >= 8
         self.d.sig_order_max = self.d.info.ep_attr.max_order_waw_size if self.d.sig_ordered else 0
+        # Split endpoints: the signal as a message after the data on the RMA
+        # endpoint, where that one orders a send after a write (and a read
+        # after a send, for the flush that completes it) -- ofi.src/signal.pxi.
+        # Receives are posted without descriptors: not for FI_MR_LOCAL providers.
+        if ordered_signal and self.d.split and (rma.caps & FI_MSG) \
+                and (rma.tx_attr.msg_order & FI_ORDER_SAW) \
+                and (rma.tx_attr.msg_order & FI_ORDER_RAS) \
+                and rma.ep_attr.max_order_waw_size >= 8 \
+                and not (rma.domain_attr.mr_mode & FI_MR_LOCAL):
+            self.d.sig_msg = 1
+            self.d.sig_order_max = rma.ep_attr.max_order_waw_size
         cdef fi_av_attr av_attr
         memset(&av_attr, 0, sizeof(av_attr))
         av_attr.type = FI_AV_TABLE
@@ -195,21 +206,31 @@ cdef class Domain:
 
     @property
     def put_signal_mode(self):
-        """How put_signal orders its signal after its data over this domain:
-        ``"ordered"`` (data write and signal atomic back to back on one
-        endpoint, the provider's FI_ORDER_WAW keeps them in order; up to
-        ``put_signal_stats()["ordered_max"]`` bytes of data) or ``"delivery"``
-        (the data's delivery completion is waited for, then the signal issued)."""
-        return "ordered" if self.d.sig_ordered else "delivery"
+        """How put_signal orders its signal after its data over this domain
+        (ofi.src/signal.pxi): ``"ordered"`` (data write and signal atomic back
+        to back on one endpoint, the provider's FI_ORDER_WAW keeps them in
+        order), ``"message"`` (split endpoints: the data write, then the signal
+        as a message the target applies, FI_ORDER_SAW on the RMA endpoint) --
+        both for data up to ``put_signal_stats()["ordered_max"]`` bytes -- or
+        ``"delivery"`` (the data's delivery completion is waited for, then the
+        signal issued as an atomic).  NB put_signals take the delivery way
+        unless the mode is ``"ordered"``."""
+        if self.d.sig_ordered:
+            return "ordered"
+        return "message" if self.d.sig_msg else "delivery"
 
     def put_signal_stats(self, reset=False):
-        """``{"ordered": n, "delivery": n, "ordered_max": bytes}``: put_signals
-        (and their kin) of this process issued each way (larger data than
-        ``ordered_max`` takes the delivery way); ``reset`` zeroes the counts."""
-        out = {"ordered": self.d.n_sig_ordered, "delivery": self.d.n_sig_delivery,
-               "ordered_max": self.d.sig_order_max}
+        """``{"ordered": n, "message": n, "delivery": n, "ordered_max": bytes,
+        "bad_messages": n}``: put_signals of this process issued each way
+        (larger data than ``ordered_max`` takes the delivery way), and signal
+        messages received here that named no word of the endpoint's bound
+        segment (dropped); ``reset`` zeroes the counts."""
+        out = {"ordered": self.d.n_sig_ordered, "message": self.d.n_sig_msg,
+               "delivery": self.d.n_sig_delivery, "ordered_max": self.d.sig_order_max,
+               "bad_messages": self.d.sig_bad}
         if reset:
-            self.d.n_sig_ordered = self.d.n_sig_delivery = 0
+            self.d.n_sig_ordered = self.d.n_sig_delivery = self.d.n_sig_msg = 0
+            self.d.sig_bad = 0
         return out
 
     @property
@@ -449,28 +470,43 @@ cdef bint _raw_ordered(fi_info* p) noexcept nogil:
 
 cdef fi_info* _ordered_without_atomics(fi_info* p) except? NULL:
     """The chosen provider and domain without FI_ATOMIC, asking for
-    read-after-write ordering: that info when granted, else NULL."""
+    read-after-write ordering -- first with messages ordered after writes
+    too (put_signal's signal messages, signal.pxi), then without: that info
+    when granted, else NULL."""
     cdef fi_info* hints = fi_dupinfo(p)
     cdef fi_info* got = NULL
     cdef fi_info* out = NULL
-    cdef int rc
+    cdef int rc, attempt
     if hints == NULL:
         raise MemoryError()
     hints.caps &= ~FI_ATOMIC
     hints.tx_attr.caps &= ~FI_ATOMIC
     hints.rx_attr.caps &= ~FI_ATOMIC
-    hints.tx_attr.msg_order = FI_ORDER_RAW | FI_ORDER_RMA_RAW
     hints.ep_attr.max_order_raw_size = <size_t>-1
-    with nogil:
-        rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &got)
-    fi_freeinfo(hints)
-    if rc == 0 and got != NULL and _raw_ordered(got):
-        out = fi_dupinfo(got)
-        if out == NULL:
+    for attempt in range(2):
+        hints.tx_attr.msg_order = FI_ORDER_RAW | FI_ORDER_RMA_RAW
+        if attempt == 0:
+            hints.caps |= FI_MSG
+            hints.tx_attr.msg_order |= FI_ORDER_SAW | FI_ORDER_RAS
+            hints.ep_attr.max_order_waw_size = <size_t>-1
+        else:
+            hints.caps &= ~FI_MSG
+            hints.tx_attr.caps &= ~FI_MSG
+            hints.rx_attr.caps &= ~FI_MSG
+            hints.ep_attr.max_order_waw_size = 0
+        with nogil:
+            rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &got)
+        if rc == 0 and got != NULL and _raw_ordered(got):
+            break
+        if got != NULL:
             fi_freeinfo(got)
-            raise MemoryError()
+            got = NULL
+    fi_freeinfo(hints)
     if got != NULL:
+        out = fi_dupinfo(got)
         fi_freeinfo(got)
+        if out == NULL:
+            raise MemoryError()
     return out
 
 
