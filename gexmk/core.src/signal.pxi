@@ -187,10 +187,16 @@ cdef int wait_progress(const gx_team* tm) except -1 nogil:
     """Drive the progress of every transport of the team's endpoint once (a
     network transport lands incoming data, signals included, only when
     progressed).  Every transport's nbi_test with no categories does just that."""
+    return _wait_pass(tm, 0)
+
+
+cdef int _wait_pass(const gx_team* tm, int flags) except -1 nogil:
+    """wait_progress; ``flags`` GX_WAIT_DRIVING while a wait polls on (spins
+    or yields): a transport may keep its progress thread off the CPU then."""
     cdef gx_ep* e = tm.ep
     cdef int i
     for i in range(e.ntr):
-        e.tr[i].ops.nbi_test(e.tr[i].ep, 0)
+        e.tr[i].ops.nbi_test(e.tr[i].ep, flags)
     return 0
 
 
@@ -290,7 +296,7 @@ cdef Py_ssize_t wait_words(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t
                     return 0
             elif got > 0 or not block:
                 return got
-            wait_progress(tm)
+            _wait_pass(tm, 0 if sleeping else GX_WAIT_DRIVING)
             passes += 1
             if spinning and (passes & 15) != 0:
                 gx_cpu_relax()

@@ -76,6 +76,10 @@ cdef enum:
 # The progress thread keeps off the CQs for this long (s) after an application
 # thread last drove progress itself (blocking waits, nbi_wait).
 cdef double STAND_ASIDE = 0.002
+# ... and for this long (s, precise clock) after a wait's polling pass (wait_until
+# and its kin spinning or yielding: GX_WAIT_DRIVING); a wait that goes to sleep
+# stops renewing it, and the thread is back within this much.
+cdef double WAIT_ASIDE = 100e-6
 
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"
@@ -117,6 +121,7 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
                             # (remote_base with FI_MR_VIRT_ADDR, else 0)
     int answers             # the owner serves network operations while it computes (auto
                             # progress or a progress thread): connections may be set up eagerly
+    int sig_rx              # its endpoint takes put_signal's signal messages (signal.pxi)
     int stg                 # a device segment reached through its landing zone (staged.pxi)
     int stg_amo             # ... whose owner runs atomics on it
     int stg_slots
@@ -145,6 +150,7 @@ cdef struct ofi_dom:
     int cq_wait             # CQs opened from now on get a wait fd (a sleeping progress thread)
     long waiters            # threads spinning on a completion: the progress thread stands aside
     double last_app         # when an application thread last drove progress itself
+    double driven_until     # a wait polls this domain's CQs itself until then (WAIT_ASIDE)
     int ordered             # FI_ORDER_RAW: a read issued after writes sees them (flush by read)
     size_t max_order_raw    # ... for writes up to this size
     int waw                 # FI_ORDER_WAW: writes from one endpoint to a target land in issue order
@@ -182,6 +188,7 @@ cdef struct ofi_ep:
     fid_cq* acq             # split mode: aep's own CQ (NULL otherwise)
     int await_fd            # ... and its wait fd (can_wait)
     unsigned int apass      # progress passes, to poll acq on one in ATOMICS_EVERY
+    unsigned int wpass      # a wait's passes, to progress the other endpoints on one in 4
     long amo_out            # this endpoint's atomics not yet completed: acq polled every pass
     fid_mr* seg_mr
     void* seg_desc
@@ -198,6 +205,7 @@ cdef struct ofi_ep:
     uintptr_t dev_hi
     int bb_lock             # one staged transfer at a time uses zone.bounce
     sig_rx* rx              # signal messages: SIG_RX receives posted on ep (signal.pxi); NULL if none
+    int rx_lock             # ... one thread at a time reads cq then, so they apply in arrival order
     gx_wake* wake           # the bound segment's wake word (futex sleepers), or NULL
 
 
@@ -357,7 +365,10 @@ cdef class OfiTransport:
         old = (p.c.net_key, p.c.net_base, p.c.stg)
         p.c.net_key = self.domain.map_key(rkey, base)   # raw keys are mapped here
         p.c.net_base = base
-        p.c.answers = answers
+        # bit 0: the owner answers while it computes; bit 1: its endpoint takes
+        # signal messages (a peer that does not would leave them unapplied)
+        p.c.answers = answers & 1
+        p.c.sig_rx = (answers >> 1) & 1
         if staged:
             # a device segment: its landing zone (staged.pxi); a new zone starts a new ring
             slots, chunk, ring_bytes, amo = staged[0]

@@ -213,8 +213,7 @@ cdef class Domain:
         as a message the target applies, FI_ORDER_SAW on the RMA endpoint) --
         both for data up to ``put_signal_stats()["ordered_max"]`` bytes -- or
         ``"delivery"`` (the data's delivery completion is waited for, then the
-        signal issued as an atomic).  NB put_signals take the delivery way
-        unless the mode is ``"ordered"``."""
+        signal issued as an atomic)."""
         if self.d.sig_ordered:
             return "ordered"
         return "message" if self.d.sig_msg else "delivery"

@@ -104,11 +104,13 @@ cdef class OfiEndpoint:
         # whether this process answers peers' operations while it computes: a
         # peer sets up its connection to us at publication only then (connect.pxi)
         answers = not self.domain.d.manual or self.domain.progress_running
+        # bit 1: this endpoint takes put_signal's signal messages (signal.pxi)
+        answers = int(bool(answers)) | (2 if self.e.rx != NULL else 0)
         if seg.kind.cls == GX_MK_HOST and (self.plain or not self.e.dom.stg_all):
             key, base = self.register(<uintptr_t>seg.addr, seg.size)
             # signal messages applied here wake the segment's futex sleepers
             self.e.wake = <gx_wake*><uintptr_t>seg._wake_address
-            return pickle.dumps((self.name, key, base, bool(answers)))
+            return pickle.dumps((self.name, key, base, answers))
         _zone_open(&self.e, seg, self.e.dom.stg_nrings)
         z = self.e.zone
         try:
@@ -119,7 +121,7 @@ cdef class OfiEndpoint:
                 _zone_close(&self.e)
             raise
         self.domain.start_lander()
-        return pickle.dumps((self.name, key, base, bool(answers),
+        return pickle.dumps((self.name, key, base, answers,
                              (z.slots, z.chunk, z.ring_bytes, bool(z.amo))))
 
     @property

@@ -25,8 +25,11 @@
 #   FI_FENCE on the atomic would avoid the round trip, but tcp, rxm and shm
 #   ignore the flag in libfabric 1.17, so it is not used.
 #
-# NB put_signals (an event for the signal's remote completion) take the
-# delivery way unless the domain is ordered.
+# Every put_signal to a target goes the same way (NB ones too: their event is
+# the flush's read), so that two of them from one rank to one word land in
+# issue order, as they do on the other ways.  signal_op is an atomic: over
+# split endpoints it is not ordered with put_signal's messages but by
+# fence/quiet (NVSHMEM asks no more).
 
 
 cdef int ofi_put_signal(gx_xfer* x) except -1 nogil:
@@ -54,7 +57,7 @@ cdef int ofi_put_signal(gx_xfer* x) except -1 nogil:
     elif ep.dom.sig_ordered and x.n <= ep.dom.sig_order_max:
         gx_add_long(&ep.dom.n_sig_ordered, 1)
         return _put_signal_ordered(ep, t, x, amode)
-    elif ep.dom.sig_msg and ep.rx != NULL and mode != GX_NB and x.n <= ep.dom.sig_order_max:
+    elif ep.dom.sig_msg and t.sig_rx and x.n <= ep.dom.sig_order_max:
         gx_add_long(&ep.dom.n_sig_msg, 1)
         return _put_signal_msg(ep, t, x)
     else:
@@ -155,9 +158,12 @@ cdef int _put_signal_ordered(ofi_ep* ep, ofi_peer* t, gx_xfer* x, int amode) exc
 cdef int _put_signal_msg(ofi_ep* ep, ofi_peer* t, gx_xfer* x) except -1 nogil:
     """The data write, then the signal message, both on the RMA endpoint
     (Domain.sig_msg: FI_ORDER_SAW); the target remembered for the flush
-    that completes the signal remotely (quiet)."""
+    that completes the signal remotely (quiet), or for GX_NB a flush read of
+    its own (FI_ORDER_RAS) handed out as the event."""
     cdef uint64_t m[4]
     cdef gx_op* op = NULL
+    cdef gx_op* rd
+    cdef void* desc
     cdef ssize_t rc = 0
     cdef double deadline = 0
     cdef bint ok = False
@@ -183,8 +189,23 @@ cdef int _put_signal_msg(ofi_ep* ep, ofi_peer* t, gx_xfer* x) except -1 nogil:
             _orphan(op)
     if op != NULL:
         _wait_op(op, t, "put_signal (local completion of the data)")
-    # quiet/nbi_wait complete it: the flush's read is ordered after the message
-    return _ensure_flush(ep, t)
+    if x.mode != GX_NB:
+        # quiet/nbi_wait complete it: the flush's read is ordered after the message
+        return _ensure_flush(ep, t)
+    rd = _new_op(ep, t, GX_NB, GX_CAT_GET)
+    rc = _desc(ep, rd, &rd.result, 1, FI_READ, &desc)
+    if rc < 0:
+        _drop_new(rd)
+        return check("fi_mr_reg", rc)
+    deadline = 0
+    while True:
+        rc = fi_read(ep.ep, &rd.result, 1, desc, t.net_addr, t.net_base, t.net_key, rd)
+        if rc != -FI_EAGAIN:
+            break
+        rc = _retry(ep, t, &deadline)
+        if rc:
+            break
+    return _posted(rd, t, rc, GX_NB, x.handle, "fi_read (put_signal_nb's completion)", "put_signal")
 
 
 # ---- the target's side: receives of signal messages ------------------------------
