@@ -682,7 +682,7 @@ cdef int _spin_word(const gx_team* tm, const void* p, int dt, int cmp, gx_val v)
         if gx_cmp_local(p, dt, cmp, v, NULL):
             return 1
         if (i & 15) == 0:
-            wait_progress(tm)
+            _wait_pass(tm, GX_WAIT_DRIVING)
     return 0
 
 
