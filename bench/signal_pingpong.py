@@ -254,6 +254,8 @@ def run_c(provider, iters=2000, timeout=120):
     sys.path.insert(0, HERE)
     try:
         from ofi_compare import build_c, Skip
+    except ImportError as e:
+        return {"skipped": f"bench/ofi_compare.py is needed to build the C baseline: {e}"}
     finally:
         sys.path.remove(HERE)
     with tempfile.TemporaryDirectory(prefix="gexmk-sig-c-") as tmp:
