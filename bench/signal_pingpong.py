@@ -1,7 +1,7 @@
 """put_signal + wait_until ping-pong, beside an 8 B blocking put and mpi4py + MPICH.
 
     python bench/signal_pingpong.py [--iters 300] [--batch-us 200] [--transport auto|ofi]
-                                    [--provider 'tcp;ofi_rxm'] [--json]
+                                    [--provider 'tcp;ofi_rxm'] [--no-mpi] [--json]
 
 Runs, in one invocation (the same run, same machine state):
 
@@ -18,7 +18,15 @@ Runs, in one invocation (the same run, same machine state):
    - ``put_flush``: ``Win.Put`` 8 B + ``Win.Flush`` (passive target, Lock_all);
    - ``sendrecv_pingpong``: 8 B ``Send``/``Recv`` round trip;
    - ``put_flush_send_pingpong``: the equivalent of put_signal: ``Put`` 8 B +
-     ``Flush`` + a 0-byte ``Send`` as the signal, answered the same way.
+     ``Flush`` + a 0-byte ``Send`` as the signal, answered the same way;
+3. with ``--transport ofi``, the raw libfabric C baseline over the same
+   provider (``bench/ofi/ofi_bench.c``, built with meson into a temporary
+   directory, the target polling its CQ as a waiting rank does): ``write_read``
+   (an 8 B ``fi_write`` + an 8 B ``fi_read`` from the same target, waited for:
+   a write known to have landed, one round trip; the issue's yardstick for the
+   put_signal round trip) and ``pingpong`` (an 8 B ``fi_write`` the target sees
+   in its memory and answers the same way: put_signal + wait_until with the
+   data as the signal), plus ``write_dc`` (what an 8 B blocking put waits for).
 
 Same method on both sides (``gexmk.bench.measure``: calibrated batches, median
 per operation).  The issue's target: the ping-pong round trip <= 2 x the 8 B
@@ -239,8 +247,44 @@ def _last_json(r, what):
         return {"skipped": f"no JSON from {what}: {r.stdout[-300:]!r}"}
 
 
-def run(iters=300, batch_us=200.0, transport="auto", provider=None, timeout=300, warmup=1.0):
-    """Run both sides; returns {"gexmk": ..., "mpi": ...} (times in µs)."""
+def run_c(provider, iters=2000, timeout=120):
+    """ofi_bench (bench/ofi) over ``provider``, 8 B, the target polling:
+    {"write_read": µs, "pingpong": µs, "write_dc": µs} medians, or {"skipped": why}."""
+    import tempfile
+    sys.path.insert(0, HERE)
+    try:
+        from ofi_compare import build_c, Skip
+    except ImportError as e:
+        return {"skipped": f"bench/ofi_compare.py is needed to build the C baseline: {e}"}
+    finally:
+        sys.path.remove(HERE)
+    with tempfile.TemporaryDirectory(prefix="gexmk-sig-c-") as tmp:
+        try:
+            exe = build_c(tmp)
+        except Skip as e:
+            return {"skipped": str(e)}
+        cmd = [exe, "-p", provider, "-P", "poll", "-s", "8", "-b", "65536", "-i", str(iters),
+               "-t", "0.5", "-W", str(timeout), "--json"]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 10,
+                               stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return {"skipped": f"ofi_bench did not finish in {timeout} s"}
+        if r.returncode != 0:
+            return {"skipped": f"ofi_bench exited {r.returncode}: {r.stderr.strip()[-300:]}"}
+        js = json.loads(r.stdout)
+    out = {"provider": js["provider"]}
+    for key, name in (("write_read_lat_us", "write_read"), ("pingpong_lat_us", "pingpong"),
+                      ("write_dc_lat_us", "write_dc")):
+        if key in js:
+            out[name] = js[key]["8"]["median"]
+    return out
+
+
+def run(iters=300, batch_us=200.0, transport="auto", provider=None, timeout=300, warmup=1.0,
+        mpi=True):
+    """Run every side; returns {"gexmk": ..., "mpi": ..., "c": ...} (times in µs;
+    "c" only with transport "ofi")."""
     flags = ["-P"] if getattr(sys.flags, "safe_path", False) else []
     common = ["--iters", str(iters), "--batch-us", str(batch_us), "--warmup", str(warmup)]
     env = dict(os.environ)
@@ -262,7 +306,9 @@ def run(iters=300, batch_us=200.0, transport="auto", provider=None, timeout=300,
     except subprocess.TimeoutExpired:
         out["gexmk"] = {"skipped": f"the gexmk job did not finish in {timeout} s"}
     mpiexec = shutil.which("mpiexec")
-    if mpiexec is None:
+    if not mpi:
+        out["mpi"] = {"skipped": "--no-mpi"}
+    elif mpiexec is None:
         out["mpi"] = {"skipped": "mpiexec is not on PATH"}
     else:
         menv = {k: v for k, v in os.environ.items() if not k.startswith("GEXMK_")}
@@ -274,6 +320,8 @@ def run(iters=300, batch_us=200.0, transport="auto", provider=None, timeout=300,
             out["mpi"] = _last_json(r, "mpiexec")
         except subprocess.TimeoutExpired:
             out["mpi"] = {"skipped": f"mpiexec did not finish in {timeout} s"}
+    if transport == "ofi":
+        out["c"] = run_c(provider or "tcp;ofi_rxm")
     return out
 
 
@@ -318,6 +366,19 @@ def report(res, file=None):
     if nbi:
         print(f"  gexmk python, put_signal_nbi (the signal completes in the background): "
               f"round trip {f(nbi)} us", file=file)
+    cb = res.get("c")
+    if cb is not None:
+        if "skipped" in cb:
+            print(f"  C (ofi_bench): skipped: {cb['skipped']}", file=file)
+        else:
+            print(f"  C (ofi_bench, {cb['provider']}, target polling): 8 B write+read "
+                  f"{f(cb.get('write_read'))} us   write ping-pong {f(cb.get('pingpong'))} us   "
+                  f"DC write {f(cb.get('write_dc'))} us", file=file)
+            for side in ("python", "nogil"):
+                pp = med(g, side, "pingpong")
+                if pp and cb.get("write_read") and cb.get("pingpong"):
+                    print(f"  gexmk {side} round trip / C write+read = {pp / cb['write_read']:.2f}"
+                          f"   / C ping-pong = {pp / cb['pingpong']:.2f}", file=file)
 
 
 def main(argv=None):
@@ -330,6 +391,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=float, default=1.0,
                     help="seconds of untimed ping-pong and puts before measuring (default 1)")
     ap.add_argument("--json", action="store_true", help="print the raw JSON too")
+    ap.add_argument("--no-mpi", action="store_true", help="skip the mpi4py + MPICH baseline")
     ap.add_argument("--gexmk", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mpi", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -338,7 +400,7 @@ def main(argv=None):
     if args.mpi:
         return _mpi(args)
     res = run(args.iters, args.batch_us, args.transport, args.provider, args.timeout,
-              args.warmup)
+              args.warmup, mpi=not args.no_mpi)
     report(res)
     if args.json:
         print(json.dumps(res))

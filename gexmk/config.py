@@ -76,6 +76,10 @@ class Config:
     ofi_split: bool = True
     #: GEXMK_OFI_ORDERED_FLUSH: implicit puts complete by a read-after-write flush where ordered.
     ofi_ordered_flush: bool = True
+    #: GEXMK_OFI_ORDERED_SIGNAL: put_signal issues its data and its signal back to back
+    #: where the provider orders RMA writes before atomics (FI_ORDER_WAW); 0: the data's
+    #: delivery is waited for first (what providers without that ordering always get).
+    ofi_ordered_signal: bool = True
     #: GEXMK_OFI_CONNECT: ``eager`` sets up network connections to peers at
     #: publication (the first operation costs what the rest do); ``lazy`` leaves
     #: each to the first operation between two endpoints.
@@ -156,6 +160,7 @@ def load(env=None) -> Config:
         ofi_iface=_text(env, "GEXMK_OFI_IFACE") or None,
         ofi_split=split != "0",
         ofi_ordered_flush=_choice(env, "GEXMK_OFI_ORDERED_FLUSH", _BOOL, True),
+        ofi_ordered_signal=_choice(env, "GEXMK_OFI_ORDERED_SIGNAL", _BOOL, True),
         ofi_connect=_choice(env, "GEXMK_OFI_CONNECT", {"eager": "eager", "lazy": "lazy"}, "eager"),
         ofi_stage=_choice(env, "GEXMK_OFI_STAGE", {"auto": "auto", "all": "all"}, "auto"),
         ofi_stage_chunk=_bytes(env, "GEXMK_OFI_STAGE_CHUNK", 1 << 20, 4096, 1 << 30),

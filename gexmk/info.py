@@ -126,7 +126,7 @@ def _chosen_transport():
         return {"provider": dom.provider, "domain": dom.domain_name, "atomics": dom.atomics,
                 "manual_progress": dom.manual_progress, "inject_size": dom.inject_size,
                 "mr_mode": dom.mr_mode, "split_endpoints": dom.split_endpoints,
-                "ordered_flush": dom.ordered_flush[0]}
+                "ordered_flush": dom.ordered_flush[0], "put_signal": dom.put_signal_mode}
     finally:
         dom.close()
 
@@ -314,6 +314,12 @@ def _format(rep):
                             else "FI_DELIVERY_COMPLETE each")
                          + ("; atomics on a second endpoint per gexmk endpoint (RMA one "
                             "without FI_ATOMIC keeps RAW ordering)" if tr["split_endpoints"] else ""))
+        if tr.get("put_signal"):
+            lines.append("    put_signal: " + (
+                "data and signal back to back (the provider orders an RMA write before a later "
+                "atomic, FI_ORDER_WAW)" if tr["put_signal"] == "ordered" else
+                "the data's delivery is waited for before the signal is issued (no RMA-then-"
+                "atomic ordering on one endpoint)"))
     elif tr.get("error"):
         lines.append(f"  gexmk's ofi transport: {tr['error']}")
     if lf.get("hmem_cuda"):

@@ -99,9 +99,10 @@ cdef inline int quiet(const gx_team* tm) except -1 nogil:
 
 cdef inline int put_signal(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n,
                            uintptr_t sig_addr, uint64_t signal, int sig_op) except -1 nogil:
-    """Blocking put of n bytes, then the 64-bit signal word at (rank, sig_addr)
-    set (GX_SIGNAL_SET) or added to (GX_SIGNAL_ADD); the signal is never
-    visible before the data."""
+    """Put of n bytes, then the 64-bit signal word at (rank, sig_addr) set
+    (GX_SIGNAL_SET) or added to (GX_SIGNAL_ADD); the signal is never visible
+    before the data.  Blocking until src is reusable (NVSHMEM putmem_signal);
+    over the network the signal may still be on its way (quiet completes it)."""
     cdef int rc = gx_put_signal(tm, rank, dest, src, n, sig_addr, signal, sig_op)
     if rc == GX_OK:
         return 0

@@ -96,7 +96,7 @@ def test_library_errors_have_one_shape_and_pickle():
     ("GEXMK_TIMEOUT", "abc"), ("GEXMK_TIMEOUT", "-1"), ("GEXMK_TIMEOUT", "nan"),
     ("GEXMK_TIMEOUT", "inf"), ("GEXMK_TRANSPORT", "carrier-pigeon"),
     ("GEXMK_PROGRESS_THREAD", "sometimes"), ("GEXMK_OFI_SPLIT", "2"),
-    ("GEXMK_OFI_ORDERED_FLUSH", "maybe"),
+    ("GEXMK_OFI_ORDERED_FLUSH", "maybe"), ("GEXMK_OFI_ORDERED_SIGNAL", "perhaps"),
 ])
 def test_bad_settings_are_refused_by_name(name, value):
     from gexmk import config
@@ -107,9 +107,11 @@ def test_bad_settings_are_refused_by_name(name, value):
 def test_settings_parse():
     from gexmk import config
     cfg = config.load({"GEXMK_TIMEOUT": "2.5", "GEXMK_PROGRESS_THREAD": "spin",
-                       "GEXMK_OFI_ORDERED_FLUSH": "0", "GEXMK_TRANSPORT": "PVM"})
+                       "GEXMK_OFI_ORDERED_FLUSH": "0", "GEXMK_TRANSPORT": "PVM",
+                       "GEXMK_OFI_ORDERED_SIGNAL": "0"})
     assert cfg.timeout == 2.5 and cfg.progress_thread == "spin"
     assert cfg.ofi_ordered_flush is False and cfg.transport == "pvm"
+    assert cfg.ofi_ordered_signal is False and config.load({}).ofi_ordered_signal is True
     assert config.load({}).timeout == config.DEFAULT_TIMEOUT
 
 

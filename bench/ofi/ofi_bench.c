@@ -12,6 +12,13 @@
  *   read_lat      fi_read of each size, waited to completion
  *   bw            window of W outstanding fi_write of size S, then wait all
  *   issue         bare cost of an 8 B fi_write call (issue loop only)
+ *   write_read    fi_write of each size, then an 8 B fi_read from the same target,
+ *                 waited to the read's completion: a write known to have landed,
+ *                 through read-after-write ordering (one round trip)
+ *   pingpong      8 B ping-pong: fi_inject_write of a sequence number into the
+ *                 target's word, which the target (polling its CQ) sees and writes
+ *                 back the same way; one round trip per sample (what gexmk's
+ *                 put_signal + wait_until ping-pong does, with the data as the signal)
  *
  * See README.md in this folder.
  */
@@ -319,6 +326,13 @@ static size_t buf_len;
 static fi_addr_t peer_addr;
 static const char *flush_unavailable;   /* why -f was dropped, else NULL */
 
+/* The ping-pong's words, in the last cache lines of each side's buffer: the
+ * word the peer writes into, and the source this side writes from. */
+#define PP_WORD(b) ((volatile uint64_t *)((b) + buf_len - 128))
+#define PP_SRC(b) ((uint64_t *)((b) + buf_len - 192))
+#define PP_WORD_OFF (buf_len - 128)
+#define PP_SRC_OFF (buf_len - 192)
+
 /* Best effort on the way out of a failure: close what is open, so that
  * providers with named resources (shm's /dev/shm/<pid>:... region) remove
  * them.  A failing close is ignored; each object is closed once. */
@@ -448,6 +462,41 @@ static inline void post_op_retry(enum op_kind k, size_t loc_off, size_t rem_off,
     }
 }
 
+/* The ping-pong's write: the sequence number v into the peer's word, as an
+ * injected write (no completion to reap), or a plain write waited for where
+ * the provider injects nothing. */
+static void pp_write(uint64_t v)
+{
+    uint64_t spins = 0, t0 = 0;
+    *PP_SRC(buf) = v;
+    if (info->tx_attr->inject_size < 8) {
+        post_op_retry(OP_WRITE, PP_SRC_OFF, PP_WORD_OFF, 8, &ctxs[0]);
+        wait_completions(completions + 1, "ping-pong write");
+        return;
+    }
+    for (;;) {
+        ssize_t r = fi_inject_write(ep, PP_SRC(buf), 8, peer_addr, remote_base + PP_WORD_OFF,
+                                    remote_key);
+        if (r == 0) return;
+        if (r != -FI_EAGAIN) fail("fi_inject_write (ping-pong) -> %zd (%s)", r,
+                                  fi_strerror((int)-r));
+        eagain_count++;
+        if (cq_poll() == 0 && do_yield) sched_yield();
+        if ((++spins & 4095) == 0) {
+            if (!t0) t0 = now_ns();
+            check_peer(t0, "EAGAIN to clear (ping-pong)");
+        }
+    }
+}
+
+/* Does the target drive progress itself (so that it can answer a ping-pong)? */
+static int target_polls(void)
+{
+    return opt.target_progress == TP_POLL || opt.target_progress == TP_WAIT ||
+           (opt.target_progress == TP_AUTO &&
+            info->domain_attr->data_progress != FI_PROGRESS_AUTO);
+}
+
 /* ------------------------------------------------------------------ */
 /* setup                                                              */
 /* ------------------------------------------------------------------ */
@@ -559,6 +608,7 @@ static void setup_fabric(void)
     buf_len = (buf_len + pg - 1) / pg * pg;
     if (posix_memalign((void **)&buf, pg, buf_len)) fail("posix_memalign(%zu) failed", buf_len);
     memset(buf, is_active ? 0xA5 : 0x5A, buf_len);
+    *PP_WORD(buf) = 0;
 
     uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
     uint64_t req_key = is_active ? 0xC0DE0 : 0xC0DE1;
@@ -633,11 +683,18 @@ static void target_loop(void)
                   (opt.target_progress == TP_AUTO &&
                    info->domain_attr->data_progress != FI_PROGRESS_AUTO);
     char c = 0;
-    uint64_t n = 0;
+    uint64_t n = 0, pp_seen = 0;
     for (;;) {
+        /* the ping-pong: answer the next sequence number as soon as it lands */
+        if (*PP_WORD(buf) == pp_seen + 1) {
+            pp_seen++;
+            pp_write(pp_seen);
+        }
         if (opt.target_progress == TP_WAIT) {
             /* progress, then sleep on the CQ's wait fd and the socketpair */
             cq_poll();
+            if (*PP_WORD(buf) == pp_seen + 1)
+                continue;           /* it landed in that progress pass: answer first */
             struct fid *fids[1] = { &cq->fid };
             int tw = fi_trywait(fabric, fids, 1);
             if (tw == 0) {
@@ -729,6 +786,63 @@ static struct stat3 measure_latency(enum op_kind k, size_t size, double *samples
         if (t1 - tstart > cap && n >= 9) { n++; break; }
     }
     return stats(samples, n);
+}
+
+/* fi_write of `size`, then an 8 B fi_read from the target, waited for both:
+ * with read-after-write ordering the read completes once the write has landed
+ * (the write's own completion is transmit completion, reaped on the way). */
+static struct stat3 measure_write_read(size_t size, double *samples)
+{
+    int warm = opt.iters / 10;
+    if (warm < 10) warm = 10;
+    uint64_t cap = (uint64_t)(opt.cap_s * 1e9), tstart = now_ns();
+    for (int i = -warm, n = 0;; i++) {
+        uint64_t t0 = now_ns();
+        post_op_retry(OP_WRITE, 0, 0, size, &ctxs[0]);
+        post_op_retry(OP_READ, buf_len - 8, 0, 8, &ctxs[1]);
+        wait_completions(completions + 2, "write + read completions");
+        uint64_t t1 = now_ns();
+        if (i < 0) {
+            if (i >= -warm + 2 && t1 - tstart > cap / 4) i = -1;
+            if (i == -1) tstart = now_ns();
+            continue;
+        }
+        samples[n++] = (double)(t1 - t0) * 1e-3;
+        if (n >= opt.iters || (t1 - tstart > cap && n >= 10))
+            return stats(samples, n);
+    }
+}
+
+/* 8 B ping-pong against the target's echo (target_loop): one round trip per sample. */
+static uint64_t pp_seq;
+
+static struct stat3 measure_pingpong(double *samples)
+{
+    int warm = opt.iters / 10;
+    if (warm < 10) warm = 10;
+    uint64_t cap = (uint64_t)(opt.cap_s * 1e9), tstart = now_ns();
+    for (int i = -warm, n = 0;; i++) {
+        uint64_t t0 = now_ns(), spins = 0, tw = 0;
+        pp_write(++pp_seq);
+        while (*PP_WORD(buf) != pp_seq) {
+            if (cq_poll() == 0) {
+                if (do_yield) sched_yield();
+                if ((++spins & 4095) == 0) {
+                    if (!tw) tw = now_ns();
+                    check_peer(tw, "the ping-pong's answer");
+                }
+            }
+        }
+        uint64_t t1 = now_ns();
+        if (i < 0) {
+            if (i >= -warm + 2 && t1 - tstart > cap / 4) i = -1;
+            if (i == -1) tstart = now_ns();
+            continue;
+        }
+        samples[n++] = (double)(t1 - t0) * 1e-3;
+        if (n >= opt.iters || (t1 - tstart > cap && n >= 10))
+            return stats(samples, n);
+    }
 }
 
 struct bwres { double agg, rmin, rmed, rmax; int rounds; };
@@ -857,7 +971,9 @@ static void verify(void)
 }
 
 struct results {
-    struct stat3 wl[MAX_SIZES], wdc[MAX_SIZES], rl[MAX_SIZES];
+    struct stat3 wl[MAX_SIZES], wdc[MAX_SIZES], rl[MAX_SIZES], wr[MAX_SIZES];
+    struct stat3 pp;
+    int has_pp;
     struct bwres bw[MAX_SIZES], bwf[MAX_SIZES];
     struct issueres issue;
 };
@@ -909,7 +1025,20 @@ static void run_active(void)
         if (!opt.json)
             printf("read_lat      %8zu B  median %9.3f us  min %9.3f us  (n=%d)\n", s,
                    R.rl[i].median, R.rl[i].min, R.rl[i].n);
+        R.wr[i] = measure_write_read(s, samples);
+        if (!opt.json)
+            printf("write_read    %8zu B  median %9.3f us  min %9.3f us  (n=%d)\n", s,
+                   R.wr[i].median, R.wr[i].min, R.wr[i].n);
         fflush(stdout);
+    }
+    R.has_pp = target_polls();
+    if (R.has_pp) {
+        R.pp = measure_pingpong(samples);
+        if (!opt.json)
+            printf("pingpong             8 B  median %9.3f us  min %9.3f us  (n=%d)\n",
+                   R.pp.median, R.pp.min, R.pp.n);
+    } else if (!opt.json) {
+        printf("pingpong             8 B  n/a: the target does not poll its CQ (-P block)\n");
     }
     for (int i = 0; i < opt.nbw; i++) {
         R.bw[i] = measure_bw(opt.bw_sizes[i], samples, maxn, 0);
@@ -944,6 +1073,10 @@ static void run_active(void)
         print_lat_json("write_lat_us", R.wl);
         print_lat_json("write_dc_lat_us", R.wdc);
         print_lat_json("read_lat_us", R.rl);
+        print_lat_json("write_read_lat_us", R.wr);
+        if (R.has_pp)
+            printf("  \"pingpong_lat_us\": {\"8\": {\"median\": %.3f, \"min\": %.3f}},\n",
+                   R.pp.median, R.pp.min);
         printf("  \"bw_GBps\": {");
         for (int i = 0; i < opt.nbw; i++)
             printf("%s\"%zu\": %.3f", i ? ", " : "", opt.bw_sizes[i], R.bw[i].agg);

@@ -187,10 +187,16 @@ cdef int wait_progress(const gx_team* tm) except -1 nogil:
     """Drive the progress of every transport of the team's endpoint once (a
     network transport lands incoming data, signals included, only when
     progressed).  Every transport's nbi_test with no categories does just that."""
+    return _wait_pass(tm, 0)
+
+
+cdef int _wait_pass(const gx_team* tm, int flags) except -1 nogil:
+    """wait_progress; ``flags`` GX_WAIT_DRIVING while a wait polls on (spins
+    or yields): a transport may keep its progress thread off the CPU then."""
     cdef gx_ep* e = tm.ep
     cdef int i
     for i in range(e.ntr):
-        e.tr[i].ops.nbi_test(e.tr[i].ep, 0)
+        e.tr[i].ops.nbi_test(e.tr[i].ep, flags)
     return 0
 
 
@@ -290,7 +296,7 @@ cdef Py_ssize_t wait_words(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t
                     return 0
             elif got > 0 or not block:
                 return got
-            wait_progress(tm)
+            _wait_pass(tm, 0 if sleeping else GX_WAIT_DRIVING)
             passes += 1
             if spinning and (passes & 15) != 0:
                 gx_cpu_relax()
@@ -406,7 +412,11 @@ cdef int put_signal_slow(const gx_team* tm, int rank, uintptr_t dest, const void
         x.handle = handle
         if handle_ops != NULL:
             handle_ops[0] = r.rma.ops
-        return r.rma.ops.put_signal(&x)
+        r.rma.ops.put_signal(&x)
+        # counted as the composition below is: a put and an 8-byte atomic on the path
+        gx_count_add(&r.via[GX_CNT_PUT], n)
+        gx_count_add(&r.via[GX_CNT_AMO], 8)
+        return 0
     # the generic composition: data complete at the target, then the signal
     _rma(tm, rank, True, dest, <void*>src, n, GX_BLOCKING, NULL, NULL)
     a.u64 = value
@@ -672,7 +682,7 @@ cdef int _spin_word(const gx_team* tm, const void* p, int dt, int cmp, gx_val v)
         if gx_cmp_local(p, dt, cmp, v, NULL):
             return 1
         if (i & 15) == 0:
-            wait_progress(tm)
+            _wait_pass(tm, GX_WAIT_DRIVING)
     return 0
 
 

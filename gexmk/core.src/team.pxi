@@ -692,7 +692,10 @@ cdef class Team:
         signal word at ``sig_addr`` (same target) with ``signal``: SIGNAL_SET
         stores it, SIGNAL_ADD adds it (NVSHMEM ``putmem_signal``).  A rank
         that sees the new signal value (``wait_until``, ``signal_fetch``) sees
-        the data, on every path.  Blocking: complete on return."""
+        the data, on every path.  Blocking as NVSHMEM's ``putmem_signal`` is:
+        ``src`` is reusable on return (local completion); on CPU-mapped paths
+        the signal is visible by then, over the network it may still be on its
+        way (``gexmk.quiet()`` completes it)."""
         _signal_issue(self, "put_signal(rank, dest, src, sig_addr, signal, sig_op=SIGNAL_SET)",
                       rank, dest, src, sig_addr, signal, sig_op, GX_BLOCKING)
 

@@ -50,6 +50,7 @@ cdef extern from "gexmk/gexmk.h" nogil:
         GX_CAT_PUT
         GX_CAT_RMW
         GX_CAT_ALL
+        GX_WAIT_DRIVING
 
     ctypedef struct gx_xfer:
         void* ep

@@ -5,7 +5,8 @@ vector, provider choice), ``endpoint`` (one libfabric endpoint + CQ per gexmk
 endpoint, registrations; the transport's control plane), ``rma`` (puts, gets,
 the remote-completion flush), ``atomic`` (fi_atomic and the CAS fallback),
 ``completion`` (ops, errors, waits, nbi sync), ``progress`` (CQ reading and
-the background progress thread).
+the background progress thread), ``signal`` (put_signal: the signal never
+before the data, three ways, and the target's side of signal messages).
 
 One :class:`Domain` per process (fabric, domain and one address vector shared
 by every endpoint); one :class:`Endpoint` per gexmk endpoint, owning its
@@ -69,11 +70,16 @@ cdef enum:
     MAX_EPS = 1024          # endpoints per process on the network
     ATOMICS_EVERY = 4       # split endpoints: progress passes per read of the atomics CQ
     DEATH_GRACE_MS = 1000   # how long a failure waits for the death notice that explains it
+    SIG_RX = 64             # signal messages: receives posted per endpoint (signal.pxi)
 
 
 # The progress thread keeps off the CQs for this long (s) after an application
 # thread last drove progress itself (blocking waits, nbi_wait).
 cdef double STAND_ASIDE = 0.002
+# ... and for this long (s, precise clock) after a wait's polling pass (wait_until
+# and its kin spinning or yielding: GX_WAIT_DRIVING); a wait that goes to sleep
+# stops renewing it, and the thread is back within this much.
+cdef double WAIT_ASIDE = 100e-6
 
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"
@@ -83,6 +89,9 @@ cdef enum:
     STG_MAX_SLOTS = 16      # landing slots per ring of a staged target (GEXMK_OFI_STAGE_SLOTS)
     STG_MAX_ZONES = 64      # landing zones (device-bound endpoints) per process
     STG_DESC = 128          # bytes per request descriptor: 16 words, word 15 repeats word 0
+
+
+cdef struct sig_rx
 
 
 cdef struct ofi_zone:       # a device-bound endpoint's landing zone (staged.pxi)
@@ -112,6 +121,7 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
                             # (remote_base with FI_MR_VIRT_ADDR, else 0)
     int answers             # the owner serves network operations while it computes (auto
                             # progress or a progress thread): connections may be set up eagerly
+    int sig_rx              # its endpoint takes put_signal's signal messages (signal.pxi)
     int stg                 # a device segment reached through its landing zone (staged.pxi)
     int stg_amo             # ... whose owner runs atomics on it
     int stg_slots
@@ -140,9 +150,19 @@ cdef struct ofi_dom:
     int cq_wait             # CQs opened from now on get a wait fd (a sleeping progress thread)
     long waiters            # threads spinning on a completion: the progress thread stands aside
     double last_app         # when an application thread last drove progress itself
+    double driven_until     # a wait polls this domain's CQs itself until then (WAIT_ASIDE)
     int ordered             # FI_ORDER_RAW: a read issued after writes sees them (flush by read)
     size_t max_order_raw    # ... for writes up to this size
     int waw                 # FI_ORDER_WAW: writes from one endpoint to a target land in issue order
+    int sig_ordered         # put_signal: data and signal atomic back to back on one endpoint
+                            # (FI_ORDER_WAW there: RMA and atomic writes in issue order)
+    size_t sig_order_max    # ... for data up to this size (max_order_waw_size)
+    long n_sig_ordered      # put_signals issued back to back
+    long n_sig_delivery     # put_signals whose data's delivery was waited for first
+    int sig_msg             # put_signal: data write, then the signal as a message on the RMA
+                            # endpoint (split: FI_ORDER_SAW there), applied by the target (signal.pxi)
+    long n_sig_msg          # put_signals issued that way
+    long sig_bad            # signal messages received that named no word of this process
     ofi_ep* eps[MAX_EPS]    # live endpoints: what waits and the progress thread poll
     long neps
     long readers            # threads walking eps[] without the GIL (see _unregister)
@@ -168,6 +188,7 @@ cdef struct ofi_ep:
     fid_cq* acq             # split mode: aep's own CQ (NULL otherwise)
     int await_fd            # ... and its wait fd (can_wait)
     unsigned int apass      # progress passes, to poll acq on one in ATOMICS_EVERY
+    unsigned int wpass      # a wait's passes, to progress the other endpoints on one in 4
     long amo_out            # this endpoint's atomics not yet completed: acq polled every pass
     fid_mr* seg_mr
     void* seg_desc
@@ -183,11 +204,15 @@ cdef struct ofi_ep:
     uintptr_t dev_lo        # ... its address range: local buffers there go through zone.bounce
     uintptr_t dev_hi
     int bb_lock             # one staged transfer at a time uses zone.bounce
+    sig_rx* rx              # signal messages: SIG_RX receives posted on ep (signal.pxi); NULL if none
+    int rx_lock             # ... one thread at a time reads cq then, so they apply in arrival order
+    gx_wake* wake           # the bound segment's wake word (futex sleepers), or NULL
 
 
 cdef struct gx_op:
     fi_context2 ctx         # first: the provider's per-op scratch (FI_CONTEXT2)
     ofi_ep* ep
+    int rx                  # a posted receive of signal messages (sig_rx), not an op
     ofi_peer* t             # the target: a wait gives up when its process dies
     int state               # OP_*
     int err                 # fi errno of a failed op, else 0
@@ -203,11 +228,17 @@ cdef struct gx_op:
 
 
 
+cdef struct sig_rx:         # a receive of signal messages (signal.pxi)
+    gx_op op                # first: the context the CQ hands back (op.rx = 1)
+    uint64_t msg[4]         # network address of the word, value, GX_SIGNAL_*, 0
+
+
 include "ofi.src/completion.pxi"
 include "ofi.src/progress.pxi"
 include "ofi.src/rma.pxi"
 include "ofi.src/atomic.pxi"
 include "ofi.src/staged.pxi"
+include "ofi.src/signal.pxi"
 include "ofi.src/domain.pxi"
 include "ofi.src/endpoint.pxi"
 include "ofi.src/connect.pxi"
@@ -245,44 +276,6 @@ cdef int ofi_atomic(gx_xfer* x) except -1 nogil:
         return 0
     return net_atomic(x.ep, <ofi_peer*>x.peer, x.remote, x.dt, x.op, x.a, x.b, x.result,
                       x.mode, x.handle)
-
-
-cdef int ofi_put_signal(gx_xfer* x) except -1 nogil:
-    """put_signal over the network: the put with FI_DELIVERY_COMPLETE first
-    (blocking: the data has landed at the target when it returns), then the
-    signal as a 64-bit atomic in the caller's mode.  Completing the put first
-    is what orders them whatever the provider grants: on tcp;ofi_rxm with
-    split endpoints, RMA and atomics travel on different endpoints and are not
-    ordered with each other at all, and even one endpoint would need
-    FI_ORDER_ATOMIC_WAW-class ordering that rxm does not promise.  A staged
-    target (device segment) gets both through its landing zone, in order."""
-    cdef gx_val zero
-    cdef ofi_peer* t = <ofi_peer*>x.peer
-    cdef int mode = x.mode
-    if x.stream != NULL:
-        return _no_stream(x, "put_signal")
-    if x.sig_addr & 7:
-        with gil:
-            from gexmk.errors import BoundsError
-            raise BoundsError(f"put_signal: signal address 0x{x.sig_addr:x} is not aligned to 8 bytes")
-    zero.u64 = 0
-    if t.stg or _stg_local(<ofi_ep*>x.ep, x):
-        x.mode = GX_BLOCKING
-        try:
-            stg_rma(x, True)
-        finally:
-            x.mode = mode
-    else:
-        net_put(x.ep, t, x.remote, x.local, x.n, GX_BLOCKING, NULL)
-    if t.stg:
-        stg_amo(<ofi_ep*>x.ep, t, x.sig_addr, GX_DT_U64,
-                GX_OP_SET if x.op == GX_SIGNAL_SET else GX_OP_ADD, x.a, zero, NULL)
-        if x.handle != NULL:
-            x.handle[0] = NULL
-        return 0
-    return net_atomic(x.ep, t, x.sig_addr, GX_DT_U64,
-                      GX_OP_SET if x.op == GX_SIGNAL_SET else GX_OP_ADD, x.a, zero, NULL,
-                      x.mode if x.mode != GX_NBI_LCNOW else GX_NBI, x.handle)
 
 
 cdef gx_tr_ops _OPS
@@ -372,7 +365,10 @@ cdef class OfiTransport:
         old = (p.c.net_key, p.c.net_base, p.c.stg)
         p.c.net_key = self.domain.map_key(rkey, base)   # raw keys are mapped here
         p.c.net_base = base
-        p.c.answers = answers
+        # bit 0: the owner answers while it computes; bit 1: its endpoint takes
+        # signal messages (a peer that does not would leave them unapplied)
+        p.c.answers = answers & 1
+        p.c.sig_rx = (answers >> 1) & 1
         if staged:
             # a device segment: its landing zone (staged.pxi); a new zone starts a new ring
             slots, chunk, ring_bytes, amo = staged[0]

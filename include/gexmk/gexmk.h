@@ -93,6 +93,10 @@ enum {
 
 /* NBI categories (bits of a sync mask are 1 << GX_CAT_*). */
 enum { GX_CAT_GET = 0, GX_CAT_PUT = 1, GX_CAT_RMW = 2, GX_CAT_ALL = 7 };
+/* nbi_test(ep, GX_WAIT_DRIVING): a progress pass of a wait that keeps polling
+ * (spinning or yielding, not sleeping): a transport may keep its progress
+ * thread off meanwhile.  No category bit is set with it. */
+enum { GX_WAIT_DRIVING = 1 << 8 };
 
 /* The arguments of one operation. */
 typedef struct gx_xfer {
@@ -130,7 +134,8 @@ typedef struct gx_tr_ops {
     gx_tr_orphan_fn orphan;  /* an NB op nobody will wait for: free it when it completes */
     gx_tr_sync_fn sync;      /* complete the endpoint's implicit ops of these categories */
     gx_tr_sync_fn nbi_test;  /* 1 when none of these categories is outstanding; with
-                              * categories 0 it only drives the endpoint's progress */
+                              * categories 0 (or GX_WAIT_DRIVING) it only drives the
+                              * endpoint's progress, for a wait */
     gx_tr_xfer_fn put_signal; /* put, then set/add the signal word: the signal is never
                                * visible at the target before the data (NVSHMEM put_signal) */
 } gx_tr_ops;

@@ -77,6 +77,9 @@ cdef void _release_mrs(gx_op* op) noexcept nogil:
 
 cdef void _complete(gx_op* op, int err) noexcept nogil:
     cdef ofi_ep* ep = op.ep
+    if op.rx:
+        _sig_landed(op, err)        # a signal message arrived (signal.pxi)
+        return
     _release_mrs(op)
     if op.amo:
         gx_add_long(&ep.amo_out, -1)
@@ -262,6 +265,24 @@ cdef int net_nbi_test(void* epv, int categories) except -1 nogil:
     cdef ofi_ep* ep = <ofi_ep*>epv
     cdef int c, i
     if ep.ep == NULL:
+        return 1
+    if (categories & GX_CAT_ALL) == 0:
+        # A wait's progress pass (wait_until and its kin, core.src/signal.pxi).
+        # What it waits for is mostly a signal: a message (signal.pxi) in this
+        # endpoint's CQ, or an atomic a split endpoint's provider applies when
+        # its atomics CQ is read -- so both are read on every pass (not the
+        # atomics CQ on one in ATOMICS_EVERY).  While the wait polls on
+        # (GX_WAIT_DRIVING) the progress thread keeps off the CPU (WAIT_ASIDE),
+        # as it does for _spin: on a small node its polling would take the
+        # core from the thread about to see the signal; the wait serves the
+        # process's other endpoints on one pass in four meanwhile.
+        if categories & GX_WAIT_DRIVING:
+            ep.dom.driven_until = _now() + WAIT_ASIDE
+            ep.wpass += 1
+            if (ep.wpass & 3) == 0 and _progress_all(ep.dom) < 0:
+                return check("fi_cq_read", -FI_EIO)
+        if _read_ep_cq(ep) < 0 or (ep.acq != NULL and _read_cq(ep.acq) < 0):
+            return check("fi_cq_read", -FI_EIO)
         return 1
     _progress(ep)
     for c in range(3):

@@ -56,6 +56,7 @@ cdef class Domain:
         self.d.stg_nrings = 1
         split_wanted = config.ofi_split
         ordered_flush = config.ofi_ordered_flush
+        ordered_signal = config.ofi_ordered_signal
         hints = fi_allocinfo()
         if hints == NULL:
             raise MemoryError()
@@ -145,6 +146,30 @@ cdef class Domain:
         self.d.max_order_raw = rma.ep_attr.max_order_raw_size
         self.d.waw = (rma.tx_attr.msg_order & (FI_ORDER_WAW | FI_ORDER_RMA_WAW)) != 0 \
             and rma.ep_attr.max_order_waw_size >= 8
+        # put_signal's data and signal go back to back only where one endpoint
+        # carries both and orders an RMA write before a later atomic write:
+        # FI_ORDER_WAW proper (FI_ORDER_RMA_WAW + FI_ORDER_ATOMIC_WAW order each
+        # class only among itself).  shm grants it; tcp;ofi_rxm with FI_ATOMIC
+        # does not (and split endpoints are two connections).  FI_FENCE would
+        # be the next resort, but none of tcp, rxm and shm implements it in
+        # libfabric 1.17 (the flag is ignored, not refused), so elsewhere the
+        # data's delivery is waited for before the signal is issued.
+        self.d.sig_ordered = ordered_signal and not self.d.split \
+            and (self.d.info.caps & FI_ATOMIC) != 0 \
+            and (self.d.info.tx_attr.msg_order & FI_ORDER_WAW) != 0 \
+            and self.d.info.ep_attr.max_order_waw_size >= 8
+        self.d.sig_order_max = self.d.info.ep_attr.max_order_waw_size if self.d.sig_ordered else 0
+        # Split endpoints: the signal as a message after the data on the RMA
+        # endpoint, where that one orders a send after a write (and a read
+        # after a send, for the flush that completes it) -- ofi.src/signal.pxi.
+        # Receives are posted without descriptors: not for FI_MR_LOCAL providers.
+        if ordered_signal and self.d.split and (rma.caps & FI_MSG) \
+                and (rma.tx_attr.msg_order & FI_ORDER_SAW) \
+                and (rma.tx_attr.msg_order & FI_ORDER_RAS) \
+                and rma.ep_attr.max_order_waw_size >= 8 \
+                and not (rma.domain_attr.mr_mode & FI_MR_LOCAL):
+            self.d.sig_msg = 1
+            self.d.sig_order_max = rma.ep_attr.max_order_waw_size
         cdef fi_av_attr av_attr
         memset(&av_attr, 0, sizeof(av_attr))
         av_attr.type = FI_AV_TABLE
@@ -178,6 +203,34 @@ cdef class Domain:
         """True when writes from one endpoint to one target land in issue order
         (FI_ORDER_WAW, at least 8 bytes): the collectives then signal by stores."""
         return bool(self.d.waw)
+
+    @property
+    def put_signal_mode(self):
+        """How put_signal orders its signal after its data over this domain
+        (ofi.src/signal.pxi): ``"ordered"`` (data write and signal atomic back
+        to back on one endpoint, the provider's FI_ORDER_WAW keeps them in
+        order), ``"message"`` (split endpoints: the data write, then the signal
+        as a message the target applies, FI_ORDER_SAW on the RMA endpoint) --
+        both for data up to ``put_signal_stats()["ordered_max"]`` bytes -- or
+        ``"delivery"`` (the data's delivery completion is waited for, then the
+        signal issued as an atomic)."""
+        if self.d.sig_ordered:
+            return "ordered"
+        return "message" if self.d.sig_msg else "delivery"
+
+    def put_signal_stats(self, reset=False):
+        """``{"ordered": n, "message": n, "delivery": n, "ordered_max": bytes,
+        "bad_messages": n}``: put_signals of this process issued each way
+        (larger data than ``ordered_max`` takes the delivery way), and signal
+        messages received here that named no word of the endpoint's bound
+        segment (dropped); ``reset`` zeroes the counts."""
+        out = {"ordered": self.d.n_sig_ordered, "message": self.d.n_sig_msg,
+               "delivery": self.d.n_sig_delivery, "ordered_max": self.d.sig_order_max,
+               "bad_messages": self.d.sig_bad}
+        if reset:
+            self.d.n_sig_ordered = self.d.n_sig_delivery = self.d.n_sig_msg = 0
+            self.d.sig_bad = 0
+        return out
 
     @property
     def mr_mode(self):
@@ -369,26 +422,40 @@ cdef class Domain:
 
 cdef fi_info* _with_ordering(fi_info* p) except NULL:
     """The chosen provider and domain again, asking for read-after-write
-    ordering of data (providers report only the ordering that was asked for):
-    that info when granted, else a copy of p."""
+    ordering of data (providers report only the ordering that was asked for),
+    with write-after-write ordering if that is granted too: that info when
+    granted, else a copy of p."""
     cdef fi_info* hints = fi_dupinfo(p)
     cdef fi_info* got = NULL
     cdef fi_info* out
     cdef int rc
     if hints == NULL:
         raise MemoryError()
-    hints.tx_attr.msg_order = FI_ORDER_RAW | FI_ORDER_RMA_RAW
-    hints.ep_attr.max_order_raw_size = <size_t>-1
-    with nogil:
-        rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &got)
+    cdef int attempt
+    # first with write-after-write ordering of RMA and atomics too (put_signal
+    # then needs no round trip), then without
+    for attempt in range(2):
+        hints.tx_attr.msg_order = FI_ORDER_RAW | FI_ORDER_RMA_RAW
+        hints.ep_attr.max_order_raw_size = <size_t>-1
+        if attempt == 0:
+            hints.tx_attr.msg_order |= FI_ORDER_WAW
+            hints.ep_attr.max_order_waw_size = <size_t>-1
+        else:
+            hints.ep_attr.max_order_waw_size = 0
+        with nogil:
+            rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &got)
+        if rc == 0 and got != NULL and (got.tx_attr.msg_order & (FI_ORDER_RAW | FI_ORDER_RMA_RAW)) \
+                and got.ep_attr.max_order_raw_size > 0:
+            break
+        if got != NULL:
+            fi_freeinfo(got)
+            got = NULL
     fi_freeinfo(hints)
-    if rc == 0 and got != NULL and (got.tx_attr.msg_order & (FI_ORDER_RAW | FI_ORDER_RMA_RAW)) \
-            and got.ep_attr.max_order_raw_size > 0:
+    if got != NULL:
         out = fi_dupinfo(got)
+        fi_freeinfo(got)
     else:
         out = fi_dupinfo(p)
-    if got != NULL:
-        fi_freeinfo(got)
     if out == NULL:
         raise MemoryError()
     return out
@@ -402,28 +469,43 @@ cdef bint _raw_ordered(fi_info* p) noexcept nogil:
 
 cdef fi_info* _ordered_without_atomics(fi_info* p) except? NULL:
     """The chosen provider and domain without FI_ATOMIC, asking for
-    read-after-write ordering: that info when granted, else NULL."""
+    read-after-write ordering -- first with messages ordered after writes
+    too (put_signal's signal messages, signal.pxi), then without: that info
+    when granted, else NULL."""
     cdef fi_info* hints = fi_dupinfo(p)
     cdef fi_info* got = NULL
     cdef fi_info* out = NULL
-    cdef int rc
+    cdef int rc, attempt
     if hints == NULL:
         raise MemoryError()
     hints.caps &= ~FI_ATOMIC
     hints.tx_attr.caps &= ~FI_ATOMIC
     hints.rx_attr.caps &= ~FI_ATOMIC
-    hints.tx_attr.msg_order = FI_ORDER_RAW | FI_ORDER_RMA_RAW
     hints.ep_attr.max_order_raw_size = <size_t>-1
-    with nogil:
-        rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &got)
-    fi_freeinfo(hints)
-    if rc == 0 and got != NULL and _raw_ordered(got):
-        out = fi_dupinfo(got)
-        if out == NULL:
+    for attempt in range(2):
+        hints.tx_attr.msg_order = FI_ORDER_RAW | FI_ORDER_RMA_RAW
+        if attempt == 0:
+            hints.caps |= FI_MSG
+            hints.tx_attr.msg_order |= FI_ORDER_SAW | FI_ORDER_RAS
+            hints.ep_attr.max_order_waw_size = <size_t>-1
+        else:
+            hints.caps &= ~FI_MSG
+            hints.tx_attr.caps &= ~FI_MSG
+            hints.rx_attr.caps &= ~FI_MSG
+            hints.ep_attr.max_order_waw_size = 0
+        with nogil:
+            rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &got)
+        if rc == 0 and got != NULL and _raw_ordered(got):
+            break
+        if got != NULL:
             fi_freeinfo(got)
-            raise MemoryError()
+            got = NULL
+    fi_freeinfo(hints)
     if got != NULL:
+        out = fi_dupinfo(got)
         fi_freeinfo(got)
+        if out == NULL:
+            raise MemoryError()
     return out
 
 

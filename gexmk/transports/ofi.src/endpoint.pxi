@@ -55,6 +55,8 @@ cdef class OfiEndpoint:
             check("fi_ep_bind(av)", fi_ep_bind(ep.e.ep, &dom.d.av.fid, 0))
             check("fi_enable", fi_enable(ep.e.ep))
             check("fi_getname", fi_getname(&ep.e.ep.fid, buf, &blen))
+            if dom.d.sig_msg:
+                _sig_rx_open(&ep.e)         # put_signal's signal messages (signal.pxi)
             if dom.d.split:
                 # its own CQ, of the same kind (see _progress_quiet)
                 cq_attr.wait_obj = FI_WAIT_FD if ep.e.can_wait else FI_WAIT_NONE
@@ -102,9 +104,13 @@ cdef class OfiEndpoint:
         # whether this process answers peers' operations while it computes: a
         # peer sets up its connection to us at publication only then (connect.pxi)
         answers = not self.domain.d.manual or self.domain.progress_running
+        # bit 1: this endpoint takes put_signal's signal messages (signal.pxi)
+        answers = int(bool(answers)) | (2 if self.e.rx != NULL else 0)
         if seg.kind.cls == GX_MK_HOST and (self.plain or not self.e.dom.stg_all):
             key, base = self.register(<uintptr_t>seg.addr, seg.size)
-            return pickle.dumps((self.name, key, base, bool(answers)))
+            # signal messages applied here wake the segment's futex sleepers
+            self.e.wake = <gx_wake*><uintptr_t>seg._wake_address
+            return pickle.dumps((self.name, key, base, answers))
         _zone_open(&self.e, seg, self.e.dom.stg_nrings)
         z = self.e.zone
         try:
@@ -115,7 +121,7 @@ cdef class OfiEndpoint:
                 _zone_close(&self.e)
             raise
         self.domain.start_lander()
-        return pickle.dumps((self.name, key, base, bool(answers),
+        return pickle.dumps((self.name, key, base, answers,
                              (z.slots, z.chunk, z.ring_bytes, bool(z.amo))))
 
     @property
@@ -163,6 +169,7 @@ cdef class OfiEndpoint:
         return bytes(buf[:size])
 
     def unbind(self):
+        self.e.wake = NULL
         self._close_mr()
         with nogil:
             _zone_close(&self.e)
@@ -241,4 +248,5 @@ cdef class OfiEndpoint:
         if self.e.cq != NULL:
             fi_close(&self.e.cq.fid)
             self.e.cq = NULL
+        _sig_rx_free(&self.e)
 

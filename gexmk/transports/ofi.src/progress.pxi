@@ -21,13 +21,29 @@ cdef int _read_cq(fid_cq* cq) noexcept nogil:
     return -1
 
 
+cdef int _read_ep_cq(ofi_ep* ep) noexcept nogil:
+    """_read_cq of the endpoint's (RMA) CQ.  Where it carries signal messages
+    (signal.pxi), one thread at a time reads it: two threads taking entries
+    side by side could apply two signals to one word out of their arrival
+    order (SET 120 overwritten by the SET 119 read just before it).  A thread
+    that finds the CQ taken leaves it to its reader: 0."""
+    cdef int n
+    if ep.rx == NULL:
+        return _read_cq(ep.cq)
+    if gx_xchg_int(&ep.rx_lock, 1) != 0:
+        return 0
+    n = _read_cq(ep.cq)
+    gx_xchg_int(&ep.rx_lock, 0)
+    return n
+
+
 cdef int _progress_quiet(ofi_ep* ep) noexcept nogil:
     """_progress for callers that cannot raise: -1 on a CQ failure.  A split
     endpoint's atomics CQ is read on every pass while this endpoint has
     atomics in flight, else on one pass in ATOMICS_EVERY: each read is a
     progress pass of its own (a poll() of its sockets), and reading it
     always would slow every put and get for the sake of incoming atomics."""
-    cdef int n = _read_cq(ep.cq), m
+    cdef int n = _read_ep_cq(ep), m
     if ep.acq != NULL and n >= 0:
         ep.apass += 1
         if gx_load_long(&ep.amo_out) > 0 or ep.apass % ATOMICS_EVERY == 0:
@@ -51,6 +67,14 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
     # this thread's naps are short and frequent: 1 us timer slack, not 50
     prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
     while not stop[0]:
+        idle = d.driven_until - _now()
+        if idle > 0:
+            # a wait polls the CQs itself (GX_WAIT_DRIVING): keep off until it
+            # stops renewing its claim (it went to sleep, or got its word)
+            ts.tv_sec = 0
+            ts.tv_nsec = <long>(idle * 1e9) + 5000
+            nanosleep(&ts, NULL)
+            continue
         idle = _now_coarse() - d.last_app
         if gx_load_long(&d.waiters) > 0 or idle < STAND_ASIDE:
             # An application thread drives progress itself (or just did): stay

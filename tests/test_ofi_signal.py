@@ -1,0 +1,214 @@
+"""put_signal over the network (ofi): the signal never overtakes its data.
+
+The ofi transport issues a put_signal one of three ways (``Domain.put_signal_mode``,
+gexmk/transports/ofi.src/signal.pxi): ``ordered`` -- the data write and the
+signal atomic back to back on one endpoint, where the provider orders an RMA
+write before a later atomic (FI_ORDER_WAW: shm); ``message`` -- split endpoints
+(tcp;ofi_rxm): the data write, then the signal as a message on the same
+endpoint (FI_ORDER_SAW), applied by the target; ``delivery`` -- the data's
+delivery waited for before the signal atomic is issued (GEXMK_OFI_ORDERED_SIGNAL=0).  A blocking put_signal waits only for
+local completion in every mode.
+
+The job: every rank but 0 streams put_signals into its own slots at rank 0,
+without waiting for the signals (rank 0 acks slots for reuse); payloads
+alternate between large ones (written in many pieces; past the inject size,
+so the write-then-wait branch) and small ones (injected), and calls between
+blocking, NB and NBI.  Rank 0 checks, whenever it sees a signal
+value, that every payload that value vouches for is complete:
+
+- ``SET``: each sender sets its own word to the iteration number: iterations
+  up to that number must have landed in full;
+- ``ADD``: each sender adds 1 to its own word (a count of its arrivals) and,
+  in every other iteration, 1 to a word shared by all senders: the shared
+  count must never exceed the payloads rank 0 finds complete in memory, and
+  ends at the exact total (ADDs from several ranks stay atomic).
+
+A signal that overtook its data shows as a payload still holding an older
+iteration's bytes (or torn between two) when checked.
+"""
+import pytest
+
+try:
+    from . import mp_util
+except ImportError:
+    import mp_util
+
+ORDER = r'''
+if os.environ.get("SIG_RANK0_OFF") == "1" and os.environ.get("GEXMK_RANK") == "0":
+    os.environ["GEXMK_OFI_ORDERED_SIGNAL"] = "0"    # rank 0 alone takes no signal messages
+c = gexmk.init()
+tm = c.tm
+me, n = tm.rank, tm.size
+OP = os.environ["SIG_OP"]                       # "SET" or "ADD"
+WANT_MODE = os.environ["SIG_WANT_MODE"]         # the senders' Domain.put_signal_mode
+USED = os.environ.get("SIG_USED", WANT_MODE)    # ... and the way their put_signals go
+K = int(os.environ.get("SIG_ITERS", 120))       # put_signals per sender
+S = 4                                           # payload slots per sender at rank 0
+BIG = int(os.environ.get("SIG_BIG", 1 << 18))   # large payload, bytes (multiple of 8)
+SMALL = 48                                      # small payload: injected on both providers
+SIGW, CNT, ACK = 0, 8 * 64, 8 * 65              # words: per-sender signals, shared count, ack
+DATA = 4096
+REGION = S * BIG                                # one sender's slots
+seg = c.segment_attach(DATA + (n - 1) * REGION)
+mine = np.asarray(seg)
+ofi = c.transports.get("ofi")
+assert tm.transport(0 if me else 1) == "ofi", tm.paths(0 if me else 1)
+assert me == 0 and USED != WANT_MODE or ofi.put_signal_mode == WANT_MODE, \
+    (ofi.provider, ofi.put_signal_mode)
+ofi.put_signal_stats(reset=True)
+tm.barrier()
+
+def size_of(j):
+    return SMALL if j % 3 == 0 else BIG
+
+def slot(s, j):
+    """Offset at rank 0 of sender s's slot for iteration j."""
+    return DATA + (s - 1) * REGION + (j % S) * BIG
+
+if me != 0:
+    src = np.empty(BIG // 8, np.uint64)
+    sig_op = gexmk.SIGNAL_SET if OP == "SET" else gexmk.SIGNAL_ADD
+    modes = ["blocking", "nbi", "blocking", "nb"]
+    ev = []
+    for j in range(1, K + 1):
+        # rank 0 has checked iteration j - S: its slot may be overwritten
+        tm.wait_until(tm.addr(me, ACK), gexmk.CMP_GE, max(0, j - S))
+        nb = size_of(j) // 8
+        src[:nb] = j
+        shared = OP == "ADD" and j % 2 == 0
+        word = tm.addr(0, CNT) if shared else tm.addr(0, SIGW + 8 * me)
+        value = j if OP == "SET" else 1
+        args = (0, tm.addr(0, slot(me, j)), src[:nb], word, value, sig_op)
+        mode = modes[j % len(modes)]
+        if mode == "blocking":
+            tm.put_signal(*args)
+        elif mode == "nbi":
+            tm.put_signal_nbi(*args)
+        else:
+            ev.append(tm.put_signal_nb(*args))
+        src[:nb] = 0                # the source is reusable on return, whatever the mode
+    gexmk.quiet()
+    for e in ev:
+        e.wait()
+    st = ofi.put_signal_stats()
+    assert st[USED] == K, st
+    assert sum(st[k] for k in ("ordered", "message", "delivery")) == K, st
+    if USED != "delivery":
+        assert st["ordered_max"] >= BIG, st
+    log("sent", K, st)
+else:
+    senders = list(range(1, n))
+    checked = {s: 0 for s in senders}          # iterations known complete, per sender
+
+    def complete(s, j):
+        got = mine[slot(s, j):slot(s, j) + size_of(j)].view(np.uint64)
+        return bool((got == j).all())
+
+    def landed(s):
+        """Iterations of sender s complete in memory, in order, from checked[s] on."""
+        j = checked[s]
+        while j < K and complete(s, j + 1):
+            j += 1
+        return j
+
+    words = [tm.addr(0, SIGW + 8 * s) for s in senders]
+    checks = 0
+    t_end = time.monotonic() + 120
+    while True:
+        assert time.monotonic() < t_end, f"no progress: checked {checked}"
+        if OP == "SET":
+            want = [checked[s] + 1 if checked[s] < K else 0 for s in senders]
+            if not any(want):
+                break
+            # a word satisfied by 0 (finished senders) would always win: ask the others only
+            live = [i for i, w in enumerate(want) if w]
+            tm.wait_until_any([words[i] for i in live], gexmk.CMP_GE, [want[i] for i in live])
+            for s in senders:
+                v = tm.signal_fetch(tm.addr(0, SIGW + 8 * s))
+                for j in range(checked[s] + 1, v + 1):
+                    assert complete(s, j), (
+                        f"sender {s}: signal says {v}, payload of iteration {j} incomplete: "
+                        f"{np.unique(mine[slot(s, j):slot(s, j) + size_of(j)].view(np.uint64))[:6]}")
+                    checks += 1
+                checked[s] = max(checked[s], v)
+        else:
+            # own word: a count of s's put_signals that chose it (odd j); the shared word counts the rest
+            total = tm.signal_fetch(tm.addr(0, CNT))
+            counts = {s: tm.signal_fetch(tm.addr(0, SIGW + 8 * s)) for s in senders}
+            have = {s: landed(s) for s in senders}
+            for s in senders:
+                odd = (have[s] + 1) // 2        # odd iterations among 1..have[s]
+                assert counts[s] <= odd, (f"sender {s}: {counts[s]} own ADDs seen, only {odd} "
+                                          f"of their payloads complete ({have[s]} in all)")
+                checked[s] = have[s]
+            even = sum(h // 2 for h in have.values())
+            assert total <= even, f"shared count {total} > {even} complete even payloads {have}"
+            checks += 1
+            if all(h == K for h in have.values()) and total == (K // 2) * len(senders) and \
+                    all(counts[s] == (K + 1) // 2 for s in senders):
+                break
+            # (acks first: a sender may be waiting for one)
+            for s in senders:
+                tm.signal_op(s, tm.addr(s, ACK), checked[s], gexmk.SIGNAL_SET)
+            tm.wait_until_any([tm.addr(0, CNT)] + words, gexmk.CMP_GT,
+                              [total] + [counts[s] for s in senders], timeout=60)
+            continue
+        for s in senders:
+            tm.signal_op(s, tm.addr(s, ACK), checked[s], gexmk.SIGNAL_SET)
+    assert all(checked[s] == K for s in senders), checked
+    if OP == "ADD":
+        assert tm.signal_fetch(tm.addr(0, CNT)) == (K // 2) * len(senders)
+    log("checked", checks, "times")
+gexmk.quiet()
+tm.barrier()
+print(f"ORDER-OK {me}", flush=True)
+c.finalize()
+'''
+
+
+def _need_ofi(provider):
+    ofi = pytest.importorskip("gexmk.ofi", reason="gexmk was built without libfabric")
+    pytest.importorskip("gexmk.transports.ofi", reason="no ofi transport in this build")
+    try:
+        found = ofi.providers(provider)
+    except Exception as e:      # noqa: BLE001 - any probing failure means "not usable here"
+        pytest.skip(f"libfabric provider {provider!r}: probing failed: {e}")
+    if not found:
+        pytest.skip(f"libfabric provider {provider!r} is not available here")
+
+
+# (provider, GEXMK_OFI_ORDERED_SIGNAL, the mode the domain must report)
+CASES = [("tcp;ofi_rxm", "1", "message"), ("tcp;ofi_rxm", "0", "delivery"),
+         ("shm", "1", "ordered"), ("shm", "0", "delivery")]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("op", ["SET", "ADD"])
+@pytest.mark.parametrize("provider,ordered,mode", CASES,
+                         ids=["tcp_message", "tcp_delivery", "shm_ordered", "shm_delivery"])
+def test_signal_never_overtakes_data(tmp_path, provider, ordered, mode, op, n):
+    _need_ofi(provider)
+    env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": provider, "FI_PROVIDER": None,
+           "GEXMK_OFI_ORDERED_SIGNAL": ordered, "SIG_OP": op, "SIG_WANT_MODE": mode,
+           "SIG_ITERS": 90 if n == 4 else 120, "GEXMK_TIMEOUT": 90}
+    r = mp_util.run_job(tmp_path, ORDER, n, env=env, launcher_timeout=220)
+    r.check()
+    for rank in range(n):
+        assert f"ORDER-OK {rank}" in r.stdout, r.report()
+
+
+@pytest.mark.timeout(120)
+def test_no_signal_messages_to_a_peer_that_takes_none(tmp_path):
+    """A rank whose endpoint posts no receives for signal messages (here
+    GEXMK_OFI_ORDERED_SIGNAL=0 on rank 0 alone) says so at publication; its
+    peers then wait for the data's delivery instead of sending messages that
+    nobody would apply."""
+    _need_ofi("tcp;ofi_rxm")
+    env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm", "FI_PROVIDER": None,
+           "SIG_RANK0_OFF": "1", "SIG_OP": "SET", "SIG_WANT_MODE": "message", "SIG_USED": "delivery",
+           "SIG_ITERS": 40, "GEXMK_TIMEOUT": 60}
+    r = mp_util.run_job(tmp_path, ORDER, 2, env=env, launcher_timeout=100)
+    r.check()
+    for rank in range(2):
+        assert f"ORDER-OK {rank}" in r.stdout, r.report()
