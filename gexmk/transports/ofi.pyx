@@ -240,6 +240,7 @@ include "ofi.src/atomic.pxi"
 include "ofi.src/staged.pxi"
 include "ofi.src/signal.pxi"
 include "ofi.src/domain.pxi"
+include "ofi.src/ordering.pxi"
 include "ofi.src/endpoint.pxi"
 include "ofi.src/connect.pxi"
 
