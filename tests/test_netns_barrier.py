@@ -156,6 +156,12 @@ assert np.array_equal(r, np.arange(1000) * 10.0), r[:4]
 b = np.arange(37, dtype=np.int32) + 7 * me
 tm.bcast(b, 3)
 assert np.array_equal(b, np.arange(37, dtype=np.int32) + 21), b[:4]
+# chunked (several scratch halves) and split (reduce-scatter + allgather) over
+# the network, blocking beside NB
+big = np.arange(200_000, dtype=np.float64) * (me + 1)
+rb = np.zeros_like(big)
+(tm.allreduce if me % 2 else lambda s, r, o: tm.allreduce_nb(s, r, o).wait())(big, rb, "sum")
+assert np.array_equal(rb, np.arange(200_000) * 10.0), rb[:4]
 g = np.zeros(4 * 5, np.int64)
 tm.allgather(np.full(5, me, np.int64), g)
 assert np.array_equal(g, np.repeat(np.arange(4), 5)), g

@@ -163,6 +163,8 @@ cdef class _Coll:
     cdef int* local                 # a leader: their team ranks (local[0] is itself)
     cdef uintptr_t* gather          # a leader: its gather slots' addresses (nlocal - 1)
     cdef uint64_t store_down        # a leader: bit j: local[j] takes stores, not atomics
+    cdef uint64_t net_rounds        # hierarchical: bit k: round k's source is on another node
+    cdef bint data                  # the barrier in progress is a collective's (see _step_done)
     cdef int me, n
     cdef uint64_t seq               # barriers entered
     cdef uint64_t phase             # scratch chunks used (the half is phase % 2)
@@ -222,6 +224,8 @@ cdef int _shape(_Coll co, list nodes) except -1:
     while (1 << k) < len(ring):
         co.partner[k] = ring[(li + (1 << k)) % len(ring)]
         co.source[k] = ring[(li - (1 << k)) % len(ring)]
+        if hier and nodes[co.source[k]] != nodes[co.me]:
+            co.net_rounds |= (<uint64_t>1) << k
         if _ordered(co, co.partner[k]):
             co.store_rounds |= (<uint64_t>1) << k
         k += 1
@@ -340,16 +344,6 @@ cdef int _bump_slow(_Coll co, int p, uintptr_t a, uint64_t seq, bint store, int 
     return 1
 
 
-cdef inline int _wait_word(_Coll co, uintptr_t a, uint64_t seq, bint block,
-                           double timeout) except -1 nogil:
-    """1 when this member's barrier word ``a`` has reached ``seq`` (waits when ``block``)."""
-    cdef gx_val want
-    cdef Py_ssize_t idx
-    want.u64 = seq
-    return <int>wait_words(co.st, &a, 1, GX_DT_U64, GX_CMP_GE, &want, False, GX_WAIT_ANY, block,
-                           timeout, NULL, &idx, co.csig)
-
-
 # A barrier is co.nsteps steps, each an arrival (_step_arrive) and then a wait
 # (_step_done), then the release (_release):
 #   flat:    step k = dissemination round k
@@ -373,20 +367,60 @@ cdef int _step_arrive(_Coll co, int step, uint64_t seq) except -1 nogil:
     return 0
 
 
+# How a hierarchical barrier's waits wait (a flat one waits as every wait
+# does: see signal.pxi's _SPIN_FOR).  A round's word is written across the
+# network, which lands it only when this process drives progress and cannot
+# wake a sleeper: a leader keeps polling, yielding the CPU, for up to
+# _NET_YIELD s before it sleeps (a nap costs a timer wake-up, >= 50 us of
+# slack, per round).  A gather slot or release word is written by a CPU store
+# on this node, which wakes a sleeper: the process's own spin and yield, then
+# a futex sleep; in a plain barrier without driving the network (a member has
+# nothing to receive, and its polls would take the CPU its leader needs on a
+# full node), in a collective's barrier with it (peers may still be reading
+# this member's scratch over the network, which the target's progress serves).
+cdef double _NET_YIELD = 2e-3
+cdef double _net_spin = -1, _net_yield = _NET_YIELD
+
+
+def _coll_wait_tuning(net_spin_us=None, net_yield_us=None):
+    """Private: how long a hierarchical barrier's leader spins (-1: the
+    process's spin) and yields (µs) on a network round before it sleeps; for
+    benchmarks.  Returns the pair in force."""
+    global _net_spin, _net_yield
+    if net_spin_us is not None:
+        _net_spin = float(net_spin_us) * 1e-6 if net_spin_us >= 0 else -1
+    if net_yield_us is not None:
+        _net_yield = float(net_yield_us) * 1e-6
+    return (_net_spin * 1e6 if _net_spin >= 0 else -1, _net_yield * 1e6)
+
+
 cdef int _step_done(_Coll co, int step, uint64_t seq, bint block, double timeout) except -1 nogil:
     """1 when the step's wait is satisfied (waits when ``block``)."""
     cdef gx_val want
+    cdef Py_ssize_t idx
+    cdef uintptr_t a
     cdef int k
+    want.u64 = seq
     if co.role == _ROLE_MEMBER:
-        return _wait_word(co, co.base[co.me] + 8 * _REL_W, seq, block, timeout)
+        a = co.base[co.me] + 8 * _REL_W
+        return <int>wait_words_as(co.st, &a, 1, GX_DT_U64, GX_CMP_GE, &want, False, GX_WAIT_ANY,
+                                  block, timeout, NULL, &idx, co.csig, _spin_for, _yield_for,
+                                  co.data)
     k = step - 1 if co.role == _ROLE_LEADER else step
     if k >= 0:
-        return _wait_word(co, co.base[co.me] + 8 * k, seq, block, timeout)
+        a = co.base[co.me] + 8 * k
+        if (co.net_rounds >> k) & 1:
+            return <int>wait_words_as(co.st, &a, 1, GX_DT_U64, GX_CMP_GE, &want, False,
+                                      GX_WAIT_ANY, block, timeout, NULL, &idx, co.csig,
+                                      _net_spin if _net_spin >= 0 else _spin_for,
+                                      _net_yield, True)
+        return <int>wait_words(co.st, &a, 1, GX_DT_U64, GX_CMP_GE, &want, False, GX_WAIT_ANY,
+                               block, timeout, NULL, &idx, co.csig)
     if co.nlocal < 2:
         return 1
-    want.u64 = seq
-    return <int>wait_words(co.st, co.gather, co.nlocal - 1, GX_DT_U64, GX_CMP_GE, &want, False,
-                           GX_WAIT_ALL, block, timeout, NULL, NULL, co.csig) != 0
+    return <int>wait_words_as(co.st, co.gather, co.nlocal - 1, GX_DT_U64, GX_CMP_GE, &want, False,
+                              GX_WAIT_ALL, block, timeout, NULL, NULL, co.csig, _spin_for,
+                              _yield_for, co.data) != 0
 
 
 cdef int _release(_Coll co, uint64_t seq) except -1 nogil:
@@ -441,8 +475,9 @@ cdef int _barrier_failed(_Coll co, uint64_t seq, int step, object e) except -1:
     raise type(e)(f"{co.broken}: {e}") from None
 
 
-cdef int _barrier(_Coll co, double timeout) except -1:
-    """A blocking barrier over the team."""
+cdef int _barrier(_Coll co, double timeout, bint data=True) except -1:
+    """A blocking barrier over the team (``data``: a collective's, see _NET_YIELD)."""
+    co.data = data
     co.seq += 1
     cdef uint64_t seq = co.seq
     cdef int step = 0
@@ -467,6 +502,7 @@ cdef class _CollEvent(Event):
     cdef object gen
 
     cdef int _start_barrier(self) except -1:
+        self.co.data = self.gen is not None
         self.co.seq += 1
         self.seq = self.co.seq
         self.step = 0
@@ -609,7 +645,7 @@ cdef object _tm_barrier(Team tm, object timeout, bint nb):
     cdef _Coll co = _coll(tm, sig)
     if nb:
         return _coll_event(tm, co, None, None)
-    _barrier(co, t)
+    _barrier(co, t, False)
     return None
 
 
