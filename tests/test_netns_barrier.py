@@ -14,7 +14,8 @@ the network (ofi tcp;ofi_rxm here) and releases the node
    rank after it, on the world team, a reversed team, and a team of
    non-primordial endpoints.  Collectives on the hierarchical team still give
    numpy's answers.  The hierarchical barrier sends fewer packets over the
-   veth than the flat one (GEXMK_COLL_HIER=0) in the same job.
+   veth than the flat one (GEXMK_COLL_HIER=0) in the same job.  Again with
+   peers of a node over ofi as well (the arrivals' network path).
 2. A rank that skips a barrier: every other rank times out, and the ranks
    that wait on it directly (its leader, or its members and the other
    leader) name it; the team's barriers then refuse to run.
@@ -70,7 +71,8 @@ n, me = tm.size, tm.rank
 assert n == 4 and c.nodes() == [0, 0, 1, 1], c.nodes()
 seg = c.segment_attach(4096)
 words = np.asarray(seg).view(np.int64)
-assert tm.transport(me ^ 1) == "nbrhd" and tm.transport(me ^ 2) == "ofi", \
+near = "ofi" if os.environ.get("GEXMK_TRANSPORT") == "ofi" else "nbrhd"
+assert tm.transport(me ^ 1) == near and tm.transport(me ^ 2) == "ofi", \
     (tm.transport(me ^ 1), tm.transport(me ^ 2))
 rng = random.Random(1000 + me)
 ITERS = int(os.environ["GX_ITERS"])
@@ -203,9 +205,14 @@ c.finalize()
 
 
 @pytest.mark.timeout(240)
-def test_hierarchical_barrier_two_nodes(tmp_path, two_nodes):
-    res = run_four(tmp_path, two_nodes, WORKER, {"GEXMK_TIMEOUT": 60, "GX_ITERS": 400},
-                   timeout=220)
+@pytest.mark.parametrize("near", ["nbrhd", "ofi"])
+def test_hierarchical_barrier_two_nodes(tmp_path, two_nodes, near):
+    """``near="ofi"``: peers on the same node over ofi too (GEXMK_TRANSPORT=ofi),
+    so gather and release go through the network path's stores."""
+    env = {"GEXMK_TIMEOUT": 60, "GX_ITERS": 400 if near == "nbrhd" else 120}
+    if near == "ofi":
+        env["GEXMK_TRANSPORT"] = "ofi"
+    res = run_four(tmp_path, two_nodes, WORKER, env, timeout=220)
     res.check()
     assert res.stdout.count("HBAR-OK") == 4, res.report()
 

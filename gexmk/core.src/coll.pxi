@@ -157,12 +157,10 @@ cdef class _Coll:
     cdef int nsteps                 # a barrier's steps (arrive, then wait): see _step_arrive
     cdef int leader                 # a member: its node's leader (team rank)
     cdef int slot                   # a member: its gather slot's word at the leader
-    cdef bint store_up              # a member: the leader takes stores, not atomics
     cdef list mates                 # hierarchical: this node's members (team ranks; [0] leads)
     cdef int nlocal                 # a leader: members of its node, itself included
     cdef int* local                 # a leader: their team ranks (local[0] is itself)
     cdef uintptr_t* gather          # a leader: its gather slots' addresses (nlocal - 1)
-    cdef uint64_t store_down        # a leader: bit j: local[j] takes stores, not atomics
     cdef uint64_t net_rounds        # hierarchical: bit k: round k's source is on another node
     cdef bint data                  # the barrier in progress is a collective's (see _step_done)
     cdef int me, n
@@ -215,7 +213,6 @@ cdef int _shape(_Coll co, list nodes) except -1:
         co.leader = mine[0]
         j = mine.index(co.me)
         co.slot = j
-        co.store_up = _ordered(co, co.leader)
         co.nsteps = 1
         return 0
     ring = sorted(g[0] for g in groups.values()) if hier else list(range(n))
@@ -244,8 +241,6 @@ cdef int _shape(_Coll co, list nodes) except -1:
         co.local[j] = mine[j]
         if j:
             co.gather[j - 1] = co.base[co.me] + 8 * (_GATHER_W + j)
-            if _ordered(co, mine[j]):
-                co.store_down |= (<uint64_t>1) << (j if j < 64 else 63)
     co.nsteps = 1 + k           # the gather, then the rounds; the release ends it
     return 0
 
@@ -307,9 +302,11 @@ cdef _Coll _coll(Team tm, str sig):
     return co
 
 
-cdef inline int _bump(_Coll co, int p, uintptr_t a, uint64_t seq, bint store) except -1 nogil:
+cdef inline int _bump(_Coll co, int p, uintptr_t a, uint64_t seq, int store) except -1 nogil:
     """Barrier ``seq``'s arrival at team rank p's barrier word ``a``: one more
-    on the counter, which then equals ``seq``."""
+    on the counter, which then equals ``seq``.  ``store`` (for the slow path):
+    1 where the route is known to take stores, 0 where it takes atomics, 2
+    to ask the route (a node-local word: the route nearly always maps it)."""
     cdef int rc = gx_signal_op(co.st, p, a, 1, GX_SIGNAL_ADD)
     if rc == GX_OK:
         return 0
@@ -318,7 +315,7 @@ cdef inline int _bump(_Coll co, int p, uintptr_t a, uint64_t seq, bint store) ex
     return rc
 
 
-cdef int _bump_slow(_Coll co, int p, uintptr_t a, uint64_t seq, bint store, int rc) except -1:
+cdef int _bump_slow(_Coll co, int p, uintptr_t a, uint64_t seq, int store, int rc) except -1:
     """1 when the arrival went as a store (the caller stores from then on),
     else 0.  The inline path declined: the route's atomics (implicit-event); where
     the route has none (a transport without remote atomics) or is an ordered
@@ -329,6 +326,8 @@ cdef int _bump_slow(_Coll co, int p, uintptr_t a, uint64_t seq, bint store, int 
     cdef gx_val one, zero
     one.u64 = 1
     zero.u64 = 0
+    if store == 2:
+        store = _ordered(co, p)
     if not store:
         try:
             # an implicit-event atomic: the arrival needs no answer (over the network
@@ -355,8 +354,7 @@ cdef int _bump_slow(_Coll co, int p, uintptr_t a, uint64_t seq, bint store, int 
 cdef int _step_arrive(_Coll co, int step, uint64_t seq) except -1 nogil:
     cdef int k, p
     if co.role == _ROLE_MEMBER:
-        if _bump(co, co.leader, co.base[co.leader] + 8 * (_GATHER_W + co.slot), seq, co.store_up):
-            co.store_up = True
+        _bump(co, co.leader, co.base[co.leader] + 8 * (_GATHER_W + co.slot), seq, 2)
         return 0
     k = step - 1 if co.role == _ROLE_LEADER else step
     if k < 0:
@@ -380,18 +378,29 @@ cdef int _step_arrive(_Coll co, int step, uint64_t seq) except -1 nogil:
 # this member's scratch over the network, which the target's progress serves).
 cdef double _NET_YIELD = 2e-3
 cdef double _net_spin = -1, _net_yield = _NET_YIELD
+cdef int _local_progress = -1          # -1: in a collective's barrier only; 0: never; 1: always
+cdef double _local_yield = -1          # -1: the process's yield time
 
 
-def _coll_wait_tuning(net_spin_us=None, net_yield_us=None):
-    """Private: how long a hierarchical barrier's leader spins (-1: the
-    process's spin) and yields (µs) on a network round before it sleeps; for
-    benchmarks.  Returns the pair in force."""
-    global _net_spin, _net_yield
+def _coll_wait_tuning(net_spin_us=None, net_yield_us=None, local_progress=None,
+                      local_yield_us=None):
+    """Private, for benchmarks: how a hierarchical barrier waits.  A leader on
+    a network round spins ``net_spin_us`` (-1: the process's spin time), then
+    yields until ``net_yield_us``, then sleeps; gather and release waits
+    drive the network when ``local_progress`` (-1: in a collective's barrier
+    only, 0: never, 1: always) and yield until ``local_yield_us`` (-1: the
+    process's time).  Returns the four in force."""
+    global _net_spin, _net_yield, _local_progress, _local_yield
     if net_spin_us is not None:
         _net_spin = float(net_spin_us) * 1e-6 if net_spin_us >= 0 else -1
     if net_yield_us is not None:
         _net_yield = float(net_yield_us) * 1e-6
-    return (_net_spin * 1e6 if _net_spin >= 0 else -1, _net_yield * 1e6)
+    if local_progress is not None:
+        _local_progress = int(local_progress)
+    if local_yield_us is not None:
+        _local_yield = float(local_yield_us) * 1e-6 if local_yield_us >= 0 else -1
+    return (_net_spin * 1e6 if _net_spin >= 0 else -1, _net_yield * 1e6, _local_progress,
+            _local_yield * 1e6 if _local_yield >= 0 else -1)
 
 
 cdef int _step_done(_Coll co, int step, uint64_t seq, bint block, double timeout) except -1 nogil:
@@ -404,8 +413,9 @@ cdef int _step_done(_Coll co, int step, uint64_t seq, bint block, double timeout
     if co.role == _ROLE_MEMBER:
         a = co.base[co.me] + 8 * _REL_W
         return <int>wait_words_as(co.st, &a, 1, GX_DT_U64, GX_CMP_GE, &want, False, GX_WAIT_ANY,
-                                  block, timeout, NULL, &idx, co.csig, _spin_for, _yield_for,
-                                  co.data)
+                                  block, timeout, NULL, &idx, co.csig, _spin_for,
+                                  _local_yield if _local_yield >= 0 else _yield_for,
+                                  co.data if _local_progress < 0 else _local_progress)
     k = step - 1 if co.role == _ROLE_LEADER else step
     if k >= 0:
         a = co.base[co.me] + 8 * k
@@ -420,18 +430,17 @@ cdef int _step_done(_Coll co, int step, uint64_t seq, bint block, double timeout
         return 1
     return <int>wait_words_as(co.st, co.gather, co.nlocal - 1, GX_DT_U64, GX_CMP_GE, &want, False,
                               GX_WAIT_ALL, block, timeout, NULL, NULL, co.csig, _spin_for,
-                              _yield_for, co.data) != 0
+                              _local_yield if _local_yield >= 0 else _yield_for,
+                              co.data if _local_progress < 0 else _local_progress) != 0
 
 
 cdef int _release(_Coll co, uint64_t seq) except -1 nogil:
     """A leader, after the last round: its node's members may leave."""
-    cdef int j, b
+    cdef int j
     if co.role != _ROLE_LEADER:
         return 0
     for j in range(1, co.nlocal):
-        b = j if j < 64 else 63
-        if _bump(co, co.local[j], co.base[co.local[j]] + 8 * _REL_W, seq, (co.store_down >> b) & 1):
-            co.store_down |= (<uint64_t>1) << b
+        _bump(co, co.local[j], co.base[co.local[j]] + 8 * _REL_W, seq, 2)
     return 0
 
 
