@@ -21,6 +21,9 @@ over the veth.  Each repetition runs, in turn:
   so MPICH knows which ranks share a node and uses its own shared memory
   there and UCX tcp between the nodes, as it would on two hosts.
 
+``--pin``: namespace i's ranks run on CPU i only (``taskset``), so each
+"node" has a core of its own, as two hosts would.
+
 Every program times ``barrier()`` the same way: median of --iters after 200
 warm-ups, as rank 0 sees it.
 """
@@ -68,10 +71,10 @@ def _result(r, who):
     raise SystemExit(f"{who} failed (exit {r.returncode}): {(r.stderr or r.stdout)[-600:]}")
 
 
-def _mpich(nodes, prog, k, iters, node_aware):
+def _mpich(nodes, prog, k, iters, node_aware, pin):
     env = dict(os.environ, UCX_TLS="tcp,self")
-    shell = (f"exec ip netns exec {nodes.base}n$((PMI_RANK / {k})) {sys.executable} {prog} "
-             f"mpi {iters} {k}")
+    shell = (f"exec {'taskset -c $((PMI_RANK / %d)) ' % k if pin else ''}ip netns exec "
+             f"{nodes.base}n$((PMI_RANK / {k})) {sys.executable} {prog} mpi {iters} {k}")
     if node_aware:
         cmd = ["mpiexec", "-launcher", "fork", "-hosts", f"nodea:{k},nodeb:{k}", "-n", str(2 * k)]
     else:
@@ -82,14 +85,16 @@ def _mpich(nodes, prog, k, iters, node_aware):
     return _result(r, "MPICH")[0]
 
 
-def _gexmk(nodes, prog, k, iters, hier):
+def _gexmk(nodes, prog, k, iters, hier, pin):
     env = {n: v for n, v in os.environ.items() if not n.startswith("GEXMK_")}
     env["GEXMK_OFI_PROVIDER"] = "tcp;ofi_rxm"
     env["GEXMK_COLL_HIER"] = "1" if hier else "0"
+    prefix = nodes.rank_prefix_per_node(k)
+    if pin:     # the namespace's CPU first: taskset execs the rest
+        prefix = prefix.replace("exec ip netns", f"exec taskset -c $(({{rank}} / {k})) ip netns")
     cmd = nodes.exec_prefix(0) + [sys.executable, "-P", "-m", "gexmk.run", "-n", str(2 * k),
                                   "--timeout", "200", "--bootstrap-listen", nodes.addr[0],
-                                  "--rank-prefix", nodes.rank_prefix_per_node(k), prog, "gexmk",
-                                  str(iters), str(k)]
+                                  "--rank-prefix", prefix, prog, "gexmk", str(iters), str(k)]
     us, shape = _result(subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env),
                         "gexmk")
     want = ("leader" if hier and k > 1 else "flat")
@@ -102,6 +107,8 @@ def main(argv=None):
     ap.add_argument("--per-node", type=int, default=2, help="ranks in each namespace (default 2)")
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--pin", action="store_true",
+                    help="namespace i's ranks on CPU i only (each \"node\" its own core)")
     args = ap.parse_args(argv)
     k = args.per_node
     sys.path.insert(0, os.path.join(HERE, "..", "tests"))
@@ -110,11 +117,12 @@ def main(argv=None):
     prog = os.path.join(tempfile.mkdtemp(prefix="gx-barrier-"), "barrier.py")
     with open(prog, "w") as f:
         f.write(PROGRAM)
-    runs = {"gexmk hierarchical": lambda n: _gexmk(n, prog, k, args.iters, True),
-            "MPICH all tcp": lambda n: _mpich(n, prog, k, args.iters, False)}
+    pin = args.pin
+    runs = {"gexmk hierarchical": lambda n: _gexmk(n, prog, k, args.iters, True, pin),
+            "MPICH all tcp": lambda n: _mpich(n, prog, k, args.iters, False, pin)}
     if k > 1:
-        runs["gexmk flat (before)"] = lambda n: _gexmk(n, prog, k, args.iters, False)
-        runs["MPICH node-aware"] = lambda n: _mpich(n, prog, k, args.iters, True)
+        runs["gexmk flat (before)"] = lambda n: _gexmk(n, prog, k, args.iters, False, pin)
+        runs["MPICH node-aware"] = lambda n: _mpich(n, prog, k, args.iters, True, pin)
     else:
         runs = {"gexmk": runs["gexmk hierarchical"], "MPICH all tcp": runs["MPICH all tcp"]}
     got = {name: [] for name in runs}
@@ -125,7 +133,8 @@ def main(argv=None):
                 got[name].append(runs[name](nodes))
             print(f"rep {rep + 1}: " + ", ".join(f"{n} {got[n][-1]:.2f} us" for n in runs),
                   flush=True)
-    print(f"barrier, {2 * k} ranks, {k} in each of two network namespaces (veth), ofi "
+    print(f"barrier, {2 * k} ranks, {k} in each of two network namespaces (veth)"
+          f"{', namespace i on CPU i' if pin else ''}, ofi "
           f"tcp;ofi_rxm / UCX tcp; median us per barrier, range over {args.repeat} runs:")
     base = "MPICH all tcp"
     for name, v in got.items():

@@ -231,7 +231,8 @@ if me == skip:
     time.sleep(4.0)      # the others' waits expire first; then finalize's own sync
 else:
     e = expect_raises(E.TimeoutError, tm.barrier, timeout=2)
-    print(f"ERR {me}: {e}", flush=True)
+    sys.stdout.write(f"ERR {me}: {e}\n")     # one write: lines of ranks never interleave
+    sys.stdout.flush()
     assert "barrier #5 of team tm0" in str(e), e
     e2 = expect_raises(E.StateError, tm.barrier_nb)
     assert "can no longer be matched" in str(e2), e2
@@ -261,6 +262,8 @@ def test_skipped_barrier_names_the_rank(tmp_path, two_nodes, skip):
     else:
         # a leader skipped: its member and the other leader waited for it
         assert f"waiting for team rank {skip}, its node's leader" in errs[skip + 1], errs
+        assert f"(team rank {skip}, the leader, of this node never entered it)" in errs[skip + 1], \
+            errs
         assert f"waiting for team rank {skip}, the leader of another node" in errs[other_leader], \
             errs
         # the other node's member: every member of its node arrived

@@ -46,7 +46,7 @@ cdef enum:
     _SYNC_BYTES = 4096          # barrier words of a block (512)
     _ROUNDS_MAX = 64            # dissemination round counters: words 0..63
     _GATHER_W = 64              # a leader's gather slot of its node's member j >= 1: word 64 + j
-    _REL_W = 64                 # a member's release word (slot 0: a leader's own, never used)
+    _REL_W = 64                 # a member's release word (slot 0: a leader's barrier entered)
     _LOCAL_MAX = 512 - 64       # members of one node a hierarchical barrier takes
     _ROLE_FLAT = 0              # one dissemination over the whole team
     _ROLE_LEADER = 1            # gather the node, dissemination among leaders, release
@@ -358,6 +358,8 @@ cdef int _step_arrive(_Coll co, int step, uint64_t seq) except -1 nogil:
         return 0
     k = step - 1 if co.role == _ROLE_LEADER else step
     if k < 0:
+        # the leader entered: its own slot says so to a member that times out
+        (<volatile uint64_t*>(co.base[co.me] + 8 * _GATHER_W))[0] = seq
         return 0
     p = co.partner[k]
     if _bump(co, p, co.base[p] + 8 * k, seq, (co.store_rounds >> k) & 1):
@@ -372,13 +374,15 @@ cdef int _step_arrive(_Coll co, int step, uint64_t seq) except -1 nogil:
 # _NET_YIELD s before it sleeps (a nap costs a timer wake-up, >= 50 us of
 # slack, per round).  A gather slot or release word is written by a CPU store
 # on this node, which wakes a sleeper: the process's own spin and yield, then
-# a futex sleep; in a plain barrier without driving the network (a member has
-# nothing to receive, and its polls would take the CPU its leader needs on a
-# full node), in a collective's barrier with it (peers may still be reading
-# this member's scratch over the network, which the target's progress serves).
+# a futex sleep.  In a collective's barrier such a wait drives the network on
+# every pass (peers may still be reading this member's scratch over the
+# network, which the target's progress serves); in a plain barrier only
+# between sleeps: a member has nothing to receive, its polls would take the
+# CPU its leader needs on a full node, and driving now and then keeps the ofi
+# progress thread standing aside (left alone, it polls every 20 us).
 cdef double _NET_YIELD = 2e-3
 cdef double _net_spin = -1, _net_yield = _NET_YIELD
-cdef int _local_progress = -1          # -1: in a collective's barrier only; 0: never; 1: always
+cdef int _local_progress = -1          # -1: the default (_local_prog); 0: never; 1: every pass; 2: between sleeps
 cdef double _local_yield = -1          # -1: the process's yield time
 
 
@@ -387,8 +391,9 @@ def _coll_wait_tuning(net_spin_us=None, net_yield_us=None, local_progress=None,
     """Private, for benchmarks: how a hierarchical barrier waits.  A leader on
     a network round spins ``net_spin_us`` (-1: the process's spin time), then
     yields until ``net_yield_us``, then sleeps; gather and release waits
-    drive the network when ``local_progress`` (-1: in a collective's barrier
-    only, 0: never, 1: always) and yield until ``local_yield_us`` (-1: the
+    drive the network per ``local_progress`` (-1: on every pass in a
+    collective's barrier, between sleeps in a plain one; 0: never; 1: every
+    pass; 2: between sleeps) and yield until ``local_yield_us`` (-1: the
     process's time).  Returns the four in force."""
     global _net_spin, _net_yield, _local_progress, _local_yield
     if net_spin_us is not None:
@@ -403,6 +408,12 @@ def _coll_wait_tuning(net_spin_us=None, net_yield_us=None, local_progress=None,
             _local_yield * 1e6 if _local_yield >= 0 else -1)
 
 
+cdef inline int _local_prog(_Coll co) noexcept nogil:
+    if _local_progress >= 0:
+        return _local_progress
+    return 1 if co.data else 2
+
+
 cdef int _step_done(_Coll co, int step, uint64_t seq, bint block, double timeout) except -1 nogil:
     """1 when the step's wait is satisfied (waits when ``block``)."""
     cdef gx_val want
@@ -415,7 +426,7 @@ cdef int _step_done(_Coll co, int step, uint64_t seq, bint block, double timeout
         return <int>wait_words_as(co.st, &a, 1, GX_DT_U64, GX_CMP_GE, &want, False, GX_WAIT_ANY,
                                   block, timeout, NULL, &idx, co.csig, _spin_for,
                                   _local_yield if _local_yield >= 0 else _yield_for,
-                                  co.data if _local_progress < 0 else _local_progress)
+                                  _local_prog(co))
     k = step - 1 if co.role == _ROLE_LEADER else step
     if k >= 0:
         a = co.base[co.me] + 8 * k
@@ -423,7 +434,7 @@ cdef int _step_done(_Coll co, int step, uint64_t seq, bint block, double timeout
             return <int>wait_words_as(co.st, &a, 1, GX_DT_U64, GX_CMP_GE, &want, False,
                                       GX_WAIT_ANY, block, timeout, NULL, &idx, co.csig,
                                       _net_spin if _net_spin >= 0 else _spin_for,
-                                      _net_yield, True)
+                                      _net_yield, 1)
         return <int>wait_words(co.st, &a, 1, GX_DT_U64, GX_CMP_GE, &want, False, GX_WAIT_ANY,
                                block, timeout, NULL, &idx, co.csig)
     if co.nlocal < 2:
@@ -431,7 +442,7 @@ cdef int _step_done(_Coll co, int step, uint64_t seq, bint block, double timeout
     return <int>wait_words_as(co.st, co.gather, co.nlocal - 1, GX_DT_U64, GX_CMP_GE, &want, False,
                               GX_WAIT_ALL, block, timeout, NULL, NULL, co.csig, _spin_for,
                               _local_yield if _local_yield >= 0 else _yield_for,
-                              co.data if _local_progress < 0 else _local_progress) != 0
+                              _local_prog(co)) != 0
 
 
 cdef int _release(_Coll co, uint64_t seq) except -1 nogil:
@@ -445,19 +456,23 @@ cdef int _release(_Coll co, uint64_t seq) except -1 nogil:
 
 
 cdef str _missing(_Coll co, uint64_t seq):
-    """The members of this node that have not arrived at the leader's gather
-    slots for barrier ``seq`` ("2, 3"), read in place (the leader's block is
-    on this node); "" when all have, None where the block is not mapped here."""
+    """Who of this node has not entered barrier ``seq``, read in place at the
+    leader's block (on this node): "team rank 2, the leader," when the leader
+    has not, else the members missing from its gather slots ("team rank 3"),
+    "" when all are there, None where the block is not mapped here."""
     cdef char* p
     cdef gx_route* rt
     cdef int leader = co.mates[0]
     found = []
-    for j in range(1, len(co.mates)):
+    for j in range(len(co.mates)):
         if gx_locate(co.st, leader, co.base[leader] + 8 * (_GATHER_W + j), 8, &p, &rt) != GX_OK:
             return None
-        if (<uint64_t*>p)[0] < seq:
-            found.append(str(co.mates[j]))
-    return ", ".join(found)
+        if (<volatile uint64_t*>p)[0] < seq:
+            if j == 0 and co.me != leader:
+                return f"team rank {leader}, the leader,"
+            if j:
+                found.append(str(co.mates[j]))
+    return f"team rank {', '.join(found)}" if found else ""
 
 
 cdef int _barrier_failed(_Coll co, uint64_t seq, int step, object e) except -1:
@@ -465,12 +480,12 @@ cdef int _barrier_failed(_Coll co, uint64_t seq, int step, object e) except -1:
     if co.role == _ROLE_MEMBER:
         gone = _missing(co, seq)
         why = (f"waiting for team rank {co.leader}, its node's leader, to release it"
-               + (f" (team rank {gone} of this node never arrived)" if gone
+               + (f" ({gone} of this node never entered it)" if gone
                   else " (every member of this node arrived: the leader waits for other nodes)"
                   if gone is not None else ""))
     elif co.role == _ROLE_LEADER and k < 0:
         gone = _missing(co, seq)
-        why = f"waiting for team rank {gone or '?'} of this node to arrive"
+        why = f"waiting for {gone or 'a member'} of this node to arrive"
     elif k >= co.rounds:
         why = "releasing its node's members"
     elif co.role == _ROLE_LEADER:

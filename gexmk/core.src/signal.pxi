@@ -200,14 +200,14 @@ cdef Py_ssize_t wait_words(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t
                            const char* sig) except -1 nogil:
     """Wait_words_as with this process's spin and yield times (the waits of the API)."""
     return wait_words_as(tm, addrs, n, dt, cmp, vals, vector, mode, block, timeout, skip, indices,
-                         sig, _spin_for, _yield_for, True)
+                         sig, _spin_for, _yield_for, 1)
 
 
 cdef Py_ssize_t wait_words_as(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t n, int dt,
                               int cmp, const gx_val* vals, bint vector, int mode, bint block,
                               double timeout, const unsigned char* skip, Py_ssize_t* indices,
                               const char* sig, double spin_for, double yield_for,
-                              bint progress) except -1 nogil:
+                              int progress) except -1 nogil:
     """Wait (``block``) or test once for words of the team endpoint's own
     bound segment: ``addrs[n]``, type ``dt`` (GX_DT_*), each compared
     ``cmp`` (GX_CMP_*) against ``vals[i]`` (``vector``) or ``vals[0]``.
@@ -220,7 +220,11 @@ cdef Py_ssize_t wait_words_as(const gx_team* tm, const uintptr_t* addrs, Py_ssiz
     been seen satisfied (NVSHMEM).  ``timeout`` <= 0: GEXMK_TIMEOUT.  Raises
     on a bad word, a bad cmp/dt/mode, a dead team member, a closed team or
     the timeout.  Spins (CPU pause) for ``spin_for`` s, then yields the CPU
-    on each pass until ``yield_for`` s, then sleeps (see _SPIN_FOR).
+    on each pass until ``yield_for`` s, then sleeps (see _SPIN_FOR).  Drives
+    the endpoint's transports on each pass where ``progress`` is 1, only
+    between sleeps where it is 2 (a word that only CPU stores on this node
+    change: driving the network now and then keeps a transport's progress
+    thread from polling in the waiter's stead), never where it is 0.
     Callable from any nogil code (``gexmk.rma.wait_until``)."""
     cdef unsigned char small[64]
     cdef unsigned char* done = small
@@ -263,7 +267,7 @@ cdef Py_ssize_t wait_words_as(const gx_team* tm, const uintptr_t* addrs, Py_ssiz
                 raise MemoryError()
     memset(done, 0, n if n <= 64 else n)
     last.u64 = 0
-    if not block and progress:
+    if not block and progress == 1:
         wait_progress(tm)       # a test drives progress once: over the network it lands signals
     try:
         while True:
@@ -302,7 +306,7 @@ cdef Py_ssize_t wait_words_as(const gx_team* tm, const uintptr_t* addrs, Py_ssiz
                     return 0
             elif got > 0 or not block:
                 return got
-            if progress:
+            if progress == 1 or (progress == 2 and sleeping):
                 wait_progress(tm)
             passes += 1
             if spinning and (passes & 15) != 0:
