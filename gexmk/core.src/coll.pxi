@@ -499,7 +499,7 @@ cdef int _barrier_failed(_Coll co, uint64_t seq, int step, object e) except -1:
     raise type(e)(f"{co.broken}: {e}") from None
 
 
-cdef int _barrier(_Coll co, double timeout, bint data=True) except -1:
+cdef int _barrier(_Coll co, double timeout, bint data) except -1:
     """A blocking barrier over the team (``data``: a collective's, see _NET_YIELD)."""
     co.data = data
     co.seq += 1

@@ -473,16 +473,16 @@ cdef int _red_blocking(_Coll co, _Red R) except -1:
         while True:
             if R.step < _SMALL_COPY or R.total - R.lo < _SMALL_COPY:
                 _red_post(co, R)
-                _barrier(co, 0)
+                _barrier(co, 0, True)
                 _red_mid(co, R)
             else:
                 with nogil:
                     _red_post(co, R)
-                _barrier(co, 0)
+                _barrier(co, 0, True)
                 with nogil:
                     _red_mid(co, R)
             if R.split:
-                _barrier(co, 0)
+                _barrier(co, 0, True)
                 with nogil:
                     _red_end(co, R)
             if R.lo >= R.total:
