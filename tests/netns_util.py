@@ -53,6 +53,13 @@ class TwoNodes:
         self.addr = addr
         self.rank_prefix = f"ip netns exec {base}n{{rank}}"
 
+    def rank_prefix_per_node(self, k):
+        """A ``gexmk.run --rank-prefix`` template that puts ranks
+        ``[i * k, (i + 1) * k)`` in ``netns[i]`` (``k`` ranks per "node"): a
+        shell computes the namespace from the rank and execs ``ip netns
+        exec``, so the rank keeps the launcher's pid."""
+        return f"sh -c 'exec ip netns exec {self.base}n$(({{rank}} / {int(k)})) \"$@\"' sh"
+
     def exec_prefix(self, i):
         """The command words that run a program inside ``netns[i]``."""
         return ["ip", "netns", "exec", self.netns[i]]

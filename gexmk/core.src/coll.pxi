@@ -6,15 +6,30 @@
 # into blocks; a team takes one block per Team object at its first
 # collective (one bootstrap exchange of the blocks' addresses, collective
 # like the call itself) and keeps it while it lives.  A block is
-#   [0, _SYNC_BYTES)            one 64-bit arrival counter per barrier round
+#   [0, _SYNC_BYTES)            64-bit barrier words: one arrival counter per
+#                               dissemination round (words 0..63), the release
+#                               word (_REL_W), one gather slot per member of
+#                               the node (_GATHER_W + j, j >= 1)
 #   [_SYNC_BYTES, +2 * half)    scratch, two halves used alternately
-# Barriers are dissemination barriers: in round k rank r adds 1 to round k's
-# counter of rank (r + 2**k) % N (signal_op: a store on a mapping, a remote
-# atomic over the network) and waits (wait_words) until its own round-k
-# counter reaches the team's barrier sequence number.  Counters only grow,
-# so barriers are matched by number: one that a member never enters times
-# out naming the team, the barrier and the member it waited for; finalize's
-# sync (the bootstrap's barrier) never counts.
+# Every barrier word counts barriers: it has a single writer, which adds 1
+# (signal_op: a store on a mapping, a remote atomic or, over an ordered
+# network, the barrier's sequence number as one store) once per barrier, so
+# a waiter waits (wait_words) until the word reaches the team's barrier
+# sequence number.  Counters only grow, so barriers are matched by number:
+# one that a member never enters times out naming the team, the barrier and
+# the member it waited for; finalize's sync (the bootstrap's barrier) never
+# counts.
+#
+# A team on one node (or with one member per node) runs one dissemination
+# barrier over all members: in round k rank r arrives at round k's counter
+# of rank (r + 2**k) % N and waits for its own.  A team spanning nodes with
+# several members on some node (client.nodes(): a node is a host and network
+# namespace) runs it hierarchically, so no member but one per node touches
+# the network: the members of a node arrive at their leader's gather slots
+# (the node's lowest team rank; shared memory), the leaders run the
+# dissemination among themselves (network rounds only), then each leader
+# bumps its members' release words.  GEXMK_COLL_HIER=0 keeps the flat form
+# (for comparisons).
 #
 # Collectives move data through the scratch halves: each rank stores its
 # chunk (a 16-byte header, then the data) in its own half, the team passes
@@ -28,7 +43,14 @@
 
 cdef enum:
     _SYNC_EP = 1 << 30          # the hidden endpoint's index (never a user index)
-    _SYNC_BYTES = 1024          # barrier counters of a block (up to 128 rounds)
+    _SYNC_BYTES = 4096          # barrier words of a block (512)
+    _ROUNDS_MAX = 64            # dissemination round counters: words 0..63
+    _GATHER_W = 64              # a leader's gather slot of its node's member j >= 1: word 64 + j
+    _REL_W = 64                 # a member's release word (slot 0: a leader's barrier entered)
+    _LOCAL_MAX = 512 - 64       # members of one node a hierarchical barrier takes
+    _ROLE_FLAT = 0              # one dissemination over the whole team
+    _ROLE_LEADER = 1            # gather the node, dissemination among leaders, release
+    _ROLE_MEMBER = 2            # arrive at the leader, wait for its release
     _HDR = 16                   # chunk header: total bytes, dtype char, op
 
 OP_MULT = 1 << (GX_OP_COUNT + 1)   #: collectives only: product (GASNet-EX GEX_OP_MULT)
@@ -121,13 +143,26 @@ cdef void _sync_close(Client c) noexcept:
 
 cdef class _Coll:
     """One Team object's collective state: its block, the sync team over
-    the members' hidden endpoints, the barrier and chunk sequence numbers."""
+    the members' hidden endpoints, the barrier's shape (flat, or this
+    member's part of the hierarchical one) and the barrier and chunk
+    sequence numbers."""
     cdef Team sync
     cdef gx_team* st
     cdef uintptr_t* base            # block address of every team rank
     cdef int* partner               # round k: the rank this one signals
+    cdef int* source                # round k: the rank that signals this one
     cdef int rounds
     cdef uint64_t store_rounds      # bit k: round k's partner takes stores, not atomics
+    cdef int role                   # _ROLE_FLAT / _ROLE_LEADER / _ROLE_MEMBER
+    cdef int nsteps                 # a barrier's steps (arrive, then wait): see _step_arrive
+    cdef int leader                 # a member: its node's leader (team rank)
+    cdef int slot                   # a member: its gather slot's word at the leader
+    cdef list mates                 # hierarchical: this node's members (team ranks; [0] leads)
+    cdef int nlocal                 # a leader: members of its node, itself included
+    cdef int* local                 # a leader: their team ranks (local[0] is itself)
+    cdef uintptr_t* gather          # a leader: its gather slots' addresses (nlocal - 1)
+    cdef uint64_t net_rounds        # hierarchical: bit k: round k's source is on another node
+    cdef bint data                  # the barrier in progress is a collective's (see _step_done)
     cdef int me, n
     cdef uint64_t seq               # barriers entered
     cdef uint64_t phase             # scratch chunks used (the half is phase % 2)
@@ -143,6 +178,71 @@ cdef class _Coll:
     def __dealloc__(self):
         free(self.base)
         free(self.partner)
+        free(self.source)
+        free(self.local)
+        free(self.gather)
+
+
+cdef bint _ordered(_Coll co, int p):
+    """Small implicit puts from the sync endpoint to team rank p land in issue
+    order (Reach.ordered: an ordered network): a counter with one writer can
+    take the barrier's sequence number as one 8-byte store, which costs a
+    network less than an atomic (2-rank barrier over tcp: 20 us by atomics,
+    9 by stores)."""
+    keep = (<_Route>co.sync._route_objs[p]).keep
+    return keep is not None and keep[0] is not None and bool(getattr(keep[0][0], "ordered", False))
+
+
+cdef int _shape(_Coll co, list nodes) except -1:
+    """The barrier's shape from the node of every team rank: flat on one
+    node (or one member per node, or GEXMK_COLL_HIER=0), else this member's
+    part of the hierarchical barrier.  Every member computes the same shape
+    from the same job-wide node table."""
+    cdef int n = co.n, k, i, j
+    groups = {}
+    for i in range(n):
+        groups.setdefault(nodes[i], []).append(i)        # team ranks in order: [0] leads
+    biggest = max(len(g) for g in groups.values()) if groups else 0
+    hier = (len(groups) > 1 and 1 < biggest <= _LOCAL_MAX
+            and os.environ.get("GEXMK_COLL_HIER", "1").strip() not in ("0", "no", "false", "off"))
+    mine = groups[nodes[co.me]] if n else [co.me]
+    if hier:
+        co.mates = mine
+    if hier and mine[0] != co.me:
+        co.role = _ROLE_MEMBER
+        co.leader = mine[0]
+        j = mine.index(co.me)
+        co.slot = j
+        co.nsteps = 1
+        return 0
+    ring = sorted(g[0] for g in groups.values()) if hier else list(range(n))
+    li = ring.index(co.me)
+    k = 0
+    while (1 << k) < len(ring):
+        co.partner[k] = ring[(li + (1 << k)) % len(ring)]
+        co.source[k] = ring[(li - (1 << k)) % len(ring)]
+        if hier and nodes[co.source[k]] != nodes[co.me]:
+            co.net_rounds |= (<uint64_t>1) << k
+        if _ordered(co, co.partner[k]):
+            co.store_rounds |= (<uint64_t>1) << k
+        k += 1
+    co.rounds = k
+    if not hier:
+        co.role = _ROLE_FLAT
+        co.nsteps = k
+        return 0
+    co.role = _ROLE_LEADER
+    co.nlocal = len(mine)
+    co.local = <int*>calloc(co.nlocal, sizeof(int))
+    co.gather = <uintptr_t*>calloc(co.nlocal, sizeof(uintptr_t))
+    if co.local == NULL or co.gather == NULL:
+        raise MemoryError()
+    for j in range(co.nlocal):
+        co.local[j] = mine[j]
+        if j:
+            co.gather[j - 1] = co.base[co.me] + 8 * (_GATHER_W + j)
+    co.nsteps = 1 + k           # the gather, then the rounds; the release ends it
+    return 0
 
 
 cdef _Coll _coll(Team tm, str sig):
@@ -187,101 +287,233 @@ cdef _Coll _coll(Team tm, str sig):
     co.sig = f"barrier of team {tm.id}".encode()
     co.csig = co.sig
     co.base = <uintptr_t*>calloc(n, sizeof(uintptr_t))
-    co.partner = <int*>calloc(64, sizeof(int))
-    if co.base == NULL or co.partner == NULL:
+    co.partner = <int*>calloc(_ROUNDS_MAX, sizeof(int))
+    co.source = <int*>calloc(_ROUNDS_MAX, sizeof(int))
+    if co.base == NULL or co.partner == NULL or co.source == NULL:
         raise MemoryError()
     for i in range(n):
         co.base[i] = addrs[i]
-    k = 0
-    while (1 << k) < n:
-        co.partner[k] = (co.me + (1 << k)) % n
-        k += 1
-    co.rounds = k
     co.sync = Team._make(c, s.ep, [(jr, _SYNC_EP) for jr, _ in tm._members], tm.c.rank,
                          tm.id + "/sync", False)
     co.st = &co.sync.c
-    # Where the path's small implicit puts land in issue order (Reach.ordered: an
-    # ordered network), a round's arrival is the barrier's sequence number as one
-    # 8-byte implicit store: a round-k counter has a single writer, its stores
-    # arrive in issue order, and a store costs a network less than an atomic
-    # (2-rank barrier over tcp: 20 us by atomics, 9 by stores)
-    for k in range(co.rounds):
-        keep = (<_Route>co.sync._route_objs[co.partner[k]]).keep
-        if keep is not None and keep[0] is not None and getattr(keep[0][0], "ordered", False):
-            co.store_rounds |= (<uint64_t>1) << k
+    _shape(co, [c._nodes[jr] for jr, _ in tm._members])
     s.owners[blk] = weakref.ref(co)
     tm._coll = co
     return co
 
 
-cdef inline int _arrive(_Coll co, int k, uint64_t seq) except -1 nogil:
-    """Round k of barrier ``seq``: one arrival at the partner's round-k counter."""
-    cdef int p = co.partner[k]
-    cdef uintptr_t a = co.base[p] + 8 * k
+cdef inline int _bump(_Coll co, int p, uintptr_t a, uint64_t seq, int store) except -1 nogil:
+    """Barrier ``seq``'s arrival at team rank p's barrier word ``a``: one more
+    on the counter, which then equals ``seq``.  ``store`` (for the slow path):
+    1 where the route is known to take stores, 0 where it takes atomics, 2
+    to ask the route (a node-local word: the route nearly always maps it)."""
     cdef int rc = gx_signal_op(co.st, p, a, 1, GX_SIGNAL_ADD)
-    if rc != GX_OK:
-        with gil:
-            _arrive_slow(co, k, p, a, seq, rc)
-    return 0
+    if rc == GX_OK:
+        return 0
+    with gil:
+        rc = _bump_slow(co, p, a, seq, store, rc)
+    return rc
 
 
-cdef int _arrive_slow(_Coll co, int k, int p, uintptr_t a, uint64_t seq, int rc) except -1:
-    """The inline path declined: the route's atomics (implicit-event); where
-    the route has none (a transport without remote atomics) or an ordered
-    network (store_rounds), the barrier's sequence number as one 8-byte
-    implicit store (a round-k counter has a single writer, whose stores land
-    in issue order)."""
+cdef int _bump_slow(_Coll co, int p, uintptr_t a, uint64_t seq, int store, int rc) except -1:
+    """1 when the arrival went as a store (the caller stores from then on),
+    else 0.  The inline path declined: the route's atomics (implicit-event); where
+    the route has none (a transport without remote atomics) or is an ordered
+    network (``store``), the barrier's sequence number as one 8-byte implicit
+    store (a barrier word has a single writer, whose stores land in issue
+    order there)."""
     cdef uint64_t v = seq
     cdef gx_val one, zero
     one.u64 = 1
     zero.u64 = 0
-    if not (co.store_rounds >> k) & 1:
+    if store == 2:
+        store = _ordered(co, p)
+    if not store:
         try:
             # an implicit-event atomic: the arrival needs no answer (over the network
-            # a blocking one cost a round trip per round); the partner's counter
-            # reaching the sequence number is the only completion anyone waits for
+            # a blocking one cost a round trip per round); the word reaching the
+            # sequence number is the only completion anyone waits for
             with nogil:
                 _amo(co.st, p, a, GX_DT_U64, GX_OP_ADD, one, zero, NULL, GX_NBI, NULL, rc)
             return 0
         except UnsupportedError:
-            co.store_rounds |= (<uint64_t>1) << k
+            pass            # stores from now on: see the callers
     with nogil:
         _rma(co.st, p, True, a, &v, 8, GX_NBI_LCNOW, NULL, NULL)
+    return 1
+
+
+# A barrier is co.nsteps steps, each an arrival (_step_arrive) and then a wait
+# (_step_done), then the release (_release):
+#   flat:    step k = dissemination round k
+#   leader:  step 0 = wait for the node's members at the gather slots (no
+#            arrival); step 1 + k = round k among the leaders; the release
+#            bumps every member's release word
+#   member:  step 0 = arrive at the leader's gather slot, wait for release
+
+cdef int _step_arrive(_Coll co, int step, uint64_t seq) except -1 nogil:
+    cdef int k, p
+    if co.role == _ROLE_MEMBER:
+        _bump(co, co.leader, co.base[co.leader] + 8 * (_GATHER_W + co.slot), seq, 2)
+        return 0
+    k = step - 1 if co.role == _ROLE_LEADER else step
+    if k < 0:
+        # the leader entered: its own slot says so to a member that times out
+        (<volatile uint64_t*>(co.base[co.me] + 8 * _GATHER_W))[0] = seq
+        return 0
+    p = co.partner[k]
+    if _bump(co, p, co.base[p] + 8 * k, seq, (co.store_rounds >> k) & 1):
+        co.store_rounds |= (<uint64_t>1) << k
     return 0
 
 
-cdef inline int _arrived(_Coll co, int k, uint64_t seq, bint block, double timeout) except -1 nogil:
-    """1 when round k's counter has reached ``seq`` (waits when ``block``)."""
-    cdef uintptr_t a = co.base[co.me] + 8 * k
+# How a hierarchical barrier's waits wait (a flat one waits as every wait
+# does: see signal.pxi's _SPIN_FOR).  A round's word is written across the
+# network, which lands it only when this process drives progress and cannot
+# wake a sleeper: a leader keeps polling, yielding the CPU, for up to
+# _NET_YIELD s before it sleeps (a nap costs a timer wake-up, >= 50 us of
+# slack, per round).  A gather slot or release word is written by a CPU store
+# on this node, which wakes a sleeper: the process's own spin and yield, then
+# a futex sleep.  In a collective's barrier such a wait drives the network on
+# every pass (peers may still be reading this member's scratch over the
+# network, which the target's progress serves); in a plain barrier only
+# between sleeps: a member has nothing to receive, its polls would take the
+# CPU its leader needs on a full node, and driving now and then keeps the ofi
+# progress thread standing aside (left alone, it polls every 20 us).
+cdef double _NET_YIELD = 2e-3
+cdef double _net_spin = -1, _net_yield = _NET_YIELD
+cdef int _local_progress = -1          # -1: the default (_local_prog); 0: never; 1: every pass; 2: between sleeps
+cdef double _local_yield = -1          # -1: the process's yield time
+
+
+def _coll_wait_tuning(net_spin_us=None, net_yield_us=None, local_progress=None,
+                      local_yield_us=None):
+    """Private, for benchmarks: how a hierarchical barrier waits.  A leader on
+    a network round spins ``net_spin_us`` (-1: the process's spin time), then
+    yields until ``net_yield_us``, then sleeps; gather and release waits
+    drive the network per ``local_progress`` (-1: on every pass in a
+    collective's barrier, between sleeps in a plain one; 0: never; 1: every
+    pass; 2: between sleeps) and yield until ``local_yield_us`` (-1: the
+    process's time).  Returns the four in force."""
+    global _net_spin, _net_yield, _local_progress, _local_yield
+    if net_spin_us is not None:
+        _net_spin = float(net_spin_us) * 1e-6 if net_spin_us >= 0 else -1
+    if net_yield_us is not None:
+        _net_yield = float(net_yield_us) * 1e-6
+    if local_progress is not None:
+        _local_progress = int(local_progress)
+    if local_yield_us is not None:
+        _local_yield = float(local_yield_us) * 1e-6 if local_yield_us >= 0 else -1
+    return (_net_spin * 1e6 if _net_spin >= 0 else -1, _net_yield * 1e6, _local_progress,
+            _local_yield * 1e6 if _local_yield >= 0 else -1)
+
+
+cdef inline int _local_prog(_Coll co) noexcept nogil:
+    if _local_progress >= 0:
+        return _local_progress
+    return 1 if co.data else 2
+
+
+cdef int _step_done(_Coll co, int step, uint64_t seq, bint block, double timeout) except -1 nogil:
+    """1 when the step's wait is satisfied (waits when ``block``)."""
     cdef gx_val want
     cdef Py_ssize_t idx
+    cdef uintptr_t a
+    cdef int k
     want.u64 = seq
-    return <int>wait_words(co.st, &a, 1, GX_DT_U64, GX_CMP_GE, &want, False, GX_WAIT_ANY, block,
-                           timeout, NULL, &idx, co.csig)
+    if co.role == _ROLE_MEMBER:
+        a = co.base[co.me] + 8 * _REL_W
+        return <int>wait_words_as(co.st, &a, 1, GX_DT_U64, GX_CMP_GE, &want, False, GX_WAIT_ANY,
+                                  block, timeout, NULL, &idx, co.csig, _spin_for,
+                                  _local_yield if _local_yield >= 0 else _yield_for,
+                                  _local_prog(co))
+    k = step - 1 if co.role == _ROLE_LEADER else step
+    if k >= 0:
+        a = co.base[co.me] + 8 * k
+        if (co.net_rounds >> k) & 1:
+            return <int>wait_words_as(co.st, &a, 1, GX_DT_U64, GX_CMP_GE, &want, False,
+                                      GX_WAIT_ANY, block, timeout, NULL, &idx, co.csig,
+                                      _net_spin if _net_spin >= 0 else _spin_for,
+                                      _net_yield, 1)
+        return <int>wait_words(co.st, &a, 1, GX_DT_U64, GX_CMP_GE, &want, False, GX_WAIT_ANY,
+                               block, timeout, NULL, &idx, co.csig)
+    if co.nlocal < 2:
+        return 1
+    return <int>wait_words_as(co.st, co.gather, co.nlocal - 1, GX_DT_U64, GX_CMP_GE, &want, False,
+                              GX_WAIT_ALL, block, timeout, NULL, NULL, co.csig, _spin_for,
+                              _local_yield if _local_yield >= 0 else _yield_for,
+                              _local_prog(co)) != 0
 
 
-cdef int _barrier_failed(_Coll co, uint64_t seq, int k, object e) except -1:
-    src = (<object>co.me - (1 << k)) % co.n       # Python's modulo: never negative
+cdef int _release(_Coll co, uint64_t seq) except -1 nogil:
+    """A leader, after the last round: its node's members may leave."""
+    cdef int j
+    if co.role != _ROLE_LEADER:
+        return 0
+    for j in range(1, co.nlocal):
+        _bump(co, co.local[j], co.base[co.local[j]] + 8 * _REL_W, seq, 2)
+    return 0
+
+
+cdef str _missing(_Coll co, uint64_t seq):
+    """Who of this node has not entered barrier ``seq``, read in place at the
+    leader's block (on this node): "team rank 2, the leader," when the leader
+    has not, else the members missing from its gather slots ("team rank 3"),
+    "" when all are there, None where the block is not mapped here."""
+    cdef char* p
+    cdef gx_route* rt
+    cdef int leader = co.mates[0]
+    found = []
+    for j in range(len(co.mates)):
+        if gx_locate(co.st, leader, co.base[leader] + 8 * (_GATHER_W + j), 8, &p, &rt) != GX_OK:
+            return None
+        if (<volatile uint64_t*>p)[0] < seq:
+            if j == 0 and co.me != leader:
+                return f"team rank {leader}, the leader,"
+            if j:
+                found.append(str(co.mates[j]))
+    return f"team rank {', '.join(found)}" if found else ""
+
+
+cdef int _barrier_failed(_Coll co, uint64_t seq, int step, object e) except -1:
+    cdef int k = step - 1 if co.role == _ROLE_LEADER else step
+    if co.role == _ROLE_MEMBER:
+        gone = _missing(co, seq)
+        why = (f"waiting for team rank {co.leader}, its node's leader, to release it"
+               + (f" ({gone} of this node never entered it)" if gone
+                  else " (every member of this node arrived: the leader waits for other nodes)"
+                  if gone is not None else ""))
+    elif co.role == _ROLE_LEADER and k < 0:
+        gone = _missing(co, seq)
+        why = f"waiting for {gone or 'a member'} of this node to arrive"
+    elif k >= co.rounds:
+        why = "releasing its node's members"
+    elif co.role == _ROLE_LEADER:
+        why = (f"waiting for team rank {co.source[k]}, the leader of another node, in round {k} "
+               "across nodes")
+    else:
+        why = f"waiting for team rank {co.source[k]} in round {k}"
     co.broken_type = PeerDeadError if isinstance(e, PeerDeadError) else StateError
-    co.broken = (f"barrier #{seq} of team {co.tid} failed (team rank {co.me} of {co.n}, "
-                 f"waiting for team rank {src} in round {k}); the team's barriers and "
-                 "collectives can no longer be matched")
+    co.broken = (f"barrier #{seq} of team {co.tid} failed (team rank {co.me} of {co.n}, {why}); "
+                 "the team's barriers and collectives can no longer be matched")
     raise type(e)(f"{co.broken}: {e}") from None
 
 
-cdef int _barrier(_Coll co, double timeout) except -1:
-    """A blocking barrier over the team."""
+cdef int _barrier(_Coll co, double timeout, bint data) except -1:
+    """A blocking barrier over the team (``data``: a collective's, see _NET_YIELD)."""
+    co.data = data
     co.seq += 1
     cdef uint64_t seq = co.seq
-    cdef int k = 0
+    cdef int step = 0
     try:
         with nogil:
-            while k < co.rounds:
-                _arrive(co, k, seq)
-                _arrived(co, k, seq, True, timeout)
-                k += 1
+            while step < co.nsteps:
+                _step_arrive(co, step, seq)
+                _step_done(co, step, seq, True, timeout)
+                step += 1
+            _release(co, seq)
     except (TimeoutError_, PeerDeadError, StateError) as e:
-        _barrier_failed(co, seq, k, e)
+        _barrier_failed(co, seq, step, e)
     return 0
 
 
@@ -290,32 +522,34 @@ cdef class _CollEvent(Event):
     collective runs as a generator that yields where it needs a barrier."""
     cdef _Coll co
     cdef uint64_t seq               # the barrier in progress, 0 when none
-    cdef int k                      # its round to wait for
+    cdef int step                   # its step to wait for
     cdef object gen
 
     cdef int _start_barrier(self) except -1:
+        self.co.data = self.gen is not None
         self.co.seq += 1
         self.seq = self.co.seq
-        self.k = 0
-        if self.co.rounds > 0:
-            _arrive(self.co, 0, self.seq)
+        self.step = 0
+        if self.co.nsteps > 0:
+            _step_arrive(self.co, 0, self.seq)
         return 0
 
     cdef int _step_barrier(self, bint block) except -1:
         """1 once the barrier in progress has completed."""
         cdef _Coll co = self.co
         try:
-            while self.k < co.rounds:
+            while self.step < co.nsteps:
                 if block:
                     with nogil:
-                        _arrived(co, self.k, self.seq, True, 0)
-                elif not _arrived(co, self.k, self.seq, False, 0):
+                        _step_done(co, self.step, self.seq, True, 0)
+                elif not _step_done(co, self.step, self.seq, False, 0):
                     return 0
-                self.k += 1
-                if self.k < co.rounds:
-                    _arrive(co, self.k, self.seq)
+                self.step += 1
+                if self.step < co.nsteps:
+                    _step_arrive(co, self.step, self.seq)
+            _release(co, self.seq)
         except (TimeoutError_, PeerDeadError, StateError) as e:
-            _barrier_failed(co, self.seq, self.k, e)
+            _barrier_failed(co, self.seq, self.step, e)
         self.seq = 0
         return 1
 
@@ -435,5 +669,13 @@ cdef object _tm_barrier(Team tm, object timeout, bint nb):
     cdef _Coll co = _coll(tm, sig)
     if nb:
         return _coll_event(tm, co, None, None)
-    _barrier(co, t)
+    _barrier(co, t, False)
     return None
+
+
+cdef object _tm_barrier_shape(Team tm):
+    cdef _Coll co = tm._coll
+    if co is None:
+        return None
+    return {"role": ("flat", "leader", "member")[co.role], "node_members": list(co.mates or []),
+            "rounds": 0 if co.role == _ROLE_MEMBER else co.rounds}

@@ -17,6 +17,12 @@
 # is read in place where it is mapped here and fetched into a private buffer
 # otherwise.  C loops combine the fixed-width integer and float types; other
 # dtypes (bool, complex, float16, byte-swapped) go through the numpy ufunc.
+# Across nodes the barriers between steps are hierarchical (coll.pxi: only
+# node leaders on the network), the data movement is not: every reader still
+# fetches every member's chunk, so a team with K members per node moves K
+# times the bytes a node-level combine at the leaders followed by a leaders'
+# allreduce and a node broadcast would (not done: the chunk protocol would
+# need a second scratch level).
 # A broadcast is the same loop: the root stores each chunk, the others copy
 # it after the barrier; a gather: every member stores, the readers copy every
 # member's chunk into its place.  The blocking call runs without Python objects per chunk: the payload's
@@ -467,16 +473,16 @@ cdef int _red_blocking(_Coll co, _Red R) except -1:
         while True:
             if R.step < _SMALL_COPY or R.total - R.lo < _SMALL_COPY:
                 _red_post(co, R)
-                _barrier(co, 0)
+                _barrier(co, 0, True)
                 _red_mid(co, R)
             else:
                 with nogil:
                     _red_post(co, R)
-                _barrier(co, 0)
+                _barrier(co, 0, True)
                 with nogil:
                     _red_mid(co, R)
             if R.split:
-                _barrier(co, 0)
+                _barrier(co, 0, True)
                 with nogil:
                     _red_end(co, R)
             if R.lo >= R.total:

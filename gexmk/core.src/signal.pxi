@@ -204,6 +204,16 @@ cdef Py_ssize_t wait_words(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t
                            int cmp, const gx_val* vals, bint vector, int mode, bint block,
                            double timeout, const unsigned char* skip, Py_ssize_t* indices,
                            const char* sig) except -1 nogil:
+    """Wait_words_as with this process's spin and yield times (the waits of the API)."""
+    return wait_words_as(tm, addrs, n, dt, cmp, vals, vector, mode, block, timeout, skip, indices,
+                         sig, _spin_for, _yield_for, 1)
+
+
+cdef Py_ssize_t wait_words_as(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t n, int dt,
+                              int cmp, const gx_val* vals, bint vector, int mode, bint block,
+                              double timeout, const unsigned char* skip, Py_ssize_t* indices,
+                              const char* sig, double spin_for, double yield_for,
+                              int progress) except -1 nogil:
     """Wait (``block``) or test once for words of the team endpoint's own
     bound segment: ``addrs[n]``, type ``dt`` (GX_DT_*), each compared
     ``cmp`` (GX_CMP_*) against ``vals[i]`` (``vector``) or ``vals[0]``.
@@ -215,7 +225,13 @@ cdef Py_ssize_t wait_words(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t
     holds n; returns how many).  Under GX_WAIT_ALL a word counts once it has
     been seen satisfied (NVSHMEM).  ``timeout`` <= 0: GEXMK_TIMEOUT.  Raises
     on a bad word, a bad cmp/dt/mode, a dead team member, a closed team or
-    the timeout.  Callable from any nogil code (``gexmk.rma.wait_until``)."""
+    the timeout.  Spins (CPU pause) for ``spin_for`` s, then yields the CPU
+    on each pass until ``yield_for`` s, then sleeps (see _SPIN_FOR).  Drives
+    the endpoint's transports on each pass where ``progress`` is 1, only
+    between sleeps where it is 2 (a word that only CPU stores on this node
+    change: driving the network now and then keeps a transport's progress
+    thread from polling in the waiter's stead), never where it is 0.
+    Callable from any nogil code (``gexmk.rma.wait_until``)."""
     cdef unsigned char small[64]
     cdef unsigned char* done = small
     cdef void* p
@@ -257,7 +273,7 @@ cdef Py_ssize_t wait_words(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t
                 raise MemoryError()
     memset(done, 0, n if n <= 64 else n)
     last.u64 = 0
-    if not block:
+    if not block and progress == 1:
         wait_progress(tm)       # a test drives progress once: over the network it lands signals
     try:
         while True:
@@ -296,7 +312,8 @@ cdef Py_ssize_t wait_words(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t
                     return 0
             elif got > 0 or not block:
                 return got
-            _wait_pass(tm, 0 if sleeping else GX_WAIT_DRIVING)
+            if progress == 1 or (progress == 2 and sleeping):
+                _wait_pass(tm, 0 if sleeping else GX_WAIT_DRIVING)
             passes += 1
             if spinning and (passes & 15) != 0:
                 gx_cpu_relax()
@@ -313,9 +330,9 @@ cdef Py_ssize_t wait_words(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t
             if now > deadline:
                 why = 3
                 break
-            if now - t0 < _spin_for:
+            if now - t0 < spin_for:
                 gx_cpu_relax()
-            elif now - t0 < _yield_for:
+            elif now - t0 < yield_for:
                 spinning = False
                 sched_yield()
             elif not sleeping:

@@ -193,7 +193,9 @@ cdef class Team:
     def barrier(self, timeout=None):
         """Block until every member has entered (GASNet-EX ``gex_Coll_BarrierNB``
         + wait).  On the data path (shared memory on a node, remote atomics
-        across nodes; see core.src/coll.pxi).  Barriers are matched by number:
+        or ordered writes across nodes; a team spanning nodes gathers each
+        node at a leader, and only the leaders cross the network; see
+        core.src/coll.pxi).  Barriers are matched by number:
         one that a member never enters raises gexmk.TimeoutError after
         ``timeout`` s (default GEXMK_TIMEOUT) naming the team, the barrier and
         the member waited for; a dead member raises PeerDeadError."""
@@ -204,6 +206,15 @@ cdef class Team:
         has entered (GASNet-EX ``gex_Coll_BarrierNB``).  The team's next
         collective completes it first."""
         return _tm_barrier(self, None, True)
+
+    def _barrier_shape(self):
+        """How this member takes part in the team's barriers (for tests and
+        benchmarks; None before the team's first collective): a dict with
+        ``role`` ("flat": one dissemination over the team; "leader" or
+        "member": the hierarchical form of a team spanning nodes),
+        ``node_members`` (team ranks of this member's node, its leader first;
+        [] when flat) and ``rounds`` (dissemination rounds this member runs)."""
+        return _tm_barrier_shape(self)
 
     def bcast(self, buf, root):
         """Broadcast numpy array ``buf`` of team rank ``root`` into ``buf`` of
