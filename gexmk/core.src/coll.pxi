@@ -378,8 +378,8 @@ cdef int _step_arrive(_Coll co, int step, uint64_t seq) except -1 nogil:
 # every pass (peers may still be reading this member's scratch over the
 # network, which the target's progress serves); in a plain barrier only
 # between sleeps: a member has nothing to receive, its polls would take the
-# CPU its leader needs on a full node, and driving now and then keeps the ofi
-# progress thread standing aside (left alone, it polls every 20 us).
+# CPU its leader needs on a full node, and driving now and then keeps a network
+# transport's progress thread standing aside (left alone, it polls every 20 us).
 cdef double _NET_YIELD = 2e-3
 cdef double _net_spin = -1, _net_yield = _NET_YIELD
 cdef int _local_progress = -1          # -1: the default (_local_prog); 0: never; 1: every pass; 2: between sleeps
