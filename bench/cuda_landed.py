@@ -18,34 +18,12 @@ protocol on host segments (GEXMK_NBRHD_STAGE=all) and says so.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 
-def _size(text):
-    t = text.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
-    return int(t[:-1] if t[-1:] in "KMG" else t) * mult
-
-
-def med(fn, iters):
-    fn()
-    t = []
-    for _ in range(iters):
-        a = time.perf_counter()
-        fn()
-        t.append(time.perf_counter() - a)
-    return statistics.median(t)
-
-
-def have_gpu():
-    try:
-        from cuda.bindings import driver as cu
-        return cu.cuInit(0)[0] == cu.CUresult.CUDA_SUCCESS and cu.cuDeviceGetCount()[1] > 0
-    except Exception:       # noqa: BLE001 - no package, no driver library, no device
-        return False
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ofi_staged import _size, have_gpu, med   # noqa: E402 - the same helpers, one copy
 
 
 def worker(size, iters):
