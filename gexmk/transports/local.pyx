@@ -849,11 +849,9 @@ cdef class LocalTransport:
         return ctx
 
     def _device_bound(self, Segment seg):
-        global _pool
         cdef _DeviceContext d = self._devsegs.get(seg.address)
         cdef _DeviceContext o
-        if _pool == NULL and _pg_nbuf > 0 and _pg_threads > 0:
-            _pool = gx_cpool_create(_pg_threads)    # NULL: plain memcpy, one thread
+        _pool_start()
         if d is None:
             d = _DeviceContext()
             _set_kind(&d.c.k, seg.kind)
@@ -915,12 +913,12 @@ cdef class LocalTransport:
         if (desc is not None and desc[0] == "zone") or isinstance(self._peers.get(key), _LandContext):
             return self._apply_zone(key, peer, desc)
         if peer.kind != GX_MK_HOST or isinstance(self._peers.get(key), _DeviceContext):
-            return self._apply_device(key, peer, blob)
+            return self._apply_device(key, peer, desc)
         cdef _PeerContext pc = self._peers.pop(key, None)
         wanted = (peer.size != 0 and not peer.same_process and peer.same_node
                   and self.force != "ofi" and peer.kind == GX_MK_HOST)
-        fd, token = pickle.loads(blob)[1:] if (wanted and blob is not None
-                                               and self.force != "pvm") else (-1, None)
+        fd, token = desc[1:] if (wanted and desc is not None
+                                 and self.force != "pvm") else (-1, None)
         map_key = (peer.jobrank, token) if token is not None else None
         if pc is not None and (not wanted or pc.map_key != map_key):
             self._unmap(pc)
@@ -996,9 +994,7 @@ cdef class LocalTransport:
         if not wanted:
             return None
         if lc is None:
-            global _pool
-            if _pool == NULL and _pg_threads > 0:
-                _pool = gx_cpool_create(_pg_threads)    # fills and drains the slots
+            _pool_start()                   # its threads fill and drain the slots
             fds = fdpass.fetch(desc[1], desc[2], self.job.config.timeout)
             lc = _LandContext()
             try:
@@ -1013,12 +1009,11 @@ cdef class LocalTransport:
         self._peers[key] = lc
         return lc
 
-    def _apply_device(self, key, peer, blob):
+    def _apply_device(self, key, peer, desc):
         """A peer of this node published (or withdrew) a device segment: fetch
         its file descriptors and import it with a kind of this process for
         that device (made on first use); None where this process cannot."""
         cdef _DeviceContext d = self._peers.pop(key, None)
-        desc = pickle.loads(blob) if blob is not None else None
         wanted = (peer.size != 0 and not peer.same_process and peer.same_node
                   and self.force not in ("ofi", "pvm") and desc is not None
                   and desc[0] == "device")
@@ -1172,6 +1167,15 @@ cdef class LocalTransport:
         if m[2] == 0:
             del self._maps[key]
             munmap(<void*><uintptr_t>m[0], <size_t>m[1])
+
+
+cdef void _pool_start() noexcept:
+    """The copy pool, made on first need (a bound device segment's pageable
+    copies, a landing zone's slots); stays NULL (plain memcpy, one thread)
+    where configured off or not to be had."""
+    global _pool
+    if _pool == NULL and _pg_nbuf > 0 and _pg_threads > 0:
+        _pool = gx_cpool_create(_pg_threads)
 
 
 def open(job):
