@@ -69,6 +69,7 @@ cdef enum:
     MAX_TOUCHED = 16        # targets of unflushed implicit puts remembered per endpoint
     MAX_EPS = 1024          # endpoints per process on the network
     ATOMICS_EVERY = 4       # split endpoints: progress passes per read of the atomics CQ
+    SLEEP_EPS = 8           # the progress thread sleeps on the CQ fds of at most this many endpoints
     DEATH_GRACE_MS = 1000   # how long a failure waits for the death notice that explains it
     SIG_RX = 64             # signal messages: receives posted per endpoint (signal.pxi)
 
@@ -166,6 +167,7 @@ cdef struct ofi_dom:
     ofi_ep* eps[MAX_EPS]    # live endpoints: what waits and the progress thread poll
     long neps
     long readers            # threads walking eps[] without the GIL (see _unregister)
+    long quiesce            # endpoints being unregistered: the progress thread stays out of eps[]
     int stg_all             # GEXMK_OFI_STAGE=all: host segments land through zones too (tests)
     int stg_slots           # GEXMK_OFI_STAGE_SLOTS
     size_t stg_chunk        # GEXMK_OFI_STAGE_CHUNK

@@ -183,10 +183,14 @@ cdef class OfiEndpoint:
 
     cdef void _unregister(self) noexcept:
         """Take this endpoint out of the domain's list, then wait until no
-        thread still walks the list (so none can poll its CQ once closed)."""
+        thread still walks the list (so none can poll its CQ once closed).
+        The progress thread holds the list for as long as it sleeps in its
+        CQs' fds and lets go of it only between two sleeps: d.quiesce keeps
+        it out meanwhile, or this wait could miss every gap."""
         cdef ofi_dom* d = self.e.dom
         cdef long i, n = d.neps
         cdef timespec ts
+        gx_add_long(&d.quiesce, 1)
         for i in range(n):
             if d.eps[i] == &self.e:
                 d.eps[i] = d.eps[n - 1]
@@ -203,6 +207,7 @@ cdef class OfiEndpoint:
                 ts.tv_sec = 0
                 ts.tv_nsec = 50000
                 nanosleep(&ts, NULL)
+        gx_add_long(&d.quiesce, -1)
 
     @property
     def can_wait(self):

@@ -53,15 +53,41 @@ cdef int _progress_quiet(ofi_ep* ep) noexcept nogil:
 
 
 
+cdef int _wait_set(ofi_dom* d, fid** cqfids, pollfd* pfds) noexcept nogil:
+    """The CQs (and their fds) of every live endpoint, for the progress thread
+    to sleep on: how many, or 0 when it cannot sleep (an endpoint without a
+    wait fd, or more than SLEEP_EPS endpoints).  The caller counts itself
+    among d.readers."""
+    cdef long i, n = gx_load_long(&d.neps)
+    cdef int nfd = 0
+    cdef ofi_ep* ep
+    if n == 0 or n > SLEEP_EPS:
+        return 0
+    for i in range(n):
+        ep = d.eps[i]
+        if not ep.can_wait:
+            return 0
+        cqfids[nfd] = &ep.cq.fid
+        pfds[nfd].fd = ep.wait_fd
+        nfd += 1
+        if ep.acq != NULL:
+            cqfids[nfd] = &ep.acq.fid
+            pfds[nfd].fd = ep.await_fd
+            nfd += 1
+    for i in range(nfd):
+        pfds[i].events = POLLIN
+        pfds[i].revents = 0
+    return nfd
+
+
 cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept nogil:
     cdef timespec ts
     cdef fi_cq_entry entries[16]
     cdef ssize_t got
     cdef long i, n
-    cdef ofi_ep* first
-    cdef fid* cqfids[2]
+    cdef fid* cqfids[2 * SLEEP_EPS]
     cdef int nfd
-    cdef pollfd pfds[2]
+    cdef pollfd pfds[2 * SLEEP_EPS]
     cdef double hot_until = 0
     cdef double idle
     # this thread's naps are short and frequent: 1 us timer slack, not 50
@@ -90,6 +116,12 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
                 # this process's targets unserved: one pass per nap
                 _progress_all(d)
             continue
+        if gx_load_long(&d.quiesce) > 0:
+            # an endpoint is leaving (_unregister waits for d.readers == 0)
+            ts.tv_sec = 0
+            ts.tv_nsec = 50000
+            nanosleep(&ts, NULL)
+            continue
         n = gx_load_long(&d.neps)
         if n == 0:
             ts.tv_sec = 0
@@ -109,31 +141,28 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
                     break
             sched_yield()
             continue
-        # One endpoint with a wait fd: sleep in the CQ's wait object, woken at
-        # once by traffic (which it then progresses), free while idle.
-        # Otherwise (several endpoints, or shm without a wait fd): poll all
-        # with short naps.
+        # Every endpoint has a wait fd (and there are few): sleep in poll() on
+        # all their CQs' fds, woken at once by traffic on any (which it then
+        # progresses), free while idle.  Otherwise (many endpoints, or shm
+        # without a wait fd): poll all with short naps.  A process holds two
+        # endpoints as a rule (the primordial one and the hidden sync one):
+        # napping in 20 us steps there cost a two-per-node barrier more than
+        # the network round itself.
         gx_add_long(&d.readers, 1)
         gx_mem_fence()
-        first = d.eps[0] if gx_load_long(&d.neps) == 1 else NULL
-        if first != NULL and first.can_wait:
+        nfd = _wait_set(d, cqfids, pfds)
+        if nfd > 0:
             # fi_trywait says whether sleeping is safe (nothing left to
-            # progress); then poll() the CQ's fd, as libfabric prescribes.
-            cqfids[0] = &first.cq.fid
-            nfd = 1
-            if first.acq != NULL:
-                cqfids[1] = &first.acq.fid
-                nfd = 2
+            # progress on any of them); then poll() the fds, as libfabric
+            # prescribes.
             if fi_trywait(d.fabric, cqfids, nfd) == 0:
-                pfds[0].fd = first.wait_fd
-                pfds[1].fd = first.await_fd
-                pfds[0].events = pfds[1].events = POLLIN
-                pfds[0].revents = pfds[1].revents = 0
                 if poll(pfds, nfd, 20) > 0:
                     hot_until = _now() + 0.001
             else:
                 hot_until = _now() + 0.001     # work was pending: stay awake
-            _progress_quiet(first)
+            n = gx_load_long(&d.neps)
+            for i in range(n):
+                _progress_quiet(d.eps[i])
             gx_add_long(&d.readers, -1)
             continue
         gx_add_long(&d.readers, -1)
