@@ -1,0 +1,245 @@
+# ---- device segments of this process (loopback through the copy engine) ----------
+
+cdef inline uintptr_t _dev_addr(gx_xfer* x) noexcept nogil:
+    """Where x.remote is in this process: the same address (self) or the
+    import of the peer's segment (nbrhd)."""
+    cdef lp_dev* d = <lp_dev*>x.peer
+    if d.local_base == NULL:
+        return x.remote
+    return <uintptr_t>d.local_base + (x.remote - x.t.remote_base)
+
+
+cdef int _dev_copy(gx_xfer* x, uintptr_t dst, uintptr_t src, bint put) except -1 nogil:
+    """A copy to or from a device segment.  On the caller's stream when given;
+    NB and implicit (LC_GROUP / get) ones on the endpoint's own stream for that
+    kind, completed by an event (NB) or the endpoint's sync (NBI); the rest,
+    and LC_NOW puts whose source must be reusable on return, synchronously.
+    A large copy whose host side is pageable is pipelined through the
+    endpoint's pinned bounce buffers and complete on return, whatever the mode."""
+    cdef lp_dev* d = <lp_dev*>x.peer
+    cdef lp_ep* ep = <lp_ep*>x.ep
+    cdef void* s = NULL
+    cdef void* ev = NULL
+    cdef lp_op* op
+    if x.stream != NULL:
+        return d.k.ops.copy(d.k.kctx, x.stream, dst, src, x.n)
+    if x.local_kind == GX_MK_HOST and ep != NULL and x.n >= _pg_min:
+        if _pipelined(ep, &d.k, dst, src, x.n, not put):
+            _done(x)
+            return 0
+    if (x.mode == GX_NB or x.mode == GX_NBI) and ep != NULL:
+        s = _ep_stream(ep, &d.k)
+    if s == NULL:
+        _issue_copy(x, &d.k, NULL, dst, src, put)       # complete on return
+        _done(x)
+        return 0
+    if x.mode == GX_NB:
+        _issue_copy(x, &d.k, s, dst, src, put)
+        d.k.ops.event_record(d.k.kctx, s, &ev)
+        op = <lp_op*>calloc(1, sizeof(lp_op))
+        if op == NULL:
+            d.k.ops.event_sync(d.k.kctx, ev)          # complete it here instead
+            d.k.ops.event_destroy(d.k.kctx, ev)
+            _done(x)
+            return 0
+        op.ops = d.k.ops
+        op.kctx = d.k.kctx
+        op.event = ev
+        x.handle[0] = op
+        return 0
+    gx_add_long(&ep.nbi_dev, 1)
+    return _issue_copy(x, &d.k, s, dst, src, put)
+
+
+cdef inline int _issue_copy(gx_xfer* x, lp_kind* k, void* s, uintptr_t dst, uintptr_t src,
+                            bint put) except -1 nogil:
+    """The kind's copy; where GEXMK_CUDA_SMALL_PUT says so, a put of 4 or 8
+    host bytes to an aligned device address by the kind's write_value (the
+    value is read here, at issue: the source is reusable at once), and a
+    device<->device copy of at most 8 bytes on one GPU by the kind's copy_small kernel."""
+    cdef uint64_t v = 0
+    if x.n <= 8:
+        if x.local_kind == GX_MK_HOST:
+            if _small_write and put and (x.n == 8 or x.n == 4) and (dst & (x.n - 1)) == 0 \
+                    and k.ops.write_value != NULL:
+                memcpy(&v, <void*>src, x.n)
+                return k.ops.write_value(k.kctx, s, dst, v, <int>x.n)
+        elif _small_kernel and k.ops.copy_small != NULL and x.t.device == x.local_device:
+            # one GPU only: across NVLink the copy engine is faster (H200 pair:
+            # 7.8 us against 9.8 us for the kernel)
+            return k.ops.copy_small(k.kctx, s, dst, src, x.n)
+    if s == NULL and put and x.local_kind == GX_MK_HOST and x.n <= LP_TINY and x.ep != NULL:
+        if _tiny_put(<lp_ep*>x.ep, k, dst, src, x.n):
+            return 0
+    return k.ops.copy(k.kctx, s, dst, src, x.n)
+
+
+cdef enum:
+    LP_TINY = 256              # puts from host memory up to this size go through ep.tiny
+
+
+cdef int _tiny_put(lp_ep* ep, lp_kind* k, uintptr_t dst, uintptr_t src, size_t n) except -1 nogil:
+    """A small synchronous host->device put from the endpoint's pinned page:
+    the copy engine reads pinned memory directly, where from pageable memory
+    (a put_val's stack, a small numpy array) the driver stages it first.  0
+    when the page is busy (another thread) or cannot be had."""
+    if ep.tiny == NULL and (ep.tiny_failed or _tiny_make(ep, k) == 0):
+        return 0
+    if gx_xchg_int(&ep.tiny_busy, 1) != 0:
+        return 0
+    try:
+        memcpy(ep.tiny, <void*>src, n)
+        k.ops.copy(k.kctx, NULL, dst, <uintptr_t>ep.tiny, n)
+    finally:
+        gx_xchg_int(&ep.tiny_busy, 0)
+    return 1
+
+
+cdef int _tiny_make(lp_ep* ep, lp_kind* k) except -1 nogil:
+    """Allocate and pin ep.tiny with k (portable: every context reaches it); 0 on failure."""
+    cdef void* mem = NULL
+    with gil:
+        if ep.tiny != NULL:
+            return 1
+        if posix_memalign(&mem, 4096, 4096) != 0:
+            ep.tiny_failed = 1
+            return 0
+        try:
+            k.ops.host_register(k.kctx, mem, 4096, 1)
+        except Exception:       # noqa: BLE001 - no pinned page: plain (driver-staged) copies
+            free(mem)
+            ep.tiny_failed = 1
+            return 0
+        ep.tiny_ops = k.ops
+        ep.tiny_kctx = k.kctx
+        gx_mem_fence()
+        ep.tiny = <char*>mem
+    return 1
+
+
+cdef int _tiny_free(lp_ep* ep) except -1:
+    cdef char* mem = ep.tiny
+    if mem == NULL:
+        return 0
+    ep.tiny = NULL
+    try:
+        ep.tiny_ops.host_register(ep.tiny_kctx, mem, 4096, 0)
+    except Exception:           # noqa: BLE001 - the kind may be closed: its context took it
+        pass
+    free(mem)
+    return 0
+
+
+
+
+cdef void* _ep_stream(lp_ep* ep, lp_kind* k, int tag=0) except? NULL nogil:
+    """The endpoint's stream ``tag`` in ``k``'s context, made on first use
+    (NULL when the endpoint already has LP_STREAMS of them: the caller copies
+    synchronously)."""
+    cdef int i
+    cdef void* s = NULL
+    for i in range(gx_load_int(&ep.ns)):
+        if ep.s[i].kctx == k.kctx and ep.s[i].tag == tag:
+            return ep.s[i].stream
+    with gil:               # one thread at a time adds a stream
+        for i in range(ep.ns):
+            if ep.s[i].kctx == k.kctx and ep.s[i].tag == tag:
+                return ep.s[i].stream
+        if ep.ns == LP_STREAMS:
+            return NULL
+        k.ops.stream_create(k.kctx, &s)
+        ep.s[ep.ns].ops = k.ops
+        ep.s[ep.ns].kctx = k.kctx
+        ep.s[ep.ns].tag = tag
+        ep.s[ep.ns].stream = s
+        gx_mem_fence()
+        ep.ns += 1
+    return s
+
+
+cdef int _ep_streams_done(lp_ep* ep, bint block) except -1 nogil:
+    """Whether every copy issued on the endpoint's streams has completed
+    (block: wait for them).  An event recorded on each stream answers."""
+    cdef int i, done = 1
+    cdef void* ev
+    for i in range(gx_load_int(&ep.ns)):
+        ev = NULL
+        ep.s[i].ops.event_record(ep.s[i].kctx, ep.s[i].stream, &ev)
+        try:
+            if block:
+                ep.s[i].ops.event_sync(ep.s[i].kctx, ev)
+            elif not ep.s[i].ops.event_query(ep.s[i].kctx, ev):
+                done = 0
+        finally:
+            ep.s[i].ops.event_destroy(ep.s[i].kctx, ev)
+    return done
+
+
+cdef int _dev_put(gx_xfer* x) except -1 nogil:
+    return _dev_copy(x, _dev_addr(x), <uintptr_t>x.local, True)
+
+
+cdef int _dev_get(gx_xfer* x) except -1 nogil:
+    return _dev_copy(x, <uintptr_t>x.local, _dev_addr(x), False)
+
+
+cdef int _dev_test(void* opv, gx_val* result) except -1 nogil:
+    cdef lp_op* op = <lp_op*>opv
+    if not op.ops.event_query(op.kctx, op.event):
+        return 0
+    op.ops.event_destroy(op.kctx, op.event)
+    free(op)
+    return 1
+
+
+cdef int _dev_wait(void* opv, gx_val* result) except -1 nogil:
+    cdef lp_op* op = <lp_op*>opv
+    try:
+        op.ops.event_sync(op.kctx, op.event)
+    finally:
+        op.ops.event_destroy(op.kctx, op.event)
+        free(op)
+    return 0
+
+
+cdef void _dev_orphan(void* opv) noexcept nogil:
+    # cuEventDestroy of a pending event: its resources go when the copy completes
+    cdef lp_op* op = <lp_op*>opv
+    with gil:
+        try:
+            op.ops.event_destroy(op.kctx, op.event)
+        except Exception:   # noqa: BLE001 - nothing to report to: the op was abandoned
+            pass
+    free(op)
+
+
+cdef int _dev_atomic(gx_xfer* x) except -1 nogil:
+    cdef lp_dev* d = <lp_dev*>x.peer
+    if x.remote & (gx_dt_size(x.dt) - 1):
+        with gil:
+            from gexmk.errors import BoundsError
+            raise BoundsError(f"atomic: address 0x{x.remote:x} is not aligned to {gx_dt_size(x.dt)} bytes")
+    d.k.atomic(d.k.kctx, NULL, _dev_addr(x), x.dt, x.op, x.a, x.b, x.result)
+    _done(x)
+    return 0
+
+
+cdef int _mapped_atomic(gx_xfer* x) except -1 nogil:
+    cdef char* p = _mapped(x)
+    if (<uintptr_t>p) & (gx_dt_size(x.dt) - 1):
+        with gil:
+            from gexmk.errors import BoundsError
+            raise BoundsError(f"atomic: address 0x{x.remote:x} is not aligned to {gx_dt_size(x.dt)} bytes")
+    if gx_atomic_local(p, x.dt, x.op, x.a, x.b, x.result) != GX_OK:
+        with gil:
+            from gexmk.errors import ArgumentError
+            raise ArgumentError("atomic: invalid atomic operation or data type")
+    if x.op != GX_OP_GET:
+        gx_wake_waiters(x.t.wake)
+    _done(x)
+    return 0
+
+
+cdef inline void _done(gx_xfer* x) noexcept nogil:
+    if x.handle != NULL:
+        x.handle[0] = NULL      # complete at issue: no op to wait for
