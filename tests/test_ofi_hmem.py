@@ -314,7 +314,6 @@ def _cuda_hmem_probe():
 
 
 GPU_WORKER = r'''
-import ctypes
 import numpy as np
 P = lambda *a: pattern(*a).tobytes()
 from cuda.bindings import driver as cu
@@ -354,18 +353,16 @@ def dev_read(seg, off, n):
 def cases(dst, tag, pair_h, pair_d):
     """testcudauva's four cases against the peer's segment dst (EP index of
     pair_h's and pair_d's target), local device data from d1."""
-    src = P(N, me, tag)
     hmem = np.asarray(hseg)
-    hmem[:N] = np.frombuffer(src, np.uint8)
-    dev_fill(d1, 0, src)
+    hmem[:N] = np.frombuffer(P(N, me, tag), np.uint8)
+    dev_fill(d1, 0, P(N, me, tag + 2))
     dev_fill(dst, N, P(N, me, tag + 1))
     tm.barrier()
     # 1. host -> remote GPU (NBI)
-    pair_h.put_nbi(peer, pair_h.addr(peer, N // 2), (hseg.address, N // 2))
-    pair_h.put_nbi(peer, pair_h.addr(peer, 0), (hseg.address, N // 2))
+    pair_h.put_nbi(peer, pair_h.addr(peer, 0), (hseg.address, N))
     gexmk.nbi_wait(gexmk.EC_PUT)
     tm.barrier()
-    assert dev_read(dst, 0, N // 2) == P(N, peer, tag)[:N // 2], ("case 1: host -> remote GPU", tag)
+    assert dev_read(dst, 0, N) == P(N, peer, tag), ("case 1: host -> remote GPU", tag)
     # 2. remote GPU -> host (NB)
     hmem[N:] = 0
     ev = pair_h.get_nb((hseg.address + N, N), peer, pair_h.addr(peer, N))
@@ -375,7 +372,7 @@ def cases(dst, tag, pair_h, pair_d):
     # 3. GPU -> remote GPU (blocking)
     pair_d.put(peer, pair_d.addr(peer, 0), (d1.address, N))
     tm.barrier()
-    assert dev_read(dst, 0, N) == P(N, peer, tag), ("case 3: GPU -> remote GPU", tag)
+    assert dev_read(dst, 0, N) == P(N, peer, tag + 2), ("case 3: GPU -> remote GPU", tag)
     # 4. remote GPU -> local GPU (blocking)
     pair_d.get((d1.address + N, N), peer, pair_d.addr(peer, N))
     assert dev_read(d1, N, N) == P(N, peer, tag + 1), ("case 4: remote GPU -> local GPU", tag)
