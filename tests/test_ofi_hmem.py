@@ -108,7 +108,9 @@ def _shm_native():
     d = _domain(SHM, "system")
     try:
         if d.hmem != "native":
-            pytest.skip(f"libfabric's shm offers no FI_HMEM with RMA and atomics here ({d.hmem})")
+            pytest.skip(f"libfabric's shm offers no FI_HMEM with RMA and atomics here ({d.hmem}; "
+                        "Debian's 1.17 offers it only without FI_ATOMIC): run with LD_LIBRARY_PATH "
+                        "at a libfabric that does, e.g. 1.22")
     finally:
         d.close()
 
@@ -150,6 +152,8 @@ elif "system" in (mine, theirs):
 else:
     want = "ofi"
 assert tm.paths(peer) == {"rma": want, "atomic": want}, (mine, theirs, tm.paths(peer))
+ctx = c.ep(0).contexts["ofi"]
+assert ctx.hmem == (mine == "system") and ctx.staged_local == (mine == "stage"), ctx.hmem_note
 mem[:] = 0
 mem[S // 2:] = np.frombuffer(P(S // 2, me, 5), np.uint8)
 tm.barrier()
@@ -239,6 +243,8 @@ tr = c.transports["ofi"]
 # a provider without FI_HMEM (or GEXMK_OFI_HMEM=off): host segments as before
 assert tr.domain.hmem == os.environ["GX_WANT_HMEM"], tr.domain.hmem
 assert tm.paths(peer) == {"rma": "ofi", "atomic": "ofi"}, tm.paths(peer)
+ctx = c.ep(0).contexts["ofi"]
+assert not ctx.hmem and ctx.hmem_note == (os.environ.get("GX_WANT_NOTE") or None), ctx.hmem_note
 tm.put(peer, tm.addr(peer, 100), pattern(5000, me).tobytes())
 tm.barrier()
 assert bytes(np.asarray(seg)[100:5100]) == pattern(5000, peer).tobytes()
@@ -270,7 +276,9 @@ def test_provider_without_hmem_keeps_the_plain_path(tmp_path):
             pytest.skip("this libfabric's tcp;ofi_rxm offers FI_HMEM: nothing to fall back from")
     finally:
         d.close()
-    env = hmem_env(TCP, GX_WANT_HMEM="unoffered")
+    env = hmem_env(TCP, GX_WANT_HMEM="unoffered",
+                   GX_WANT_NOTE="the provider does not offer FI_HMEM (with the atomics it offers "
+                                "without)")
     r = mp_util.run_job(tmp_path, FALLBACK, 2, launcher_timeout=120, env=env)
     assert r.returncode == 0, r.report()
     assert r.stdout.count("OK") == 2, r.stdout
@@ -304,12 +312,17 @@ print("PROBE", json.dumps(out))
 def _cuda_hmem_probe():
     """Whether this process's libfabric registers a library-allocated (VMM)
     device segment with shm: {"domain", "native", "note"}."""
-    env = dict(os.environ, GEXMK_TIMEOUT="30")
+    env = dict(os.environ, GEXMK_TIMEOUT="30", FI_LOG_LEVEL="warn")
     p = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120,
                        env=env, cwd="/")
+    # libfabric's own word on its CUDA support (e.g. "Failed to dlopen libcuda.so":
+    # it opens libcudart.so and libcuda.so, unversioned, from the loader's path)
+    said = [ln.strip() for ln in p.stderr.splitlines() if "cuda" in ln.lower()][:4]
     for line in p.stdout.splitlines():
         if line.startswith("PROBE "):
-            return json.loads(line[6:])
+            out = json.loads(line[6:])
+            out["libfabric"] = said
+            return out
     return {"domain": "?", "native": False, "note": f"the probe failed: {p.stderr[-800:]}"}
 
 
@@ -339,6 +352,9 @@ t12, t13 = ep1.pair(2), ep1.pair(3)
 paths = {"host->vmm": h1.paths(peer), "vmm->vmm": t12.paths(peer), "host->cuMemAlloc": h3.paths(peer),
          "vmm->cuMemAlloc": t13.paths(peer)}
 print("PATHS", me, json.dumps(paths), flush=True)
+notes = {f"EP{i}": {"native": c.ep(i).contexts["ofi"].hmem, "why not": c.ep(i).contexts["ofi"].hmem_note}
+         for i in (1, 2, 3)}
+print("REGISTRATION", me, json.dumps(notes), flush=True)
 for p in paths.values():
     assert p["rma"] in ("ofi-hmem", "ofi-staged"), paths
 
@@ -369,8 +385,11 @@ def cases(dst, tag, pair_h, pair_d):
     gexmk.wait_all([ev])
     assert hmem[N:].tobytes() == P(N, peer, tag + 1), ("case 2: remote GPU -> host", tag)
     tm.barrier()
-    # 3. GPU -> remote GPU (blocking)
+    # 3. GPU -> remote GPU (blocking; timed, for the record only)
+    t0 = time.perf_counter()
     pair_d.put(peer, pair_d.addr(peer, 0), (d1.address, N))
+    print("TIMING", me, tag, pair_d.paths(peer)["rma"], f"8 MiB device put {time.perf_counter() - t0:.4f} s",
+          flush=True)
     tm.barrier()
     assert dev_read(dst, 0, N) == P(N, peer, tag + 2), ("case 3: GPU -> remote GPU", tag)
     # 4. remote GPU -> local GPU (blocking)
@@ -411,27 +430,36 @@ print("OK", me, flush=True)
 
 @gpu
 @needs_gpu
-def test_testcudauva_cases_over_shm_native(tmp_path):
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_testcudauva_cases_over_shm_native(tmp_path, mode):
     """testcudauva's four cases at 8 MiB between device segments of two ranks
     on one GPU over shm, VMM and cuMemAlloc segments; device atomics; the path
     each took printed (``ofi-hmem`` where the registration was accepted,
-    ``ofi-staged`` where it was refused, never a failure)."""
+    ``ofi-staged`` where it was refused, never a failure).  ``off``: the same
+    job all staged (the baseline of the timings printed)."""
     need(SHM)
     probe = _cuda_hmem_probe()
     print("hmem probe:", probe)
-    if not probe.get("native"):
+    if mode == "auto" and not probe.get("native"):
         pytest.skip("libfabric does not register CUDA memory with shm here "
-                    f"(domain FI_HMEM: {probe.get('domain')}; {probe.get('note')}); point "
-                    "LD_LIBRARY_PATH at a libfabric built --with-cuda --enable-cuda-dlopen "
-                    "(and at CUDA's lib64)")
-    env = hmem_env(GEXMK_OFI_HMEM="auto", GEXMK_OFI_STAGE_CHUNK=None, GEXMK_OFI_STAGE_SLOTS=None)
+                    f"(domain FI_HMEM: {probe.get('domain')}; {probe.get('note')}; libfabric said: "
+                    f"{probe.get('libfabric')}); point LD_LIBRARY_PATH at a libfabric built "
+                    "--with-cuda --enable-cuda-dlopen, at CUDA's lib64 (libcudart.so) and at a "
+                    "directory with libcuda.so (the driver's, not CUDA's stubs)")
+    env = hmem_env(GEXMK_OFI_HMEM=mode, GEXMK_OFI_STAGE_CHUNK=None, GEXMK_OFI_STAGE_SLOTS=None)
     r = mp_util.run_job(tmp_path, "import json\n" + GPU_WORKER, 2, launcher_timeout=300, env=env)
     print(r.stdout)
     assert r.returncode == 0, r.report()
     assert r.stdout.count("OK") == 2, r.stdout
-    # the probe registered a VMM segment natively: so must the job have
+    # auto: the probe registered a VMM segment natively, so must the job have;
+    # off: every device segment staged
+    want = "ofi-hmem" if mode == "auto" else "ofi-staged"
+    seen = 0
     for line in r.stdout.splitlines():
         if line.startswith("PATHS "):
             paths = json.loads(line.split(" ", 2)[2])
-            assert paths["vmm->vmm"]["rma"] == "ofi-hmem", paths
-            assert paths["vmm->vmm"]["atomic"] == "ofi-hmem", paths
+            assert paths["vmm->vmm"] == {"rma": want, "atomic": want}, paths
+            if mode == "off":
+                assert all(p == {"rma": want, "atomic": want} for p in paths.values()), paths
+            seen += 1
+    assert seen == 2, r.stdout

@@ -86,8 +86,10 @@ cdef object _hmem_register(OfiEndpoint oe, Segment seg):
     cdef iovec iov
     cdef int rc
     cdef uint64_t key = 0
+    if d.hmem_want == HMEM_OFF:
+        return "GEXMK_OFI_HMEM=off"
     if not d.hmem:
-        return "the provider does not offer FI_HMEM"
+        return "the provider does not offer FI_HMEM (with the atomics it offers without)"
     if seg.kind.cls == GX_MK_HOST:
         if d.hmem_want != HMEM_SYSTEM:
             return "host segment"
