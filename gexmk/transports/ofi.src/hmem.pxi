@@ -15,9 +15,11 @@
 #
 # A natively registered device segment still gets a landing zone, registered
 # apart (ofi_ep.zone_mr): atomics on it are run by its owner's lander with the
-# kind's device atomics, as on the staged path (a provider's own atomics
-# would run on the CPU of the target, which cannot touch device memory), and
-# its bounce slots carry local device buffers outside the segment.  Peers
+# kind's device atomics, as on the staged path (issue 9: "across nodes
+# executed by the target"; shm's and rxm's own atomics are CPU loops at the
+# target, and whether a NIC's reach device memory is a per-provider question
+# left for later), and its bounce slots carry local device buffers outside
+# the segment.  Peers
 # learn both registrations; put_signal to such a target is the data written
 # natively (delivery complete), then the signal through the zone.
 #
