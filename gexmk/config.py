@@ -89,6 +89,13 @@ class Config:
     #: lander thread copies in and out of (path ``ofi-staged``); ``all``: host
     #: segments too (to test that path without a GPU).
     ofi_stage: str = "auto"
+    #: GEXMK_OFI_HMEM: ``auto`` (default): the domain asks for FI_HMEM where the
+    #: provider offers it, and a device segment the provider registers
+    #: (fi_mr_regattr, FI_HMEM_CUDA) is reached natively (path ``ofi-hmem``),
+    #: others through their landing zone (``ofi-staged``); ``off``: never asked,
+    #: always staged; ``system`` (tests only): host segments are registered the
+    #: same way with FI_HMEM_SYSTEM, so that a CPU-only machine runs that path.
+    ofi_hmem: str = "auto"
     #: GEXMK_OFI_STAGE_CHUNK / _SLOTS: bytes per landing slot and slots per
     #: initiator in each zone (the zone holds job size x slots x chunk bytes);
     #: bench/ofi_staged.py sweeps them.
@@ -163,6 +170,8 @@ def load(env=None) -> Config:
         ofi_ordered_signal=_choice(env, "GEXMK_OFI_ORDERED_SIGNAL", _BOOL, True),
         ofi_connect=_choice(env, "GEXMK_OFI_CONNECT", {"eager": "eager", "lazy": "lazy"}, "eager"),
         ofi_stage=_choice(env, "GEXMK_OFI_STAGE", {"auto": "auto", "all": "all"}, "auto"),
+        ofi_hmem=_choice(env, "GEXMK_OFI_HMEM", {"auto": "auto", "off": "off", "system": "system"},
+                         "auto"),
         ofi_stage_chunk=_bytes(env, "GEXMK_OFI_STAGE_CHUNK", 1 << 20, 4096, 1 << 30),
         ofi_stage_slots=_bytes(env, "GEXMK_OFI_STAGE_SLOTS", 4, 1, 16, suffix=False),
         nbrhd_stage=_choice(env, "GEXMK_NBRHD_STAGE", {"auto": "auto", "all": "all"}, "auto"),

@@ -6,7 +6,11 @@ endpoint, registrations; the transport's control plane), ``rma`` (puts, gets,
 the remote-completion flush), ``atomic`` (fi_atomic and the CAS fallback),
 ``completion`` (ops, errors, waits, nbi sync), ``progress`` (CQ reading and
 the background progress thread), ``signal`` (put_signal: the signal never
-before the data, three ways, and the target's side of signal messages).
+before the data, three ways, and the target's side of signal messages),
+``staged`` (device segments the provider cannot reach: landing zones served
+by the owner's lander, path ``ofi-staged``), ``hmem`` (device segments the
+provider registers with FI_HMEM: path ``ofi-hmem``, atomics still through a
+landing zone).
 
 One :class:`Domain` per process (fabric, domain and one address vector shared
 by every endpoint); one :class:`Endpoint` per gexmk endpoint, owning its
@@ -90,6 +94,9 @@ cdef enum:
     STG_MAX_SLOTS = 16      # landing slots per ring of a staged target (GEXMK_OFI_STAGE_SLOTS)
     STG_MAX_ZONES = 64      # landing zones (device-bound endpoints) per process
     STG_DESC = 128          # bytes per request descriptor: 16 words, word 15 repeats word 0
+    HMEM_OFF = 0            # GEXMK_OFI_HMEM (hmem.pxi)
+    HMEM_AUTO = 1
+    HMEM_SYSTEM = 2
 
 
 cdef struct sig_rx
@@ -124,6 +131,9 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
                             # progress or a progress thread): connections may be set up eagerly
     int sig_rx              # its endpoint takes put_signal's signal messages (signal.pxi)
     int stg                 # a device segment reached through its landing zone (staged.pxi)
+    int hmem                # a device segment the provider registered (FI_HMEM, hmem.pxi): RMA
+                            # lands in it natively; its atomics go through its landing zone
+    uint64_t stg_key        # registration key of its landing zone (net_key when staged)
     int stg_amo             # ... whose owner runs atomics on it
     int stg_slots
     size_t stg_chunk
@@ -169,6 +179,8 @@ cdef struct ofi_dom:
     long readers            # threads walking eps[] without the GIL (see _unregister)
     long quiesce            # endpoints being unregistered: the progress thread stays out of eps[]
     int stg_all             # GEXMK_OFI_STAGE=all: host segments land through zones too (tests)
+    int hmem_want           # GEXMK_OFI_HMEM: HMEM_OFF, HMEM_AUTO, HMEM_SYSTEM (hmem.pxi)
+    int hmem                # the domain was opened with FI_HMEM (and FI_MR_HMEM where offered)
     int stg_slots           # GEXMK_OFI_STAGE_SLOTS
     size_t stg_chunk        # GEXMK_OFI_STAGE_CHUNK
     int stg_nrings          # the job's size: one ring per initiator
@@ -203,6 +215,12 @@ cdef struct ofi_ep:
     int wait_fd
     ofi_peer* touched[16]  # targets of implicit puts issued without delivery completion
     ofi_zone* zone          # a device segment bound (staged.pxi): peers land here; NULL otherwise
+    int hmem                # the bound segment is registered natively (seg_mr, FI_HMEM): the zone
+                            # serves atomics and bounces other device buffers (hmem.pxi)
+    fid_mr* zone_mr         # ... and then the zone's own registration
+    void* zone_desc
+    uintptr_t zone_lo
+    uintptr_t zone_hi
     uintptr_t dev_lo        # ... its address range: local buffers there go through zone.bounce
     uintptr_t dev_hi
     int bb_lock             # one staged transfer at a time uses zone.bounce
@@ -240,6 +258,7 @@ include "ofi.src/progress.pxi"
 include "ofi.src/rma.pxi"
 include "ofi.src/atomic.pxi"
 include "ofi.src/staged.pxi"
+include "ofi.src/hmem.pxi"
 include "ofi.src/signal.pxi"
 include "ofi.src/domain.pxi"
 include "ofi.src/ordering.pxi"
@@ -272,7 +291,7 @@ cdef int _no_stream(gx_xfer* x, const char* what) except -1 with gil:
 
 cdef int ofi_atomic(gx_xfer* x) except -1 nogil:
     cdef ofi_peer* t = <ofi_peer*>x.peer
-    if t.stg:
+    if t.stg or t.hmem:         # device memory: run by the owner's lander (staged.pxi, hmem.pxi)
         stg_amo(<ofi_ep*>x.ep, t, x.remote, x.dt, x.op, x.a, x.b, x.result)
         if x.handle != NULL:
             x.handle[0] = NULL
@@ -359,37 +378,53 @@ cdef class OfiTransport:
             if p is not None:
                 p.c.net_key = 0
             return None
-        name, rkey, base, answers, *staged = pickle.loads(blob)
+        # a host segment: 4 fields; a staged device segment: + its zone's geometry;
+        # a native one (hmem.pxi): + None, + its zone's key, base and geometry
+        name, rkey, base, answers, *extra = pickle.loads(blob)
+        geometry = extra[0] if extra else None
+        native = extra[1] if len(extra) > 1 else None
         if p is None:
             p = OfiPeer()
             self._peers[key] = p
         p.c.g = <gx_target*><uintptr_t>peer.target
         p.c.net_addr, p.c.net_aaddr = self.domain.insert(name)
-        old = (p.c.net_key, p.c.net_base, p.c.stg)
+        old = (p.c.stg_key, p.c.stg_ring, p.c.stg or p.c.hmem)
         p.c.net_key = self.domain.map_key(rkey, base)   # raw keys are mapped here
         p.c.net_base = base
         # bit 0: the owner answers while it computes; bit 1: its endpoint takes
         # signal messages (a peer that does not would leave them unapplied)
         p.c.answers = answers & 1
         p.c.sig_rx = (answers >> 1) & 1
-        if staged:
-            # a device segment: its landing zone (staged.pxi); a new zone starts a new ring
-            slots, chunk, ring_bytes, amo = staged[0]
-            if not 1 <= slots <= STG_MAX_SLOTS:
-                raise CommunicationError(f"ofi: job rank {peer.jobrank} published {slots} landing "
-                                         f"slots (at most {STG_MAX_SLOTS} here)")
-            if old != (p.c.net_key, p.c.net_base, 1):
-                p.c.stg_seq = 0
-                memset(p.c.stg_last, 0, sizeof(p.c.stg_last))
-                memset(p.c.stg_ok, 0, sizeof(p.c.stg_ok))
-                memset(p.c.stg_rb, 0, sizeof(p.c.stg_rb))
-            p.c.stg_slots = slots
-            p.c.stg_chunk = chunk
-            p.c.stg_amo = amo
-            p.c.stg_ring = base + <uint64_t>self.job.rank * <uint64_t>ring_bytes
-            p.c.stg = 1
+        p.c.stg = p.c.hmem = 0
+        if geometry is None and native is None:
+            return p
+        if native is not None:
+            # RMA lands in the device segment itself; atomics through the zone
+            zkey, zbase, slots, chunk, ring_bytes, amo = native
+            stg_key = self.domain.map_key(zkey, zbase)
         else:
-            p.c.stg = 0
+            # a device segment: its landing zone (staged.pxi), registered as the segment
+            slots, chunk, ring_bytes, amo = geometry
+            zbase, stg_key = base, p.c.net_key
+        if not 1 <= slots <= STG_MAX_SLOTS:
+            raise CommunicationError(f"ofi: job rank {peer.jobrank} published {slots} landing "
+                                     f"slots (at most {STG_MAX_SLOTS} here)")
+        ring = zbase + <uint64_t>self.job.rank * <uint64_t>ring_bytes
+        if old != (stg_key, ring, 1):
+            # a new zone starts a new ring
+            p.c.stg_seq = 0
+            memset(p.c.stg_last, 0, sizeof(p.c.stg_last))
+            memset(p.c.stg_ok, 0, sizeof(p.c.stg_ok))
+            memset(p.c.stg_rb, 0, sizeof(p.c.stg_rb))
+        p.c.stg_key = stg_key
+        p.c.stg_slots = slots
+        p.c.stg_chunk = chunk
+        p.c.stg_amo = amo
+        p.c.stg_ring = ring
+        if native is not None:
+            p.c.hmem = 1
+        else:
+            p.c.stg = 1
         return p
 
     def reach(self, epctx, peer, ctx):
@@ -404,11 +439,14 @@ cdef class OfiTransport:
         else:
             score = OTHER_NODE_SCORE
         staged = p.c.stg or epctx.staged_local
-        if p.c.stg and not p.c.stg_amo:
+        if (p.c.stg or p.c.hmem) and not p.c.stg_amo:
             amo = 0
         else:
             amo = score
-        return Reach("ofi-staged" if staged else "ofi", score, amo, <uintptr_t>&_OPS, p.handle, 0,
+        # ofi-hmem: device memory at one end or both, registered with the provider
+        # (the target's atomics still run by its lander); ofi-staged wins over it
+        name = "ofi-staged" if staged else ("ofi-hmem" if p.c.hmem or epctx.hmem else "ofi")
+        return Reach(name, score, amo, <uintptr_t>&_OPS, p.handle, 0,
                      None, bool(staged), bool(self.domain.d.waw) and not staged)
 
     def connect(self, pairs):

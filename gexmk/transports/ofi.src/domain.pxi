@@ -41,6 +41,7 @@ cdef class Domain:
         cdef fi_info* info = NULL
         cdef fi_info* p
         cdef fi_info* chosen
+        cdef fi_info* hinfo = NULL
         cdef int rc
         self._addrs = {}
         self._raw_keys = {}
@@ -51,6 +52,7 @@ cdef class Domain:
             config = _config.load()
         self.d.timeout = config.timeout
         self.d.stg_all = config.ofi_stage == "all"
+        self.d.hmem_want = {"off": HMEM_OFF, "auto": HMEM_AUTO, "system": HMEM_SYSTEM}[config.ofi_hmem]
         self.d.stg_slots = config.ofi_stage_slots
         self.d.stg_chunk = config.ofi_stage_chunk
         self.d.stg_nrings = 1
@@ -116,6 +118,13 @@ cdef class Domain:
             if p == NULL:
                 raise UnsupportedError(f"no libfabric domain matches interface={interface!r} "
                                        f"(provider {provider!r})")
+            # The chosen provider with FI_HMEM where it offers it (hmem.pxi):
+            # chosen first without, so that asking never costs a provider.
+            if self.d.hmem_want != HMEM_OFF:
+                hinfo = _hmem_info(hints, p)
+                if hinfo != NULL:
+                    p = hinfo
+                    self.d.hmem = 1
             self.d.info = _with_ordering(p)
             if not _raw_ordered(self.d.info) and (self.d.info.caps & FI_ATOMIC) \
                     and not (self.d.info.domain_attr.mr_mode & FI_MR_ENDPOINT) \
@@ -129,6 +138,8 @@ cdef class Domain:
                 self.d.rma_info = _ordered_without_atomics(p)
                 self.d.split = self.d.rma_info != NULL
         finally:
+            if hinfo != NULL:
+                fi_freeinfo(hinfo)
             if info != NULL:
                 fi_freeinfo(info)
             if hints != NULL:
@@ -231,6 +242,16 @@ cdef class Domain:
             self.d.n_sig_ordered = self.d.n_sig_delivery = self.d.n_sig_msg = 0
             self.d.sig_bad = 0
         return out
+
+    @property
+    def hmem(self):
+        """``"native"`` when the domain was opened with FI_HMEM (device segments
+        are then registered with the provider where it accepts them: path
+        ``ofi-hmem``, else ``ofi-staged``), ``"off"`` when GEXMK_OFI_HMEM=off,
+        else ``"unoffered"``."""
+        if self.d.hmem:
+            return "native"
+        return "off" if self.d.hmem_want == HMEM_OFF else "unoffered"
 
     @property
     def mr_mode(self):

@@ -6,6 +6,8 @@ cdef class OfiEndpoint:
     cdef readonly bytes name
     cdef readonly bint closed
     cdef bint plain             # never staged (the library's synchronisation endpoint)
+    cdef readonly object hmem_note  # why the bound segment is not registered natively (None: it
+                                    # is, or was never tried: a host segment)
 
     @staticmethod
     cdef OfiEndpoint _make(Domain dom):
@@ -96,9 +98,11 @@ cdef class OfiEndpoint:
     def bind(self, Segment seg not None):
         """Register a bound host segment; the bytes peers need to reach it:
         this endpoint's name, the registration key and the base address.  A
-        device segment (and, with GEXMK_OFI_STAGE=all, a host one) gets a
-        landing zone of pinned host memory instead, registered and served by
-        the lander thread (staged.pxi); its geometry travels along."""
+        device segment the provider registers (FI_HMEM, hmem.pxi) is reached
+        natively, with a landing zone beside it for its atomics; one it does
+        not (and, with GEXMK_OFI_STAGE=all, a host one) gets a landing zone
+        of pinned host memory instead, registered and served by the lander
+        thread (staged.pxi); the zone's geometry travels along."""
         cdef ofi_zone* z
         self.unbind()
         # whether this process answers peers' operations while it computes: a
@@ -106,7 +110,23 @@ cdef class OfiEndpoint:
         answers = not self.domain.d.manual or self.domain.progress_running
         # bit 1: this endpoint takes put_signal's signal messages (signal.pxi)
         answers = int(bool(answers)) | (2 if self.e.rx != NULL else 0)
-        if seg.kind.cls == GX_MK_HOST and (self.plain or not self.e.dom.stg_all):
+        host = seg.kind.cls == GX_MK_HOST
+        self.hmem_note = None
+        if not self.plain and (not host or self.e.dom.hmem_want == HMEM_SYSTEM):
+            got = _hmem_register(self, seg)
+            if type(got) is tuple:
+                key, base = got
+                try:
+                    _hmem_zone(self, seg)
+                except BaseException:
+                    self._close_mr()
+                    raise
+                self.e.hmem = 1
+                self.domain.start_lander()
+                # the fifth field: no staged geometry (RMA lands natively)
+                return pickle.dumps((self.name, key, base, answers, None, _hmem_zone_blob(self)))
+            self.hmem_note = got        # why not: the path query says ofi-staged
+        if host and (self.plain or not self.e.dom.stg_all):
             key, base = self.register(<uintptr_t>seg.addr, seg.size)
             # signal messages applied here wake the segment's futex sleepers
             self.e.wake = <gx_wake*><uintptr_t>seg._wake_address
@@ -127,7 +147,13 @@ cdef class OfiEndpoint:
     @property
     def staged_local(self):
         """True when this endpoint's bound segment is reached through a landing zone."""
-        return self.e.zone != NULL
+        return self.e.zone != NULL and not self.e.hmem
+
+    @property
+    def hmem(self):
+        """True when the bound segment is registered natively (FI_HMEM): peers'
+        puts and gets land in it directly (path ``ofi-hmem``)."""
+        return bool(self.e.hmem)
 
     def register(self, uintptr_t addr, size_t size):
         """Register [addr, addr+size) for remote access; returns (key, base):
@@ -172,7 +198,7 @@ cdef class OfiEndpoint:
         self.e.wake = NULL
         self._close_mr()
         with nogil:
-            _zone_close(&self.e)
+            _hmem_zone_close(&self.e)       # the zone of either path
 
     def _close_mr(self):
         if self.e.seg_mr != NULL:

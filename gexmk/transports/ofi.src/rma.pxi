@@ -27,13 +27,24 @@ cdef void _drop_new(gx_op* op) noexcept nogil:
     free(op)
 
 
+cdef inline bint _in_hmem(ofi_ep* ep, const void* p, size_t n) noexcept nogil:
+    """Whether [p, p+n) lies in the endpoint's natively registered segment
+    (hmem.pxi; device memory: never injected, never copied by the CPU)."""
+    return ep.hmem and <uintptr_t>p >= ep.seg_lo and <uintptr_t>p + n <= ep.seg_hi
+
+
 cdef int _desc(ofi_ep* ep, gx_op* op, void* p, size_t n, uint64_t access, void** desc) noexcept nogil:
-    """Local descriptor for [p, p+n): the segment's when inside it, none when the
-    provider does not need one (no FI_MR_LOCAL), else an on-the-fly registration."""
+    """Local descriptor for [p, p+n): the segment's when inside it (a natively
+    registered device segment's too), the landing zone's when in the zone of
+    such a segment (hmem.pxi), none when the provider does not need one (no
+    FI_MR_LOCAL), else an on-the-fly registration."""
     cdef uintptr_t a = <uintptr_t>p
     desc[0] = NULL
     if a >= ep.seg_lo and a + n <= ep.seg_hi and ep.seg_mr != NULL:
         desc[0] = ep.seg_desc
+        return 0
+    if a >= ep.zone_lo and a + n <= ep.zone_hi and ep.zone_mr != NULL:
+        desc[0] = ep.zone_desc
         return 0
     if not (ep.dom.mr_mode & FI_MR_LOCAL):
         return 0
@@ -145,8 +156,10 @@ cdef int net_put(void* epv, ofi_peer* t, uintptr_t remote, void* local, size_t n
     cdef bint ordered = False
     cdef double deadline = 0
     _app_active(ep.dom)
-    if mode == GX_NBI_LCNOW and n > ep.dom.inject_size:
-        mode = GX_BLOCKING           # the source is reusable only once the put completes
+    if mode == GX_NBI_LCNOW and (n > ep.dom.inject_size or _in_hmem(ep, local, n)):
+        # the source is reusable only once the put completes (device memory is
+        # never injected: the provider would copy it with the CPU)
+        mode = GX_BLOCKING
     if (mode == GX_NBI or mode == GX_NBI_LCNOW) and ep.dom.ordered \
             and n <= ep.dom.max_order_raw and _touch(ep, t):
         # Transmit completion now, remote completion by the flush at sync time.

@@ -54,6 +54,11 @@ cdef int ofi_put_signal(gx_xfer* x) except -1 nogil:
             stg_rma(x, True)
         finally:
             x.mode = mode
+    elif t.hmem:
+        # a native device target (hmem.pxi): the data lands directly, its
+        # signal is run by the target's lander, after the data's delivery
+        gx_add_long(&ep.dom.n_sig_delivery, 1)
+        net_put(x.ep, t, x.remote, x.local, x.n, GX_BLOCKING, NULL)
     elif ep.dom.sig_ordered and x.n <= ep.dom.sig_order_max:
         gx_add_long(&ep.dom.n_sig_ordered, 1)
         return _put_signal_ordered(ep, t, x, amode)
@@ -63,7 +68,7 @@ cdef int ofi_put_signal(gx_xfer* x) except -1 nogil:
     else:
         gx_add_long(&ep.dom.n_sig_delivery, 1)
         net_put(x.ep, t, x.remote, x.local, x.n, GX_BLOCKING, NULL)
-    if t.stg:
+    if t.stg or t.hmem:
         stg_amo(ep, t, x.sig_addr, GX_DT_U64,
                 GX_OP_SET if x.op == GX_SIGNAL_SET else GX_OP_ADD, x.a, zero, NULL)
         if x.handle != NULL:
@@ -89,7 +94,7 @@ cdef int _post_data(ofi_ep* ep, fid_ep* fep, ofi_peer* t, gx_xfer* x, gx_op** ou
     out[0] = NULL
     if x.n == 0:
         return 0
-    if x.n <= ep.dom.inject_size:
+    if x.n <= ep.dom.inject_size and not _in_hmem(ep, x.local, x.n):
         while True:
             rc = fi_inject_write(fep, x.local, x.n, t.net_addr, _raddr(t, x.remote), t.net_key)
             if rc != -FI_EAGAIN:

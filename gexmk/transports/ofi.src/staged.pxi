@@ -265,11 +265,14 @@ cdef void _zone_free(ofi_zone* z) noexcept nogil:
 # ---- the initiator -------------------------------------------------------------
 
 cdef inline bint _stg_local(ofi_ep* ep, gx_xfer* x) noexcept nogil:
-    """Whether x's local buffer must go through the endpoint's bounce slots."""
+    """Whether x's local buffer must go through the endpoint's bounce slots
+    (never where it lies in a natively registered segment: hmem.pxi)."""
+    if _in_hmem(ep, x.local, x.n):
+        return False
     if x.local_kind != GX_MK_HOST:
         return True
-    return ep.zone != NULL and ep.dom.stg_all and <uintptr_t>x.local >= ep.dev_lo \
-        and <uintptr_t>x.local + x.n <= ep.dev_hi
+    return ep.zone != NULL and not ep.hmem and ep.dom.stg_all \
+        and <uintptr_t>x.local >= ep.dev_lo and <uintptr_t>x.local + x.n <= ep.dev_hi
 
 
 cdef inline void _spin_lock(int* lk) noexcept nogil:
@@ -308,7 +311,7 @@ cdef int _stg_post(ofi_ep* ep, ofi_peer* t, bint write, uint64_t naddr, void* lo
         iov.iov_len = n
         riov.addr = naddr
         riov.len = n
-        riov.key = t.net_key
+        riov.key = t.stg_key
         memset(&msg, 0, sizeof(msg))
         msg.msg_iov = &iov
         msg.desc = &desc
@@ -321,7 +324,7 @@ cdef int _stg_post(ofi_ep* ep, ofi_peer* t, bint write, uint64_t naddr, void* lo
         if write:
             rc = fi_writemsg(ep.ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)
         else:
-            rc = fi_read(ep.ep, local, n, desc, t.net_addr, naddr, t.net_key, op)
+            rc = fi_read(ep.ep, local, n, desc, t.net_addr, naddr, t.stg_key, op)
         if rc != -FI_EAGAIN:
             break
         rc = _retry(ep, t, &deadline)
@@ -351,7 +354,7 @@ cdef int _stg_send_desc(ofi_ep* ep, ofi_peer* t, int s, uint64_t q, uint64_t op,
     if STG_DESC > ep.dom.inject_size:
         return _stg_post(ep, t, True, naddr, d, STG_DESC, NULL)
     while True:
-        rc = fi_inject_write(ep.ep, d, STG_DESC, t.net_addr, naddr, t.net_key)
+        rc = fi_inject_write(ep.ep, d, STG_DESC, t.net_addr, naddr, t.stg_key)
         if rc != -FI_EAGAIN:
             break
         rc = _retry(ep, t, &deadline)
@@ -616,8 +619,9 @@ cdef int stg_rma(gx_xfer* x, bint put) except -1 nogil:
 
 cdef int stg_amo(ofi_ep* ep, ofi_peer* t, uintptr_t remote, int dt, int op, gx_val a, gx_val b,
                  gx_val* result) except -1 nogil:
-    """An atomic on a staged target's device segment, run there by its lander;
-    the old value to *result (may be NULL)."""
+    """An atomic on a staged (or natively registered, hmem.pxi) target's
+    device segment, run there by its lander; the old value to *result (may
+    be NULL)."""
     cdef int s
     cdef uint64_t q
     if not t.stg_amo:
