@@ -334,6 +334,15 @@ c = gexmk.init()
 tm = c.tm
 me, peer = tm.rank, 1 - tm.rank
 N = 8 << 20
+timings = []
+
+def say(*a):
+    """print in rank order (the ranks share stdout: lines printed at once interleave)"""
+    for r in range(tm.size):
+        if r == me:
+            print(*a, flush=True)
+        tm.barrier()
+
 mk = c.mk_create(gexmk.CUDA_UVA, 0)
 cu.cuCtxPushCurrent(mk.impl.context)
 hseg = c.segment_attach(2 * N)                        # EP 0: host
@@ -351,10 +360,10 @@ h1, h2, h3 = c.ep(0).pair(1), c.ep(0).pair(2), c.ep(0).pair(3)
 t12, t13 = ep1.pair(2), ep1.pair(3)
 paths = {"host->vmm": h1.paths(peer), "vmm->vmm": t12.paths(peer), "host->cuMemAlloc": h3.paths(peer),
          "vmm->cuMemAlloc": t13.paths(peer)}
-print("PATHS", me, json.dumps(paths), flush=True)
+say("PATHS", me, json.dumps(paths))
 notes = {f"EP{i}": {"native": c.ep(i).contexts["ofi"].hmem, "why not": c.ep(i).contexts["ofi"].hmem_note}
          for i in (1, 2, 3)}
-print("REGISTRATION", me, json.dumps(notes), flush=True)
+say("REGISTRATION", me, json.dumps(notes))
 for p in paths.values():
     assert p["rma"] in ("ofi-hmem", "ofi-staged"), paths
 
@@ -388,8 +397,8 @@ def cases(dst, tag, pair_h, pair_d):
     # 3. GPU -> remote GPU (blocking; timed, for the record only)
     t0 = time.perf_counter()
     pair_d.put(peer, pair_d.addr(peer, 0), (d1.address, N))
-    print("TIMING", me, tag, pair_d.paths(peer)["rma"], f"8 MiB device put {time.perf_counter() - t0:.4f} s",
-          flush=True)
+    timings.append(f"TIMING {me} {tag} {pair_d.paths(peer)['rma']} 8 MiB device put "
+                   f"{time.perf_counter() - t0:.4f} s")
     tm.barrier()
     assert dev_read(dst, 0, N) == P(N, peer, tag + 2), ("case 3: GPU -> remote GPU", tag)
     # 4. remote GPU -> local GPU (blocking)
@@ -405,6 +414,7 @@ def cases(dst, tag, pair_h, pair_d):
 
 cases(d2, 7, h2, t12)
 cases(d3, 17, h3, t13)
+say("\n".join(timings))
 # device atomics on both kinds of segment, run by the owner, exact under contention
 for pair in (t12, t13):
     ad = pair.ad_create(gexmk.DT_U64, gexmk.OP_FADD | gexmk.OP_GET | gexmk.OP_SET)
@@ -419,7 +429,7 @@ for pair in (t12, t13):
     tm.barrier()
     ad.destroy()
 stats = {"vmm->vmm": t12.path_stats(peer), "vmm->cuMemAlloc": t13.path_stats(peer)}
-print("STATS", me, json.dumps(stats), "landed", c.transports["ofi"].landed, flush=True)
+say("STATS", me, json.dumps(stats), "landed", c.transports["ofi"].landed)
 tm.barrier()
 c.finalize()
 cu.cuMemFree(raw)
