@@ -25,7 +25,8 @@ One 2-rank job (``python -m gexmk.run -n 2``) measures, in the same run:
   progress and its noticing), ``turn`` (the responder's wait return to its
   answer) and ``back`` (the answer's put_signal to the initiator's wait
   returning) come from the same round trips, medians over them; with the
-  futex sleeps per round trip of each side (``gexmk.core._wait_stats``).
+  futex sleeps and sleeps in the transport per round trip of each side
+  (``gexmk.core._wait_stats``).
 
 With ``--transport ofi`` the raw libfabric C baseline of signal_pingpong.py
 (``bench/ofi/ofi_bench.c`` over the same provider, the target polling) runs
@@ -192,7 +193,7 @@ def _legs(tm, ext, args, me, peer, my_sig, peer_sig, data, my_data, wait_stats):
         wait_stats(reset=True)
         ext.echo_traced(tm, peer, data, my_data, peer_sig, my_sig)
         st = wait_stats()
-        tm.put(peer, tm.addr(peer, STATS), np.array([st["sleeps"], st["woken"]], np.uint64))
+        tm.put(peer, tm.addr(peer, STATS), np.array([st["sleeps"], st.get("net_sleeps", 0)], np.uint64))
         tm.barrier()
         return None
     out = np.zeros((n, 5), np.uint64)
@@ -211,6 +212,8 @@ def _legs(tm, ext, args, me, peer, my_sig, peer_sig, data, my_data, wait_stats):
                "p90_us": float(np.percentile(v, 90)) / 1e3} for k, v in legs.items()}
     res["n"] = n
     res["sleeps_per_rt"] = {"initiator": st["sleeps"] / n, "responder": int(theirs[0]) / n}
+    res["net_sleeps_per_rt"] = {"initiator": st.get("net_sleeps", 0) / n,
+                                "responder": int(theirs[1]) / n}
     return res
 
 
@@ -246,7 +249,8 @@ def report(res, file=None):
         print("  legs (nogil, µs, median [p10-p90]): " + "  ".join(
             f"{k} {lg[k]['median_us']:.1f} [{lg[k]['p10_us']:.1f}-{lg[k]['p90_us']:.1f}]"
             for k in ("issue", "there", "turn", "back", "round_trip"))
-            + f"  sleeps/rt {lg['sleeps_per_rt']}", file=file)
+            + f"  futex sleeps/rt {lg['sleeps_per_rt']}"
+            + f"  transport sleeps/rt {lg.get('net_sleeps_per_rt')}", file=file)
     cb = res.get("c")
     if cb:
         print(f"  C: {cb}", file=file)

@@ -44,6 +44,7 @@ cdef extern from "<poll.h>" nogil:
         short events
         short revents
     int poll(pollfd* fds, unsigned long nfds, int timeout)
+    int ppoll(pollfd* fds, unsigned long nfds, const timespec* tmo, const void* sigmask)
     enum:
         POLLIN
 
@@ -80,6 +81,9 @@ cdef double STAND_ASIDE = 0.002
 # and its kin spinning or yielding: GX_WAIT_DRIVING); a wait that goes to sleep
 # stops renewing it, and the thread is back within this much.
 cdef double WAIT_ASIDE = 100e-6
+# A lone progress pass (signal_fetch, a test form) is left out within this
+# long (s) of the start of a wait's pass (net_nbi_test).
+cdef double PASS_FRESH = 5e-6
 
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"
