@@ -280,7 +280,7 @@ cdef int net_nbi_test(void* epv, int categories) except -1 nogil:
         # process's other endpoints on one pass in four meanwhile.
         #
         # A single pass (signal_fetch, a test form) within PASS_FRESH of the
-        # start of a wait's pass is left out: the wait that just returned (or
+        # end of a wait's pass is left out: the wait that just returned (or
         # that polls in another thread) read the CQs that recently, and the
         # pass costs a few us of syscalls (an epoll_wait per CQ on tcp): the
         # NVSHMEM idiom wait_until, then signal_fetch, paid it on every hop.
@@ -289,10 +289,12 @@ cdef int net_nbi_test(void* epv, int categories) except -1 nogil:
             ep.wpass += 1
             if (ep.wpass & 3) == 0 and _progress_all(ep.dom) < 0:
                 return check("fi_cq_read", -FI_EIO)
-        elif _now() < ep.dom.driven_until - (WAIT_ASIDE - PASS_FRESH):
+        elif _now() - ep.dom.wait_pass_end < PASS_FRESH:
             return 1
         if _read_ep_cq(ep) < 0 or (ep.acq != NULL and _read_cq(ep.acq) < 0):
             return check("fi_cq_read", -FI_EIO)
+        if categories & GX_WAIT_DRIVING:
+            ep.dom.wait_pass_end = _now()
         return 1
     _progress(ep)
     for c in range(3):
@@ -340,4 +342,5 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
         ppoll(pfds, nfd, &ts, NULL)
     if _read_ep_cq(ep) < 0 or (ep.acq != NULL and _read_cq(ep.acq) < 0):
         return check("fi_cq_read", -FI_EIO)
+    ep.dom.wait_pass_end = _now()
     return 2
