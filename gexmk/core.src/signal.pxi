@@ -234,7 +234,7 @@ cdef bint _wait_sleep_pass(const gx_team* tm, long nap_ns) except -1 nogil:
     cdef gx_ep* e = tm.ep
     cdef int i
     cdef int flags = GX_WAIT_SLEEP | GX_WAIT_SLEEP_US(nap_ns // 1000 if nap_ns >= 1000 else 1)
-    cdef int slept = 0              # the last pass slept in a transport (1), could not (-1)
+    cdef bint slept = False
     for i in range(e.ntr):
         if e.tr[i].ops.nbi_test(e.tr[i].ep, flags) == 2:
             slept = True

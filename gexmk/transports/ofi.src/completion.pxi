@@ -307,8 +307,6 @@ cdef int net_nbi_test(void* epv, int categories) except -1 nogil:
     return 1
 
 
-
-
 cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
     """A wait whose words only the network writes has nothing left to do but
     sleep (GX_WAIT_SLEEP): block in the endpoint's CQ wait fds until traffic
