@@ -212,3 +212,60 @@ def test_no_signal_messages_to_a_peer_that_takes_none(tmp_path):
     r.check()
     for rank in range(2):
         assert f"ORDER-OK {rank}" in r.stdout, r.report()
+
+
+# A wait whose words only the network writes sleeps in the transport (the
+# CQs' wait fds, GX_WAIT_SLEEP), woken by the traffic that carries its signal.
+# Every wait sleeps at once here and the sleep is bounded only by the longest
+# nap (100 s, capped at ~33 ms in a transport): a wake-up the traffic did not
+# deliver shows as >= 33 ms a lap.  Without wait fds (a spinning progress
+# thread) the wait sleeps on its futex, which the progress thread's landing of
+# the signal wakes.
+NETSLEEP = r'''
+c = gexmk.init()
+tm = c.tm
+me, peer = tm.rank, 1 - tm.rank
+seg = c.segment_attach(4096)
+mine = np.asarray(seg)
+SIG, DATA = 0, 64
+ITERS = 100
+x = np.zeros(1, np.uint64)
+tm.put_signal(peer, tm.addr(peer, DATA), x, tm.addr(peer, 8), 1)      # connect
+tm.barrier()
+gexmk.core._wait_tuning(spin_us=0, yield_us=0, nap_us=(100e6, 100e6), gil_spin=0)
+gexmk.core._wait_stats(reset=True)
+t0 = time.monotonic()
+for i in range(1, ITERS + 1):
+    if me == 1:
+        tm.wait_until(tm.addr(me, SIG), gexmk.CMP_GE, i)
+        assert int(mine[DATA:DATA + 8].view(np.uint64)[0]) == i * 10
+    x[0] = i * 10 + me
+    tm.put_signal(peer, tm.addr(peer, DATA), x, tm.addr(peer, SIG), i)
+    if me == 0:
+        tm.wait_until(tm.addr(me, SIG), gexmk.CMP_GE, i)
+        assert int(mine[DATA:DATA + 8].view(np.uint64)[0]) == i * 10 + 1
+took = (time.monotonic() - t0) / ITERS
+st = gexmk.core._wait_stats()
+gexmk.core._wait_tuning(defaults=True)
+log(f"{ITERS} laps, every wait asleep: {took * 1e6:.0f} us a lap; {st}")
+if os.environ["SIG_EXPECT"] == "transport":
+    assert st["net_sleeps"] > 0 and st["sleeps"] == 0, st
+else:
+    assert st["net_sleeps"] == 0 and st["sleeps"] > 0, st
+assert took < 0.016, f"{took * 1e3:.1f} ms a lap: wake-ups were lost ({st})"
+tm.barrier()
+print(f"NETSLEEP-OK {me}", flush=True)
+c.finalize()
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("thread,expect", [("auto", "transport"), ("spin", "futex")])
+def test_sleeping_waiter_is_woken_by_network_traffic(tmp_path, thread, expect):
+    _need_ofi("tcp;ofi_rxm")
+    env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm", "FI_PROVIDER": None,
+           "GEXMK_PROGRESS_THREAD": thread, "SIG_EXPECT": expect, "GEXMK_TIMEOUT": 60}
+    r = mp_util.run_job(tmp_path, NETSLEEP, 2, env=env, launcher_timeout=100)
+    r.check()
+    for rank in range(2):
+        assert f"NETSLEEP-OK {rank}" in r.stdout, r.report()

@@ -15,7 +15,13 @@
 # then sleeps: on the segment's wake word (a futex in the page after a
 # library-allocated host segment; CPU signal and atomic writers on the node
 # wake it, gexmk.h's gx_wake), else a nap; either sleep grows from 1 us to
-# 100 us, so that words written by puts or by the network are still seen.  More
+# 100 us, so that words written by puts or by the network are still seen.
+# Where every other member of the team is reached through a transport (the
+# words are written by the network alone), the wait sleeps in the transport
+# instead, where it can (GX_WAIT_SLEEP: ofi blocks in its CQs' wait fds), woken
+# by the traffic that carries the signal: nothing else would wake the futex
+# before the nap ends, and a nap costs a timer wake-up (>= 50 us of slack),
+# more than a tcp round trip (bench/signal_breakdown.py --transport ofi).  More
 # ranks than cores still make progress; a dead team member, a closed team or
 # GEXMK_TIMEOUT end it with an error naming the word and the value seen.
 #
@@ -107,17 +113,19 @@ def _wait_tuning(spin_us=None, yield_us=None, nap_us=None, gil_spin=None, defaul
     return (_spin_for * 1e6, _yield_for * 1e6)
 
 
-# Sleeps on wake words, and how they ended (private, for tests and benchmarks).
-cdef unsigned long _n_sleeps = 0, _n_woken = 0
+# Sleeps on wake words, and how they ended; sleeps in transports (private,
+# for tests and benchmarks).
+cdef unsigned long _n_sleeps = 0, _n_woken = 0, _n_net_sleeps = 0
 
 
 def _wait_stats(reset=False):
     """Private: {"sleeps": futex sleeps, "woken": those a writer's wake (or
-    a change before sleeping) ended}; ``reset`` zeroes them."""
-    global _n_sleeps, _n_woken
-    out = {"sleeps": _n_sleeps, "woken": _n_woken}
+    a change before sleeping) ended, "net_sleeps": passes that slept in a
+    transport (GX_WAIT_SLEEP)}; ``reset`` zeroes them."""
+    global _n_sleeps, _n_woken, _n_net_sleeps
+    out = {"sleeps": _n_sleeps, "woken": _n_woken, "net_sleeps": _n_net_sleeps}
     if reset:
-        _n_sleeps = _n_woken = 0
+        _n_sleeps = _n_woken = _n_net_sleeps = 0
     return out
 
 
@@ -200,6 +208,39 @@ cdef int _wait_pass(const gx_team* tm, int flags) except -1 nogil:
     return 0
 
 
+cdef bint _net_only(const gx_team* tm) noexcept nogil:
+    """True when every other live member of the team with a published
+    segment is reached through a transport, none through a CPU mapping:
+    their writes to this member's words come the same way (routes are
+    symmetric) and land when the transport is progressed."""
+    cdef int i
+    cdef gx_route* r
+    cdef bint some = False
+    for i in range(tm.size):
+        r = tm.routes[i]
+        if i == tm.rank or r.size == 0 or r.dead:
+            continue
+        if r.local_base != NULL:
+            return False
+        some = True
+    return some
+
+
+cdef bint _wait_sleep_pass(const gx_team* tm, long nap_ns) except -1 nogil:
+    """A sleeping wait's progress pass on a team whose words only transports
+    write: each transport may block until its traffic comes (at most the
+    nap), then progress (GX_WAIT_SLEEP).  True when one did: the wait does
+    not sleep again on its wake word."""
+    cdef gx_ep* e = tm.ep
+    cdef int i
+    cdef int flags = GX_WAIT_SLEEP | GX_WAIT_SLEEP_US(nap_ns // 1000 if nap_ns >= 1000 else 1)
+    cdef bint slept = False
+    for i in range(e.ntr):
+        if e.tr[i].ops.nbi_test(e.tr[i].ep, flags) == 2:
+            slept = True
+    return slept
+
+
 cdef Py_ssize_t wait_words(const gx_team* tm, const uintptr_t* addrs, Py_ssize_t n, int dt,
                            int cmp, const gx_val* vals, bint vector, int mode, bint block,
                            double timeout, const unsigned char* skip, Py_ssize_t* indices,
@@ -226,7 +267,9 @@ cdef Py_ssize_t wait_words_as(const gx_team* tm, const uintptr_t* addrs, Py_ssiz
     been seen satisfied (NVSHMEM).  ``timeout`` <= 0: GEXMK_TIMEOUT.  Raises
     on a bad word, a bad cmp/dt/mode, a dead team member, a closed team or
     the timeout.  Spins (CPU pause) for ``spin_for`` s, then yields the CPU
-    on each pass until ``yield_for`` s, then sleeps (see _SPIN_FOR).  Drives
+    on each pass until ``yield_for`` s, then sleeps (see _SPIN_FOR; with
+    ``progress`` 1 on a team whose other members are all reached through
+    transports, in the transports where they can: _wait_sleep_pass).  Drives
     the endpoint's transports on each pass where ``progress`` is 1, only
     between sleeps where it is 2 (a word that only CPU stores on this node
     change: driving the network now and then keeps a transport's progress
@@ -239,13 +282,15 @@ cdef Py_ssize_t wait_words_as(const gx_team* tm, const uintptr_t* addrs, Py_ssiz
     cdef Py_ssize_t i, got, need = 0, pending = -1
     cdef unsigned long passes = 0
     cdef bint spinning = True, sleeping = False
+    cdef bint net_sleep = False     # sleeping in the transports (_wait_sleep_pass)
+    cdef int slept = 0              # the last pass slept in a transport (1), could not (-1)
     cdef double t0 = 0, deadline = 0, now
     cdef long nap = _nap_min
     cdef int rc, why = 0, h = -2
     cdef timespec ts
     cdef gx_wake* w = NULL          # counted in as a waiter on this wake word
     cdef uint32_t wseq = 0
-    global _n_sleeps, _n_woken
+    global _n_sleeps, _n_woken, _n_net_sleeps
     if cmp < 0 or cmp >= GX_CMP_COUNT or dt < 0 or dt >= GX_DT_COUNT or mode < 0 or mode > 2 \
             or n < 0:
         with gil:
@@ -277,7 +322,7 @@ cdef Py_ssize_t wait_words_as(const gx_team* tm, const uintptr_t* addrs, Py_ssiz
         wait_progress(tm)       # a test drives progress once: over the network it lands signals
     try:
         while True:
-            if sleeping and w == NULL:
+            if sleeping and w == NULL and not net_sleep:
                 # count in before looking at the words: a writer that stores
                 # after this look sees us and wakes us (gx_wake_enter)
                 w = tm.routes[tm.rank].t.wake
@@ -312,7 +357,12 @@ cdef Py_ssize_t wait_words_as(const gx_team* tm, const uintptr_t* addrs, Py_ssiz
                     return 0
             elif got > 0 or not block:
                 return got
-            if progress == 1 or (progress == 2 and sleeping):
+            if net_sleep:
+                # the traffic wakes it: the longest nap bounds it, for the
+                # team's health, the deadline and this process's own stores
+                slept = 1 if _wait_sleep_pass(tm, _nap_max) else -1
+                net_sleep = slept > 0   # none could: the wake word from the next pass
+            elif progress == 1 or (progress == 2 and sleeping):
                 _wait_pass(tm, 0 if sleeping else GX_WAIT_DRIVING)
             passes += 1
             if spinning and (passes & 15) != 0:
@@ -338,8 +388,15 @@ cdef Py_ssize_t wait_words_as(const gx_team* tm, const uintptr_t* addrs, Py_ssiz
             elif not sleeping:
                 spinning = False
                 sleeping = True         # the next pass counts in, looks, then sleeps
+                net_sleep = progress == 1 and _net_only(tm)     # ... or sleeps in the transports
             else:
-                if w != NULL:
+                if slept != 0:
+                    # the pass slept in a transport, or none could: then the
+                    # next pass counts in on the wake word and sleeps there
+                    if slept > 0:
+                        _n_net_sleeps += 1
+                    slept = 0
+                elif w != NULL:
                     _n_sleeps += 1
                     if not gx_wake_sleep(w, wseq, nap):
                         _n_woken += 1

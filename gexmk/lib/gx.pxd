@@ -51,6 +51,9 @@ cdef extern from "gexmk/gexmk.h" nogil:
         GX_CAT_RMW
         GX_CAT_ALL
         GX_WAIT_DRIVING
+        GX_WAIT_SLEEP
+    int GX_WAIT_SLEEP_US(long us)
+    int GX_WAIT_SLEEP_OF(int flags)
 
     ctypedef struct gx_xfer:
         void* ep

@@ -48,6 +48,7 @@ cdef extern from "<poll.h>" nogil:
         short events
         short revents
     int poll(pollfd* fds, unsigned long nfds, int timeout)
+    int ppoll(pollfd* fds, unsigned long nfds, const timespec* tmo, const void* sigmask)
     enum:
         POLLIN
 
@@ -85,6 +86,9 @@ cdef double STAND_ASIDE = 0.002
 # and its kin spinning or yielding: GX_WAIT_DRIVING); a wait that goes to sleep
 # stops renewing it, and the thread is back within this much.
 cdef double WAIT_ASIDE = 100e-6
+# A lone progress pass (signal_fetch, a test form) is left out within this
+# long (s) of the end of a wait's pass (net_nbi_test).
+cdef double PASS_FRESH = 5e-6
 
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"
@@ -162,6 +166,7 @@ cdef struct ofi_dom:
     long waiters            # threads spinning on a completion: the progress thread stands aside
     double last_app         # when an application thread last drove progress itself
     double driven_until     # a wait polls this domain's CQs itself until then (WAIT_ASIDE)
+    double wait_pass_end    # when a wait's pass last finished reading its CQs (PASS_FRESH)
     int ordered             # FI_ORDER_RAW: a read issued after writes sees them (flush by read)
     size_t max_order_raw    # ... for writes up to this size
     int waw                 # FI_ORDER_WAW: writes from one endpoint to a target land in issue order

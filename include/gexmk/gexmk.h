@@ -97,6 +97,14 @@ enum { GX_CAT_GET = 0, GX_CAT_PUT = 1, GX_CAT_RMW = 2, GX_CAT_ALL = 7 };
  * (spinning or yielding, not sleeping): a transport may keep its progress
  * thread off meanwhile.  No category bit is set with it. */
 enum { GX_WAIT_DRIVING = 1 << 8 };
+/* nbi_test(ep, GX_WAIT_SLEEP | GX_WAIT_SLEEP_US(us)): a wait on words that
+ * only this transport's traffic writes has nothing left to do but sleep for
+ * up to `us` microseconds (bits 16-30).  A transport that can block until its
+ * traffic arrives does so, progresses, and returns 2; any other returns as for
+ * categories 0, and the wait sleeps on its wake word instead. */
+enum { GX_WAIT_SLEEP = 1 << 9 };
+#define GX_WAIT_SLEEP_US(us) ((int)(((unsigned)(us) > 0x7fffu ? 0x7fffu : (unsigned)(us)) << 16))
+#define GX_WAIT_SLEEP_OF(flags) ((int)(((unsigned)(flags) >> 16) & 0x7fffu))
 
 /* The arguments of one operation. */
 typedef struct gx_xfer {

@@ -266,6 +266,8 @@ cdef int net_nbi_test(void* epv, int categories) except -1 nogil:
     cdef int c, i
     if ep.ep == NULL:
         return 1
+    if categories & GX_WAIT_SLEEP:
+        return _wait_sleep(ep, GX_WAIT_SLEEP_OF(categories))
     if (categories & GX_CAT_ALL) == 0:
         # A wait's progress pass (wait_until and its kin, core.src/signal.pxi).
         # What it waits for is mostly a signal: a message (signal.pxi) in this
@@ -276,13 +278,23 @@ cdef int net_nbi_test(void* epv, int categories) except -1 nogil:
         # as it does for _spin: on a small node its polling would take the
         # core from the thread about to see the signal; the wait serves the
         # process's other endpoints on one pass in four meanwhile.
+        #
+        # A single pass (signal_fetch, a test form) within PASS_FRESH of the
+        # end of a wait's pass is left out: the wait that just returned (or
+        # that polls in another thread) read the CQs that recently, and the
+        # pass costs a few us of syscalls (an epoll_wait per CQ on tcp): the
+        # NVSHMEM idiom wait_until, then signal_fetch, paid it on every hop.
         if categories & GX_WAIT_DRIVING:
             ep.dom.driven_until = _now() + WAIT_ASIDE
             ep.wpass += 1
             if (ep.wpass & 3) == 0 and _progress_all(ep.dom) < 0:
                 return check("fi_cq_read", -FI_EIO)
+        elif _now() - ep.dom.wait_pass_end < PASS_FRESH:
+            return 1
         if _read_ep_cq(ep) < 0 or (ep.acq != NULL and _read_cq(ep.acq) < 0):
             return check("fi_cq_read", -FI_EIO)
+        if categories & GX_WAIT_DRIVING:
+            ep.dom.wait_pass_end = _now()
         return 1
     _progress(ep)
     for c in range(3):
@@ -295,3 +307,38 @@ cdef int net_nbi_test(void* epv, int categories) except -1 nogil:
     return 1
 
 
+cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
+    """A wait whose words only the network writes has nothing left to do but
+    sleep (GX_WAIT_SLEEP): block in the endpoint's CQ wait fds until traffic
+    comes or ``us`` microseconds pass, then read the CQs, which lands the
+    signal that woke it (signal.pxi).  A futex sleeper would wait out its nap
+    (>= 50 us of timer slack, more than a tcp round trip): no one reads the
+    CQs meanwhile, as the progress thread stands aside while this process
+    issues.  fi_trywait first, as libfabric prescribes (and as the progress
+    thread does; both may sleep on the same fds).  2 once done; 1, after a
+    plain pass, where the CQs have no wait fd (no sleeping progress thread:
+    GEXMK_PROGRESS_THREAD off or spin), and the wait sleeps on its word."""
+    cdef fid* fids[2]
+    cdef pollfd pfds[2]
+    cdef timespec ts
+    cdef int nfd = 1
+    if not ep.can_wait:
+        if _read_ep_cq(ep) < 0 or (ep.acq != NULL and _read_cq(ep.acq) < 0):
+            return check("fi_cq_read", -FI_EIO)
+        return 1
+    fids[0] = &ep.cq.fid
+    pfds[0].fd = ep.wait_fd
+    if ep.acq != NULL:
+        fids[1] = &ep.acq.fid
+        pfds[1].fd = ep.await_fd
+        nfd = 2
+    if fi_trywait(ep.dom.fabric, fids, nfd) == 0:
+        pfds[0].events = pfds[1].events = POLLIN
+        pfds[0].revents = pfds[1].revents = 0
+        ts.tv_sec = us // 1000000
+        ts.tv_nsec = (us % 1000000) * 1000
+        ppoll(pfds, nfd, &ts, NULL)
+    if _read_ep_cq(ep) < 0 or (ep.acq != NULL and _read_cq(ep.acq) < 0):
+        return check("fi_cq_read", -FI_EIO)
+    ep.dom.wait_pass_end = _now()
+    return 2
