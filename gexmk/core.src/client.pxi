@@ -525,6 +525,15 @@ cdef class Client:
         if self.finalized:
             return
         try:
+            # Quiet first: puts and signals a network transport still holds
+            # queued (issued with no completion to wait for) must land before
+            # the peers close their endpoints: a network library crashed
+            # closing its endpoint (SIGSEGV) when a peer went away under such
+            # a backlog of put_signals.
+            try:
+                _nbi_sync(EC_PUT | EC_RMW)
+            except GexmkError:
+                pass            # a dead or unreachable peer: leave all the same
             self.bootstrap.barrier()
         except PeerDeadError:
             pass

@@ -18,10 +18,11 @@
 # 100 us, so that words written by puts or by the network are still seen.
 # Where every other member of the team is reached through a transport (the
 # words are written by the network alone), the wait sleeps in the transport
-# instead, where it can (GX_WAIT_SLEEP: ofi blocks in its CQs' wait fds), woken
+# instead, where it can (GX_WAIT_SLEEP: a network transport blocks in its
+# completion queues' wait fds), woken
 # by the traffic that carries the signal: nothing else would wake the futex
 # before the nap ends, and a nap costs a timer wake-up (>= 50 us of slack),
-# more than a tcp round trip (bench/signal_breakdown.py --transport ofi).  More
+# more than a network round trip (bench/signal_breakdown.py).  More
 # ranks than cores still make progress; a dead team member, a closed team or
 # GEXMK_TIMEOUT end it with an error naming the word and the value seen.
 #
