@@ -269,3 +269,41 @@ def test_sleeping_waiter_is_woken_by_network_traffic(tmp_path, thread, expect):
     r.check()
     for rank in range(2):
         assert f"NETSLEEP-OK {rank}" in r.stdout, r.report()
+
+
+# finalize after a burst of injected put_signals: rank 0 issues put_signal_nbi
+# back to back (each an injected write and signal, no completion) for a second,
+# then both leave.  Without finalize's quiet, rank 0 was killed by SIGSEGV in
+# libfabric's fi_close (rxm, 1.17) in 4 of 4 runs: rank 1 closed its endpoint
+# under rank 0's backlog.
+BURST = r'''
+c = gexmk.init()
+tm = c.tm
+me, peer = tm.rank, 1 - tm.rank
+seg = c.segment_attach(1 << 16)
+x = np.ones(1, np.uint64)
+tm.barrier()
+if me == 0:
+    n, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < 1.0:
+        for _ in range(100):
+            tm.put_signal_nbi(peer, tm.addr(peer, 4096), x, tm.addr(peer, 128), 1)
+        n += 100
+    log(f"{n} put_signals")
+    tm.signal_op(peer, tm.addr(peer, 0), 1)
+else:
+    tm.wait_until(tm.addr(me, 0), gexmk.CMP_GE, 1)
+tm.barrier()
+c.finalize()
+print(f"BURST-OK {me}", flush=True)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_finalize_after_a_burst_of_put_signals(tmp_path):
+    _need_ofi("tcp;ofi_rxm")
+    env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm", "FI_PROVIDER": None}
+    r = mp_util.run_job(tmp_path, BURST, 2, env=env, launcher_timeout=100)
+    r.check()
+    for rank in range(2):
+        assert f"BURST-OK {rank}" in r.stdout, r.report()
