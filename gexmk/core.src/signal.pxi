@@ -19,12 +19,12 @@
 # Where every other member of the team is reached through a transport (the
 # words are written by the network alone), the wait sleeps in the transport
 # instead, where it can (GX_WAIT_SLEEP: a network transport blocks in its
-# completion queues' wait fds), woken
-# by the traffic that carries the signal: nothing else would wake the futex
-# before the nap ends, and a nap costs a timer wake-up (>= 50 us of slack),
-# more than a network round trip (bench/signal_breakdown.py).  More
-# ranks than cores still make progress; a dead team member, a closed team or
-# GEXMK_TIMEOUT end it with an error naming the word and the value seen.
+# completion queues' wait fds), woken by the traffic that carries the signal:
+# nothing else would wake the futex before the nap ends, and a nap costs a
+# timer wake-up (>= 50 us of slack), more than a network round trip
+# (bench/signal_breakdown.py).  More ranks than cores still make progress; a
+# dead team member, a closed team or GEXMK_TIMEOUT end it with an error naming
+# the word and the value seen.
 #
 # From Python, a wait whose word is not yet satisfied first spins a little
 # with the GIL held (_gil_spin passes, ~1.3 us; none on an oversubscribed node):
