@@ -309,36 +309,68 @@ cdef int net_nbi_test(void* epv, int categories) except -1 nogil:
 
 cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
     """A wait whose words only the network writes has nothing left to do but
-    sleep (GX_WAIT_SLEEP): block in the endpoint's CQ wait fds until traffic
-    comes or ``us`` microseconds pass, then read the CQs, which lands the
-    signal that woke it (signal.pxi).  A futex sleeper would wait out its nap
-    (>= 50 us of timer slack, more than a tcp round trip): no one reads the
-    CQs meanwhile, as the progress thread stands aside while this process
-    issues.  fi_trywait first, as libfabric prescribes (and as the progress
-    thread does; both may sleep on the same fds).  2 once done; 1, after a
-    plain pass, where the CQs have no wait fd (no sleeping progress thread:
+    sleep (GX_WAIT_SLEEP): block in the CQ wait fds until traffic comes or
+    ``us`` microseconds pass, then progress, which lands the signal that
+    woke it (signal.pxi).  A futex sleeper would wait out its nap (>= 50 us
+    of timer slack, more than a tcp round trip): no one reads the CQs
+    meanwhile, as the progress thread stands aside while this process
+    issues.  fi_trywait first, as libfabric prescribes.
+
+    Where it can, it sleeps on every endpoint's CQs (_wait_set), serves them
+    all on waking, and keeps the progress thread off meanwhile (dom.waiters,
+    then driven_until between two passes): two threads asleep on the same
+    fds would both wake, and the one that read nothing could go back to
+    sleep just before the other lands its signal, until the nap ends.  Else
+    (many endpoints, or one without a wait fd) it sleeps on its own and the
+    progress thread serves the rest.  2 once done; 1, after a plain pass,
+    where the CQs have no wait fd (no sleeping progress thread:
     GEXMK_PROGRESS_THREAD off or spin), and the wait sleeps on its word."""
-    cdef fid* fids[2]
-    cdef pollfd pfds[2]
+    cdef ofi_dom* d = ep.dom
+    cdef fid* fids[2 * SLEEP_EPS]
+    cdef pollfd pfds[2 * SLEEP_EPS]
     cdef timespec ts
-    cdef int nfd = 1
+    cdef int nfd, i, rc
+    cdef ofi_ep* e
     if not ep.can_wait:
         if _read_ep_cq(ep) < 0 or (ep.acq != NULL and _read_cq(ep.acq) < 0):
             return check("fi_cq_read", -FI_EIO)
         return 1
-    fids[0] = &ep.cq.fid
-    pfds[0].fd = ep.wait_fd
-    if ep.acq != NULL:
-        fids[1] = &ep.acq.fid
-        pfds[1].fd = ep.await_fd
-        nfd = 2
-    if fi_trywait(ep.dom.fabric, fids, nfd) == 0:
-        pfds[0].events = pfds[1].events = POLLIN
-        pfds[0].revents = pfds[1].revents = 0
+    gx_add_long(&d.readers, 1)
+    gx_mem_fence()
+    nfd = _wait_set(d, fids, pfds)
+    if nfd > 0:
+        gx_add_long(&d.waiters, 1)
+    else:
+        fids[0] = &ep.cq.fid
+        pfds[0].fd = ep.wait_fd
+        nfd = 1
+        if ep.acq != NULL:
+            fids[1] = &ep.acq.fid
+            pfds[1].fd = ep.await_fd
+            nfd = 2
+        for i in range(nfd):
+            pfds[i].events = POLLIN
+            pfds[i].revents = 0
+        nfd = -nfd                  # own fds only
+    if fi_trywait(d.fabric, fids, nfd if nfd > 0 else -nfd) == 0:
         ts.tv_sec = us // 1000000
         ts.tv_nsec = (us % 1000000) * 1000
-        ppoll(pfds, nfd, &ts, NULL)
-    if _read_ep_cq(ep) < 0 or (ep.acq != NULL and _read_cq(ep.acq) < 0):
+        ppoll(pfds, nfd if nfd > 0 else -nfd, &ts, NULL)
+    # every CQ slept on, atomics CQs included (what woke it may be an atomic
+    # its provider applies when that CQ is read)
+    rc = 0
+    if nfd > 0:
+        for i in range(gx_load_long(&d.neps)):
+            e = d.eps[i]
+            if _read_ep_cq(e) < 0 or (e.acq != NULL and _read_cq(e.acq) < 0):
+                rc = -1
+                break
+        d.driven_until = _now() + WAIT_ASIDE
+        gx_add_long(&d.waiters, -1)
+    elif _read_ep_cq(ep) < 0 or (ep.acq != NULL and _read_cq(ep.acq) < 0):
+        rc = -1
+    gx_add_long(&d.readers, -1)
+    if rc < 0:
         return check("fi_cq_read", -FI_EIO)
-    ep.dom.wait_pass_end = _now()
+    d.wait_pass_end = _now()
     return 2
