@@ -341,17 +341,7 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
     if nfd > 0:
         gx_add_long(&d.waiters, 1)
     else:
-        fids[0] = &ep.cq.fid
-        pfds[0].fd = ep.wait_fd
-        nfd = 1
-        if ep.acq != NULL:
-            fids[1] = &ep.acq.fid
-            pfds[1].fd = ep.await_fd
-            nfd = 2
-        for i in range(nfd):
-            pfds[i].events = POLLIN
-            pfds[i].revents = 0
-        nfd = -nfd                  # own fds only
+        nfd = -_ep_wait_fds(ep, fids, pfds, 0)      # own fds only
     if fi_trywait(d.fabric, fids, nfd if nfd > 0 else -nfd) == 0:
         ts.tv_sec = us // 1000000
         ts.tv_nsec = (us % 1000000) * 1000

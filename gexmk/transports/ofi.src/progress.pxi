@@ -67,16 +67,24 @@ cdef int _wait_set(ofi_dom* d, fid** cqfids, pollfd* pfds) noexcept nogil:
         ep = d.eps[i]
         if not ep.can_wait:
             return 0
-        cqfids[nfd] = &ep.cq.fid
-        pfds[nfd].fd = ep.wait_fd
+        nfd = _ep_wait_fds(ep, cqfids, pfds, nfd)
+    return nfd
+
+
+cdef int _ep_wait_fds(ofi_ep* ep, fid** cqfids, pollfd* pfds, int nfd) noexcept nogil:
+    """Append the endpoint's CQs (its atomics CQ too) and their wait fds at
+    index nfd, ready for fi_trywait and poll(): the new count."""
+    cqfids[nfd] = &ep.cq.fid
+    pfds[nfd].fd = ep.wait_fd
+    pfds[nfd].events = POLLIN
+    pfds[nfd].revents = 0
+    nfd += 1
+    if ep.acq != NULL:
+        cqfids[nfd] = &ep.acq.fid
+        pfds[nfd].fd = ep.await_fd
+        pfds[nfd].events = POLLIN
+        pfds[nfd].revents = 0
         nfd += 1
-        if ep.acq != NULL:
-            cqfids[nfd] = &ep.acq.fid
-            pfds[nfd].fd = ep.await_fd
-            nfd += 1
-    for i in range(nfd):
-        pfds[i].events = POLLIN
-        pfds[i].revents = 0
     return nfd
 
 
