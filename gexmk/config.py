@@ -80,6 +80,10 @@ class Config:
     #: where the provider orders RMA writes before atomics (FI_ORDER_WAW); 0: the data's
     #: delivery is waited for first (what providers without that ordering always get).
     ofi_ordered_signal: bool = True
+    #: GEXMK_OFI_SIGNAL_DATA: where put_signal sends its signal as a message
+    #: (split endpoints, tcp;ofi_rxm), a small signal rides on the data write
+    #: itself as remote CQ data (one send instead of two); 0: always the message.
+    ofi_signal_data: bool = True
     #: GEXMK_OFI_CONNECT: ``eager`` sets up network connections to peers at
     #: publication (the first operation costs what the rest do); ``lazy`` leaves
     #: each to the first operation between two endpoints.
@@ -168,6 +172,7 @@ def load(env=None) -> Config:
         ofi_split=split != "0",
         ofi_ordered_flush=_choice(env, "GEXMK_OFI_ORDERED_FLUSH", _BOOL, True),
         ofi_ordered_signal=_choice(env, "GEXMK_OFI_ORDERED_SIGNAL", _BOOL, True),
+        ofi_signal_data=_choice(env, "GEXMK_OFI_SIGNAL_DATA", _BOOL, True),
         ofi_connect=_choice(env, "GEXMK_OFI_CONNECT", {"eager": "eager", "lazy": "lazy"}, "eager"),
         ofi_stage=_choice(env, "GEXMK_OFI_STAGE", {"auto": "auto", "all": "all"}, "auto"),
         ofi_hmem=_choice(env, "GEXMK_OFI_HMEM", {"auto": "auto", "off": "off", "system": "system"},

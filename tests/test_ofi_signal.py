@@ -5,7 +5,9 @@ gexmk/transports/ofi.src/signal.pxi): ``ordered`` -- the data write and the
 signal atomic back to back on one endpoint, where the provider orders an RMA
 write before a later atomic (FI_ORDER_WAW: shm); ``message`` -- split endpoints
 (tcp;ofi_rxm): the data write, then the signal as a message on the same
-endpoint (FI_ORDER_SAW), applied by the target; ``delivery`` -- the data's
+endpoint (FI_ORDER_SAW), applied by the target, or, where the signal fits,
+the signal as the data write's own remote CQ data (GEXMK_OFI_SIGNAL_DATA,
+on by default; ``put_signal_stats()["cq_data"]``); ``delivery`` -- the data's
 delivery waited for before the signal atomic is issued (GEXMK_OFI_ORDERED_SIGNAL=0).  A blocking put_signal waits only for
 local completion in every mode.
 
@@ -93,6 +95,8 @@ if me != 0:
     st = ofi.put_signal_stats()
     assert st[USED] == K, st
     assert sum(st[k] for k in ("ordered", "message", "delivery")) == K, st
+    # every signal here fits in remote CQ data: all of them ride on their write, or none
+    assert st["cq_data"] == (K if os.environ.get("SIG_DATA") == "1" else 0), st
     if USED != "delivery":
         assert st["ordered_max"] >= BIG, st
     log("sent", K, st)
@@ -177,20 +181,24 @@ def _need_ofi(provider):
         pytest.skip(f"libfabric provider {provider!r} is not available here")
 
 
-# (provider, GEXMK_OFI_ORDERED_SIGNAL, the mode the domain must report)
-CASES = [("tcp;ofi_rxm", "1", "message"), ("tcp;ofi_rxm", "0", "delivery"),
-         ("shm", "1", "ordered"), ("shm", "0", "delivery")]
+# (provider, GEXMK_OFI_ORDERED_SIGNAL, the mode the domain must report,
+#  GEXMK_OFI_SIGNAL_DATA: whether signals ride on their writes as remote CQ data)
+CASES = [("tcp;ofi_rxm", "1", "message", "1"), ("tcp;ofi_rxm", "1", "message", "0"),
+         ("tcp;ofi_rxm", "0", "delivery", "1"), ("shm", "1", "ordered", "1"),
+         ("shm", "0", "delivery", "1")]
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("op", ["SET", "ADD"])
-@pytest.mark.parametrize("provider,ordered,mode", CASES,
-                         ids=["tcp_message", "tcp_delivery", "shm_ordered", "shm_delivery"])
-def test_signal_never_overtakes_data(tmp_path, provider, ordered, mode, op, n):
+@pytest.mark.parametrize("provider,ordered,mode,data", CASES,
+                         ids=["tcp_cq_data", "tcp_message", "tcp_delivery", "shm_ordered",
+                              "shm_delivery"])
+def test_signal_never_overtakes_data(tmp_path, provider, ordered, mode, data, op, n):
     _need_ofi(provider)
     env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": provider, "FI_PROVIDER": None,
            "GEXMK_OFI_ORDERED_SIGNAL": ordered, "SIG_OP": op, "SIG_WANT_MODE": mode,
+           "GEXMK_OFI_SIGNAL_DATA": data, "SIG_DATA": "1" if mode == "message" and data == "1" else "0",
            "SIG_ITERS": 90 if n == 4 else 120, "GEXMK_TIMEOUT": 90}
     r = mp_util.run_job(tmp_path, ORDER, n, env=env, launcher_timeout=220)
     r.check()
@@ -307,3 +315,68 @@ def test_finalize_after_a_burst_of_put_signals(tmp_path):
     r.check()
     for rank in range(2):
         assert f"BURST-OK {rank}" in r.stdout, r.report()
+
+
+# Signals that do not fit in remote CQ data (a value from 2**36 on, a word past
+# the segment's first 512 MiB) go as messages, on the same endpoint as those
+# that ride on their writes: the two kinds must still apply in issue order, and
+# large values land exactly.  Each round, rank 1 issues six put_signals mixing
+# the two; rank 0 waits for the round's last one (it fits) and then checks the
+# state the earlier ones left.  With FIT_RANK0_NODATA rank 0's CQ takes no
+# remote CQ data, which its peer learns at publication: messages only.
+FIT = r'''
+if os.environ.get("FIT_RANK0_NODATA") == "1" and os.environ.get("GEXMK_RANK") == "0":
+    os.environ["GEXMK_OFI_SIGNAL_DATA"] = "0"
+c = gexmk.init()
+tm = c.tm
+me = tm.rank
+NEAR, ADDW, ACK, DATA = 0, 8, 16, 64
+FAR = 520 << 20
+BIG = 1 << 36
+ROUNDS = 40
+seg = c.segment_attach(FAR + 4096)
+mine = np.asarray(seg)
+ofi = c.transports.get("ofi")
+assert ofi.put_signal_mode == "message", ofi.put_signal_mode
+ofi.put_signal_stats(reset=True)
+tm.barrier()
+S, A = gexmk.SIGNAL_SET, gexmk.SIGNAL_ADD
+if me == 1:
+    x = np.zeros(1, np.uint64)
+    for r in range(1, ROUNDS + 1):
+        tm.wait_until(tm.addr(1, ACK), gexmk.CMP_GE, r - 1, timeout=30)
+        for k, (word, value, op) in enumerate([(NEAR, BIG + r * 10 + 1, S), (FAR, r * 10 + 2, S),
+                                               (ADDW, 1, A), (ADDW, BIG, A),
+                                               (FAR, BIG + r * 10 + 3, S), (NEAR, r * 10 + 4, S)]):
+            x[0] = r * 10 + k
+            tm.put_signal(0, tm.addr(0, DATA), x, tm.addr(0, word), value, op)
+    gexmk.quiet()
+    st = ofi.put_signal_stats()
+    fits = 0 if os.environ.get("FIT_RANK0_NODATA") == "1" else 2 * ROUNDS
+    assert st["message"] == 6 * ROUNDS and st["cq_data"] == fits, st
+    log("sent", st)
+else:
+    w = mine.view(np.uint64)
+    for r in range(1, ROUNDS + 1):
+        tm.wait_until(tm.addr(0, NEAR), gexmk.CMP_EQ, r * 10 + 4, timeout=30)
+        got = (int(w[FAR // 8]), int(w[ADDW // 8]), int(w[DATA // 8]))
+        assert got == (BIG + r * 10 + 3, r * (BIG + 1), r * 10 + 5), (r, got)
+        tm.signal_op(1, tm.addr(1, ACK), r, S)
+    assert ofi.put_signal_stats()["bad_messages"] == 0
+gexmk.quiet()
+tm.barrier()
+print(f"FIT-OK {me}", flush=True)
+c.finalize()
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("rank0_nodata", ["0", "1"], ids=["cq_data", "rank0_takes_none"])
+def test_signals_that_do_not_fit_in_cq_data_keep_their_order(tmp_path, rank0_nodata):
+    _need_ofi("tcp;ofi_rxm")
+    env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm", "FI_PROVIDER": None,
+           "FIT_RANK0_NODATA": rank0_nodata, "GEXMK_TIMEOUT": 60}
+    r = mp_util.run_job(tmp_path, FIT, 2, env=env, launcher_timeout=100)
+    r.check()
+    for rank in range(2):
+        assert f"FIT-OK {rank}" in r.stdout, r.report()

@@ -102,6 +102,21 @@ cdef enum:
     HMEM_AUTO = 1
     HMEM_SYSTEM = 2
 
+# a put_signal's signal as remote CQ data (signal.pxi): kind (2 bits), the
+# word's index in the segment (26 bits: its first 512 MiB), the value (36 bits)
+cdef enum:
+    SIG_DATA_SET = 1
+    SIG_DATA_ADD = 2
+    SIG_DATA_KIND_SHIFT = 62
+    SIG_DATA_IDX_SHIFT = 36
+cdef extern from *:
+    """
+    #define GX_SIG_DATA_IDX_MAX ((UINT64_C(1) << 26) - 1)
+    #define GX_SIG_DATA_VAL_MAX ((UINT64_C(1) << 36) - 1)
+    """
+    const uint64_t SIG_DATA_IDX_MAX "GX_SIG_DATA_IDX_MAX"
+    const uint64_t SIG_DATA_VAL_MAX "GX_SIG_DATA_VAL_MAX"
+
 
 cdef struct sig_rx
 
@@ -134,6 +149,7 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
     int answers             # the owner serves network operations while it computes (auto
                             # progress or a progress thread): connections may be set up eagerly
     int sig_rx              # its endpoint takes put_signal's signal messages (signal.pxi)
+    int sig_data            # ... and signals carried as a write's remote CQ data (signal.pxi)
     int stg                 # a device segment reached through its landing zone (staged.pxi)
     int hmem                # a device segment the provider registered (FI_HMEM, hmem.pxi): RMA
                             # lands in it natively; its atomics go through its landing zone
@@ -178,6 +194,9 @@ cdef struct ofi_dom:
     int sig_msg             # put_signal: data write, then the signal as a message on the RMA
                             # endpoint (split: FI_ORDER_SAW there), applied by the target (signal.pxi)
     long n_sig_msg          # put_signals issued that way
+    int sig_data            # ... the signal carried by the data write itself as remote CQ data,
+                            # where it fits (signal.pxi); the endpoints' CQs then FI_CQ_FORMAT_DATA
+    long n_sig_data         # put_signals issued that way (counted in n_sig_msg too)
     long sig_bad            # signal messages received that named no word of this process
     ofi_ep* eps[MAX_EPS]    # live endpoints: what waits and the progress thread poll
     long neps
@@ -231,6 +250,7 @@ cdef struct ofi_ep:
     int bb_lock             # one staged transfer at a time uses zone.bounce
     sig_rx* rx              # signal messages: SIG_RX receives posted on ep (signal.pxi); NULL if none
     int rx_lock             # ... one thread at a time reads cq then, so they apply in arrival order
+    int cq_data             # cq is FI_CQ_FORMAT_DATA: signals arrive as remote CQ data (signal.pxi)
     gx_wake* wake           # the bound segment's wake word (futex sleepers), or NULL
 
 
@@ -397,9 +417,11 @@ cdef class OfiTransport:
         p.c.net_key = self.domain.map_key(rkey, base)   # raw keys are mapped here
         p.c.net_base = base
         # bit 0: the owner answers while it computes; bit 1: its endpoint takes
-        # signal messages (a peer that does not would leave them unapplied)
+        # signal messages (a peer that does not would leave them unapplied);
+        # bit 2: and signals as remote CQ data (its CQ has the data format)
         p.c.answers = answers & 1
         p.c.sig_rx = (answers >> 1) & 1
+        p.c.sig_data = (answers >> 2) & 1
         p.c.stg = p.c.hmem = 0
         if geometry is None and native is None:
             return p

@@ -181,6 +181,9 @@ cdef class Domain:
                 and not (rma.domain_attr.mr_mode & FI_MR_LOCAL):
             self.d.sig_msg = 1
             self.d.sig_order_max = rma.ep_attr.max_order_waw_size
+            # ... and a small signal as the data write's remote CQ data: one
+            # send, not two (signal.pxi, SIG_DATA_*)
+            self.d.sig_data = config.ofi_signal_data and rma.domain_attr.cq_data_size >= 8
         cdef fi_av_attr av_attr
         memset(&av_attr, 0, sizeof(av_attr))
         av_attr.type = FI_AV_TABLE
@@ -231,15 +234,18 @@ cdef class Domain:
 
     def put_signal_stats(self, reset=False):
         """``{"ordered": n, "message": n, "delivery": n, "ordered_max": bytes,
-        "bad_messages": n}``: put_signals of this process issued each way
-        (larger data than ``ordered_max`` takes the delivery way), and signal
-        messages received here that named no word of the endpoint's bound
-        segment (dropped); ``reset`` zeroes the counts."""
+        "bad_messages": n, "cq_data": n}``: put_signals of this process issued
+        each way (larger data than ``ordered_max`` takes the delivery way; of
+        the "message" ones, ``cq_data`` carried their signal as the data
+        write's remote CQ data instead of a message of its own), and signals
+        received here that named no word of the endpoint's bound segment
+        (dropped); ``reset`` zeroes the counts."""
         out = {"ordered": self.d.n_sig_ordered, "message": self.d.n_sig_msg,
                "delivery": self.d.n_sig_delivery, "ordered_max": self.d.sig_order_max,
-               "bad_messages": self.d.sig_bad}
+               "bad_messages": self.d.sig_bad, "cq_data": self.d.n_sig_data}
         if reset:
             self.d.n_sig_ordered = self.d.n_sig_delivery = self.d.n_sig_msg = 0
+            self.d.n_sig_data = 0
             self.d.sig_bad = 0
         return out
 

@@ -19,7 +19,9 @@ cdef class OfiEndpoint:
         ep.domain = dom
         ep.e.dom = &dom.d
         memset(&cq_attr, 0, sizeof(cq_attr))
-        cq_attr.format = FI_CQ_FORMAT_CONTEXT
+        # signals riding on writes as remote CQ data need the data format (signal.pxi)
+        ep.e.cq_data = dom.d.sig_data
+        cq_attr.format = FI_CQ_FORMAT_DATA if ep.e.cq_data else FI_CQ_FORMAT_CONTEXT
         cq_attr.wait_obj = FI_WAIT_FD         # the progress thread sleeps on its fd
         cq_attr.size = 0
         cdef fi_wait_obj wobj = FI_WAIT_NONE
@@ -62,6 +64,7 @@ cdef class OfiEndpoint:
             if dom.d.split:
                 # its own CQ, of the same kind (see _progress_quiet)
                 cq_attr.wait_obj = FI_WAIT_FD if ep.e.can_wait else FI_WAIT_NONE
+                cq_attr.format = FI_CQ_FORMAT_CONTEXT
                 check("fi_cq_open (atomics)", fi_cq_open(dom.d.domain, &cq_attr, &ep.e.acq, NULL))
                 if ep.e.can_wait:
                     check("fi_control(FI_GETWAIT)", fi_control(&ep.e.acq.fid, FI_GETWAIT,
@@ -108,8 +111,10 @@ cdef class OfiEndpoint:
         # whether this process answers peers' operations while it computes: a
         # peer sets up its connection to us at publication only then (connect.pxi)
         answers = not self.domain.d.manual or self.domain.progress_running
-        # bit 1: this endpoint takes put_signal's signal messages (signal.pxi)
-        answers = int(bool(answers)) | (2 if self.e.rx != NULL else 0)
+        # bit 1: this endpoint takes put_signal's signal messages, bit 2: and
+        # signals as remote CQ data (signal.pxi)
+        answers = int(bool(answers)) | (2 if self.e.rx != NULL else 0) \
+            | (4 if self.e.rx != NULL and self.e.cq_data else 0)
         host = seg.kind.cls == GX_MK_HOST
         self.hmem_note = None
         if not self.plain and (not host or self.e.dom.hmem_want == HMEM_SYSTEM):

@@ -4,12 +4,18 @@ cdef int _read_cq(fid_cq* cq) noexcept nogil:
     """Complete what one CQ holds (reading it drives manual progress of the
     endpoints bound to it): how many, or -1 on a CQ failure."""
     cdef fi_cq_entry entries[16]
-    cdef fi_cq_err_entry e
     cdef ssize_t n = fi_cq_read(cq, entries, 16), i
     if n > 0:
         for i in range(n):
             _complete(<gx_op*>entries[i].op_context, 0)
         return <int>n
+    return _cq_empty(cq, n)
+
+
+cdef int _cq_empty(fid_cq* cq, ssize_t n) noexcept nogil:
+    """What a fi_cq_read that returned no entry (n) means: an error entry is
+    completed (1), nothing there (0), or the CQ failed (-1)."""
+    cdef fi_cq_err_entry e
     if n == -FI_EAVAIL:
         memset(&e, 0, sizeof(e))
         if fi_cq_readerr(cq, &e, 0) > 0 and e.op_context != NULL:
@@ -28,13 +34,29 @@ cdef int _read_ep_cq(ofi_ep* ep) noexcept nogil:
     order (SET 120 overwritten by the SET 119 read just before it).  A thread
     that finds the CQ taken leaves it to its reader: 0."""
     cdef int n
-    if ep.rx == NULL:
+    if ep.rx == NULL and not ep.cq_data:
         return _read_cq(ep.cq)
     if gx_xchg_int(&ep.rx_lock, 1) != 0:
         return 0
-    n = _read_cq(ep.cq)
+    n = _read_data_cq(ep) if ep.cq_data else _read_cq(ep.cq)
     gx_xchg_int(&ep.rx_lock, 0)
     return n
+
+
+cdef int _read_data_cq(ofi_ep* ep) noexcept nogil:
+    """_read_cq of an FI_CQ_FORMAT_DATA CQ: an entry without a context
+    carrying remote CQ data is a put_signal's signal that rode on its data
+    write (signal.pxi), applied here; the rest complete as usual."""
+    cdef fi_cq_data_entry entries[16]
+    cdef ssize_t n = fi_cq_read(ep.cq, entries, 16), i
+    if n > 0:
+        for i in range(n):
+            if entries[i].op_context != NULL:
+                _complete(<gx_op*>entries[i].op_context, 0)
+            elif entries[i].flags & FI_REMOTE_CQ_DATA:
+                _sig_data_landed(ep, entries[i].data)
+        return <int>n
+    return _cq_empty(ep.cq, n)
 
 
 cdef int _progress_quiet(ofi_ep* ep) noexcept nogil:
