@@ -43,6 +43,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from itertools import repeat
 
@@ -224,17 +225,22 @@ def run(iters=200, batch_us=200.0, timeout=300, transport="auto", provider=None,
     env["GEXMK_TRANSPORT"] = transport
     if provider:
         env["GEXMK_OFI_PROVIDER"] = provider
+    ext_dir = tempfile.TemporaryDirectory(prefix="gexmk-bench-")   # removed after the job
     try:
         from gexmk.bench import build_extension
-        env["GEXMK_SIGNAL_EXT"] = build_extension(os.path.join(HERE, "signal_loop.pyx"))
+        env["GEXMK_SIGNAL_EXT"] = build_extension(os.path.join(HERE, "signal_loop.pyx"),
+                                                  outdir=ext_dir.name)
     except Exception as e:  # noqa: BLE001 - reported; the Python figures still come
         print(f"nogil loops not built: {type(e).__name__}: {e}", file=sys.stderr)
     flags = ["-P"] if getattr(sys.flags, "safe_path", False) else []
     cmd = [sys.executable, *flags, "-m", "gexmk.run", "-n", "2", "--timeout", str(timeout),
            os.path.abspath(__file__), "--job", "--iters", str(iters), "--batch-us", str(batch_us),
            "--legs", str(legs), "--warmup", str(warmup)] + (["--legs-only"] if legs_only else [])
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env,
-                       stdin=subprocess.DEVNULL)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env,
+                           stdin=subprocess.DEVNULL)
+    finally:
+        ext_dir.cleanup()
     if r.returncode != 0:
         raise SystemExit(f"the job exited {r.returncode}: {r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])

@@ -6,7 +6,8 @@ endpoint, registrations; the transport's control plane), ``rma`` (puts, gets,
 the remote-completion flush), ``atomic`` (fi_atomic and the CAS fallback),
 ``completion`` (ops, errors, waits, nbi sync), ``progress`` (CQ reading and
 the background progress thread), ``signal`` (put_signal: the signal never
-before the data, three ways, and the target's side of signal messages),
+before the data, three ways, and the target's side of signal messages and of
+signals carried as a write's remote CQ data),
 ``staged`` (device segments the provider cannot reach: landing zones served
 by the owner's lander, path ``ofi-staged``), ``hmem`` (device segments the
 provider registers with FI_HMEM: path ``ofi-hmem``, atomics still through a
