@@ -1092,3 +1092,50 @@ def test_bad_input_over_ofi(tmp_path, provider):
     c.finalize()
     '''
     run(tmp_path, src, 2, provider).check()
+
+
+# ---- a wait serves the process's other endpoints, with no progress thread --------
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("thread", ["0", "auto"])
+def test_sleeping_wait_serves_other_endpoints(tmp_path, thread):
+    """Rank 0 waits in a barrier (the hidden synchronisation endpoint) long
+    enough to sleep, while rank 1 puts to and gets from rank 0's own segment
+    (the primordial endpoint), blocking: over tcp;ofi_rxm those need rank 0's
+    progress.  With no progress thread (GEXMK_PROGRESS_THREAD=0) only the
+    barrier's wait can give it; it used to serve its own endpoint alone once
+    asleep, and the two ranks waited on each other until the timeout."""
+    provider = "tcp;ofi_rxm"
+    need(provider)
+    src = r'''
+    c = gexmk.init()
+    tm = c.tm
+    me, peer = tm.rank, 1 - tm.rank
+    seg = c.segment_attach(1 << 16)
+    mine = np.asarray(seg)
+    x = np.arange(512, dtype=np.uint64)
+    tm.put(peer, tm.addr(peer, 0), x[:1])            # connected both ways
+    tm.barrier()
+    for i in range(3):
+        t0 = time.monotonic()
+        if me == 1:
+            time.sleep(0.3)                          # rank 0 is asleep in the barrier by now
+            tm.put(0, tm.addr(0, 4096), x + i)
+            back = np.empty_like(x)
+            tm.get(back, 0, tm.addr(0, 4096))
+            assert (back == x + i).all()
+        tm.barrier()
+        took = time.monotonic() - t0
+        log(f"round {i}: {took:.3f} s")
+        assert took < 5, f"round {i} took {took:.1f} s"
+    if me == 0:
+        assert (mine[4096:4096 + x.nbytes].view(np.uint64) == x + 2).all()
+    tm.barrier()
+    print(f"SERVED-OK {me}", flush=True)
+    c.finalize()
+    '''
+    r = run(tmp_path, src, 2, provider, launcher_timeout=80,
+            env={"GEXMK_TIMEOUT": 20, "GEXMK_PROGRESS_THREAD": thread})
+    r.check()
+    for rank in range(2):
+        assert f"SERVED-OK {rank}" in r.stdout, r.report()

@@ -177,6 +177,7 @@ cdef struct ofi_dom:
     uint64_t mr_mode
     size_t inject_size
     int manual              # FI_PROGRESS_MANUAL data progress: targets must poll
+    int thread_on           # the background progress thread runs (start_progress)
     uint64_t next_key       # requested keys when the provider does not choose them
     double timeout          # seconds a blocking wait may take before TimeoutError
     int cq_wait             # CQs opened from now on get a wait fd (a sleeping progress thread)

@@ -291,6 +291,11 @@ cdef int net_nbi_test(void* epv, int categories) except -1 nogil:
                 return check("fi_cq_read", -FI_EIO)
         elif _now() - ep.dom.wait_pass_end < PASS_FRESH:
             return 1
+        elif _unserved(ep.dom):
+            # a sleeping wait's pass (or a test's) with no progress thread:
+            # serve every endpoint, as the waits that poll do above
+            if _progress_all(ep.dom) < 0:
+                return check("fi_cq_read", -FI_EIO)
         if _read_ep_cq(ep) < 0 or (ep.acq != NULL and _read_cq(ep.acq) < 0):
             return check("fi_cq_read", -FI_EIO)
         if categories & GX_WAIT_DRIVING:
@@ -305,6 +310,14 @@ cdef int net_nbi_test(void* epv, int categories) except -1 nogil:
             if gx_load_ptr(<void**>&ep.touched[i]) != NULL:
                 return 0
     return 1
+
+
+cdef inline bint _unserved(ofi_dom* d) noexcept nogil:
+    """No progress thread serves this manual-progress domain's endpoints:
+    a wait on one endpoint must serve the others itself, on every pass, or
+    a peer blocked on an operation to another endpoint of this process (a
+    put to its segment while this one waits in a barrier) waits for ever."""
+    return d.manual and not d.thread_on
 
 
 cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
@@ -332,7 +345,8 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
     cdef int nfd, i, rc
     cdef ofi_ep* e
     if not ep.can_wait:
-        if _read_ep_cq(ep) < 0 or (ep.acq != NULL and _read_cq(ep.acq) < 0):
+        if (_unserved(d) and _progress_all(d) < 0) or _read_ep_cq(ep) < 0 \
+                or (ep.acq != NULL and _read_cq(ep.acq) < 0):
             return check("fi_cq_read", -FI_EIO)
         return 1
     gx_add_long(&d.readers, 1)

@@ -339,6 +339,7 @@ cdef class Domain:
         # endpoints opened from now on get a CQ the thread can sleep on (those
         # opened before keep theirs and are polled with naps)
         self.d.cq_wait = not spin
+        self.d.thread_on = 1
         self._thread = threading.Thread(target=self._progress_loop, name="gexmk-ofi-progress",
                                         daemon=True)
         self._thread.start()
@@ -374,6 +375,7 @@ cdef class Domain:
             raise StateError("the ofi progress thread did not stop; not closing its endpoints")
         self._thread = None
         self._stop_flag = 0
+        self.d.thread_on = 0
 
     def start_lander(self):
         """Start the thread that serves this process's landing zones (idempotent)."""
