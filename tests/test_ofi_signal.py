@@ -181,6 +181,14 @@ def _need_ofi(provider):
         pytest.skip(f"libfabric provider {provider!r} is not available here")
 
 
+def _run_ok(tmp_path, src, n, env, tag, launcher_timeout):
+    """Run the job on n ranks; every rank must have printed "<tag>-OK <rank>"."""
+    r = mp_util.run_job(tmp_path, src, n, env=env, launcher_timeout=launcher_timeout)
+    r.check()
+    for rank in range(n):
+        assert f"{tag}-OK {rank}" in r.stdout, r.report()
+
+
 # (provider, GEXMK_OFI_ORDERED_SIGNAL, the mode the domain must report,
 #  GEXMK_OFI_SIGNAL_DATA: whether signals ride on their writes as remote CQ data)
 CASES = [("tcp;ofi_rxm", "1", "message", "1"), ("tcp;ofi_rxm", "1", "message", "0"),
@@ -200,10 +208,7 @@ def test_signal_never_overtakes_data(tmp_path, provider, ordered, mode, data, op
            "GEXMK_OFI_ORDERED_SIGNAL": ordered, "SIG_OP": op, "SIG_WANT_MODE": mode,
            "GEXMK_OFI_SIGNAL_DATA": data, "SIG_DATA": "1" if mode == "message" and data == "1" else "0",
            "SIG_ITERS": 90 if n == 4 else 120, "GEXMK_TIMEOUT": 90}
-    r = mp_util.run_job(tmp_path, ORDER, n, env=env, launcher_timeout=220)
-    r.check()
-    for rank in range(n):
-        assert f"ORDER-OK {rank}" in r.stdout, r.report()
+    _run_ok(tmp_path, ORDER, n, env, "ORDER", 220)
 
 
 @pytest.mark.timeout(120)
@@ -216,10 +221,7 @@ def test_no_signal_messages_to_a_peer_that_takes_none(tmp_path):
     env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm", "FI_PROVIDER": None,
            "SIG_RANK0_OFF": "1", "SIG_OP": "SET", "SIG_WANT_MODE": "message", "SIG_USED": "delivery",
            "SIG_ITERS": 40, "GEXMK_TIMEOUT": 60}
-    r = mp_util.run_job(tmp_path, ORDER, 2, env=env, launcher_timeout=100)
-    r.check()
-    for rank in range(2):
-        assert f"ORDER-OK {rank}" in r.stdout, r.report()
+    _run_ok(tmp_path, ORDER, 2, env, "ORDER", 100)
 
 
 # A wait whose words only the network writes sleeps in the transport (the
@@ -273,10 +275,7 @@ def test_sleeping_waiter_is_woken_by_network_traffic(tmp_path, thread, expect):
     _need_ofi("tcp;ofi_rxm")
     env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm", "FI_PROVIDER": None,
            "GEXMK_PROGRESS_THREAD": thread, "SIG_EXPECT": expect, "GEXMK_TIMEOUT": 60}
-    r = mp_util.run_job(tmp_path, NETSLEEP, 2, env=env, launcher_timeout=100)
-    r.check()
-    for rank in range(2):
-        assert f"NETSLEEP-OK {rank}" in r.stdout, r.report()
+    _run_ok(tmp_path, NETSLEEP, 2, env, "NETSLEEP", 100)
 
 
 # finalize after a burst of injected put_signals: rank 0 issues put_signal_nbi
@@ -311,10 +310,7 @@ print(f"BURST-OK {me}", flush=True)
 def test_finalize_after_a_burst_of_put_signals(tmp_path):
     _need_ofi("tcp;ofi_rxm")
     env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm", "FI_PROVIDER": None}
-    r = mp_util.run_job(tmp_path, BURST, 2, env=env, launcher_timeout=100)
-    r.check()
-    for rank in range(2):
-        assert f"BURST-OK {rank}" in r.stdout, r.report()
+    _run_ok(tmp_path, BURST, 2, env, "BURST", 100)
 
 
 # Signals that do not fit in remote CQ data (a value from 2**36 on, a word past
@@ -376,7 +372,4 @@ def test_signals_that_do_not_fit_in_cq_data_keep_their_order(tmp_path, rank0_nod
     _need_ofi("tcp;ofi_rxm")
     env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm", "FI_PROVIDER": None,
            "FIT_RANK0_NODATA": rank0_nodata, "GEXMK_TIMEOUT": 60}
-    r = mp_util.run_job(tmp_path, FIT, 2, env=env, launcher_timeout=100)
-    r.check()
-    for rank in range(2):
-        assert f"FIT-OK {rank}" in r.stdout, r.report()
+    _run_ok(tmp_path, FIT, 2, env, "FIT", 100)
