@@ -58,6 +58,7 @@ cdef extern from "<sys/prctl.h>" nogil:
               unsigned long arg5)
     enum:
         PR_SET_TIMERSLACK
+        PR_GET_TIMERSLACK
 
 from gexmk.lib.libfabric cimport *
 from gexmk.lib.gx cimport *
@@ -90,6 +91,10 @@ cdef double WAIT_ASIDE = 100e-6
 # A lone progress pass (signal_fetch, a test form) is left out within this
 # long (s) of the end of a wait's pass (net_nbi_test).
 cdef double PASS_FRESH = 5e-6
+# With no progress thread, a wait asleep on words only the network writes naps
+# this long (us) between passes at first (nobody else would see its signal
+# land), longer (x 1.5 a quiet pass, up to the core's nap) while nothing comes.
+cdef int UNSERVED_NAP_US = 20
 
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"
@@ -253,6 +258,7 @@ cdef struct ofi_ep:
     sig_rx* rx              # signal messages: SIG_RX receives posted on ep (signal.pxi); NULL if none
     int rx_lock             # ... one thread at a time reads cq then, so they apply in arrival order
     int cq_data             # cq is FI_CQ_FORMAT_DATA: signals arrive as remote CQ data (signal.pxi)
+    int nap_us              # a sleeping wait's next nap with no progress thread (_wait_sleep)
     gx_wake* wake           # the bound segment's wake word (futex sleepers), or NULL
 
 
