@@ -203,6 +203,7 @@ cdef struct ofi_dom:
     long n_sig_msg          # put_signals issued that way
     int sig_data            # ... the signal carried by the data write itself as remote CQ data,
                             # where it fits (signal.pxi); the endpoints' CQs then FI_CQ_FORMAT_DATA
+                            # (set at init, never changed: every CQ of the domain has one format)
     long n_sig_data         # put_signals issued that way (counted in n_sig_msg too)
     long sig_bad            # signal messages received that named no word of this process
     ofi_ep* eps[MAX_EPS]    # live endpoints: what waits and the progress thread poll
@@ -257,7 +258,6 @@ cdef struct ofi_ep:
     int bb_lock             # one staged transfer at a time uses zone.bounce
     sig_rx* rx              # signal messages: SIG_RX receives posted on ep (signal.pxi); NULL if none
     int rx_lock             # ... one thread at a time reads cq then, so they apply in arrival order
-    int cq_data             # cq is FI_CQ_FORMAT_DATA: signals arrive as remote CQ data (signal.pxi)
     int nap_us              # a sleeping wait's next nap with no progress thread (_wait_sleep)
     gx_wake* wake           # the bound segment's wake word (futex sleepers), or NULL
 

@@ -294,9 +294,10 @@ cdef int net_nbi_test(void* epv, int categories) except -1 nogil:
             return 1
         elif _unserved(ep.dom):
             # a sleeping wait's pass (or a test's) with no progress thread:
-            # serve every endpoint, as the waits that poll do above
-            if _progress_all(ep.dom) < 0:
+            # serve every endpoint (its own among them), as the waits that poll do above
+            if _progress_all(ep.dom) < 0 or (ep.acq != NULL and _read_cq(ep.acq) < 0):
                 return check("fi_cq_read", -FI_EIO)
+            return 1
         if _read_ep_cq(ep) < 0 or (ep.acq != NULL and _read_cq(ep.acq) < 0):
             return check("fi_cq_read", -FI_EIO)
         if categories & GX_WAIT_DRIVING:

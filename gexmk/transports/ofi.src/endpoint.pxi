@@ -20,8 +20,7 @@ cdef class OfiEndpoint:
         ep.e.dom = &dom.d
         memset(&cq_attr, 0, sizeof(cq_attr))
         # signals riding on writes as remote CQ data need the data format (signal.pxi)
-        ep.e.cq_data = dom.d.sig_data
-        cq_attr.format = FI_CQ_FORMAT_DATA if ep.e.cq_data else FI_CQ_FORMAT_CONTEXT
+        cq_attr.format = FI_CQ_FORMAT_DATA if dom.d.sig_data else FI_CQ_FORMAT_CONTEXT
         cq_attr.wait_obj = FI_WAIT_FD         # the progress thread sleeps on its fd
         cq_attr.size = 0
         cdef fi_wait_obj wobj = FI_WAIT_NONE
@@ -114,7 +113,7 @@ cdef class OfiEndpoint:
         # bit 1: this endpoint takes put_signal's signal messages, bit 2: and
         # signals as remote CQ data (signal.pxi)
         answers = int(bool(answers)) | (2 if self.e.rx != NULL else 0) \
-            | (4 if self.e.rx != NULL and self.e.cq_data else 0)
+            | (4 if self.e.rx != NULL and self.e.dom.sig_data else 0)
         host = seg.kind.cls == GX_MK_HOST
         self.hmem_note = None
         if not self.plain and (not host or self.e.dom.hmem_want == HMEM_SYSTEM):

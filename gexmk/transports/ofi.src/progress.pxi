@@ -34,11 +34,12 @@ cdef int _read_ep_cq(ofi_ep* ep) noexcept nogil:
     order (SET 120 overwritten by the SET 119 read just before it).  A thread
     that finds the CQ taken leaves it to its reader: 0."""
     cdef int n
-    if ep.rx == NULL and not ep.cq_data:
+    if ep.rx == NULL and not ep.dom.sig_data:
         return _read_cq(ep.cq)
     if gx_xchg_int(&ep.rx_lock, 1) != 0:
         return 0
-    n = _read_data_cq(ep) if ep.cq_data else _read_cq(ep.cq)
+    # a domain's CQs all have the data format where sig_data is set (endpoint.pxi)
+    n = _read_data_cq(ep) if ep.dom.sig_data else _read_cq(ep.cq)
     gx_xchg_int(&ep.rx_lock, 0)
     return n
 

@@ -281,36 +281,37 @@ cdef int _sig_post(sig_rx* r) noexcept nogil:
 
 cdef void _sig_landed(gx_op* op, int err) noexcept nogil:
     """A signal message was received (from the CQ, by whichever thread read
-    it): its data landed before it (FI_ORDER_SAW).  Apply the signal to the
-    word of this endpoint's bound segment it names, wake sleepers, repost."""
+    it): its data landed before it (FI_ORDER_SAW).  Apply it, repost."""
     cdef sig_rx* r = <sig_rx*>op
     cdef ofi_ep* ep = op.ep
     cdef uintptr_t word
-    cdef uint64_t kind = r.msg[2]
     if err:
         return              # cancelled: the endpoint is closing
     word = <uintptr_t>r.msg[0]
     if not (ep.dom.mr_mode & FI_MR_VIRT_ADDR):
         word += ep.seg_lo   # offset addressing: the network address is the offset
-    if ep.seg_mr != NULL and ep.zone == NULL and word >= ep.seg_lo and word + 8 <= ep.seg_hi \
-            and (word & 7) == 0 and (kind == GX_SIGNAL_SET or kind == GX_SIGNAL_ADD):
-        gx_signal_local(<void*>word, r.msg[1], <int>kind)
-        gx_wake_waiters(ep.wake)
-    else:
-        gx_add_long(&ep.dom.sig_bad, 1)
+    _sig_apply(ep, word, r.msg[1], r.msg[2])
     _sig_post(r)
 
 
 cdef void _sig_data_landed(ofi_ep* ep, uint64_t data) noexcept nogil:
     """A write carrying a signal as its remote CQ data has landed (from the
-    CQ, by its one reader: _read_ep_cq): apply the signal to the word of
-    this endpoint's bound segment it names, wake sleepers."""
+    CQ, by its one reader: _read_ep_cq): decode and apply it."""
     cdef uint64_t kind = data >> SIG_DATA_KIND_SHIFT
-    cdef uintptr_t word = ep.seg_lo + (((data >> SIG_DATA_IDX_SHIFT) & SIG_DATA_IDX_MAX) << 3)
-    if ep.seg_mr != NULL and ep.zone == NULL and word + 8 <= ep.seg_hi \
-            and (kind == SIG_DATA_SET or kind == SIG_DATA_ADD):
-        gx_signal_local(<void*>word, data & SIG_DATA_VAL_MAX,
-                        GX_SIGNAL_ADD if kind == SIG_DATA_ADD else GX_SIGNAL_SET)
+    cdef uint64_t op = GX_SIGNAL_SET if kind == SIG_DATA_SET else \
+        (GX_SIGNAL_ADD if kind == SIG_DATA_ADD else <uint64_t>-1)      # -1: no kind, dropped
+    _sig_apply(ep, ep.seg_lo + (((data >> SIG_DATA_IDX_SHIFT) & SIG_DATA_IDX_MAX) << 3),
+               data & SIG_DATA_VAL_MAX, op)
+
+
+cdef void _sig_apply(ofi_ep* ep, uintptr_t word, uint64_t value, uint64_t kind) noexcept nogil:
+    """Apply a received signal (GX_SIGNAL_*) to the word of this endpoint's
+    bound segment it names and wake sleepers; one naming anything else
+    (another word, a bad kind, a device segment's endpoint) is counted in
+    sig_bad and dropped."""
+    if ep.seg_mr != NULL and ep.zone == NULL and word >= ep.seg_lo and word + 8 <= ep.seg_hi \
+            and (word & 7) == 0 and (kind == GX_SIGNAL_SET or kind == GX_SIGNAL_ADD):
+        gx_signal_local(<void*>word, value, <int>kind)
         gx_wake_waiters(ep.wake)
     else:
         gx_add_long(&ep.dom.sig_bad, 1)
