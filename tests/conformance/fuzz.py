@@ -880,16 +880,12 @@ class Sim:
                     texp = maybe("PeerDeadError", why="waiting on a team with a dying member")
                 texp.extra.update(j=j, sig_off=a["sig_off"], value=wexp.extra["sigval"],
                                   alive=use_alive, sid=s.sid, cmp="EQ")
-                # CMP_EQ unless the writer signals the word again this epoch; then
-                # CMP_GE where the values grow from a known old one, else no wait
-                later = any(i2 > self.idx and it2.r == w and it2.a.get("t") == t
-                            and "sig_off" in it2.a for i2, it2 in self.epoch_items)
-                if later:
-                    old = wexp.extra.get("sigold")
-                    if old is None or old >= wexp.extra["sigval"]:
-                        out[t] = Expect("skip", why="the word is signalled again and may not grow")
-                        return out
-                    texp.extra["cmp"] = "GE"
+                # CMP_EQ; not at all where the writer signals the word again this
+                # epoch (the value waited for may be gone before the wait looks)
+                if any(i2 > self.idx and it2.r == w and it2.a.get("t") == t
+                       and it2.a.get("sig_off") == a["sig_off"] for i2, it2 in self.epoch_items):
+                    out[t] = Expect("skip", why="the word is signalled again this epoch")
+                    return out
                 if "data" in wexp.extra:
                     off, data = wexp.extra["data"]
                     mask = np.ones(len(data), bool)
@@ -1455,6 +1451,8 @@ def ranks_of(seed):
 
 #: seconds one item may take on a rank before its watchdog calls it a hang
 ITEM_LIMIT = 2 * JOB_TIMEOUT + 15
+#: ... a local item (no collective, no wait for a peer's signal)
+LOCAL_LIMIT = JOB_TIMEOUT - 4
 GUARD = 16
 
 
@@ -1512,10 +1510,17 @@ class Worker:
         import faulthandler
         while True:
             time.sleep(1.0)
-            if self.cur is not None and time.monotonic() - self.t_cur > ITEM_LIMIT:
-                i, it = self.cur
+            cur = self.cur
+            if cur is None:
+                continue
+            # a local item never waits for a collective: it must end well before
+            # a peer's collective gives up on this rank (GEXMK_TIMEOUT)
+            limit = ITEM_LIMIT if cur[1].kind in COLLECTIVES else \
+                JOB_TIMEOUT + 10 if cur[1].kind == "sigpair" else LOCAL_LIMIT
+            if time.monotonic() - self.t_cur > limit:
+                i, it = cur
                 print(f"FUZZ-HANG rank {self.me} item #{i}: {it.text()} "
-                      f"(over {ITEM_LIMIT} s)", flush=True)
+                      f"(over {limit} s)", flush=True)
                 self.dump_recent()
                 faulthandler.dump_traceback(all_threads=True)
                 sys.stderr.flush()

@@ -110,7 +110,7 @@ cdef int _land_one(ofi_zone* z, char* ring, int s, uint64_t* desc, uint64_t* wor
     cdef gx_val a, b, res
     cdef int st
     if op == STG_AMO:
-        n = 8
+        n = gx_dt_size(<int>desc[4])     # a 4-byte word may end the segment
     if n > z.chunk or off > z.seg_size or n > z.seg_size - off:
         return STG_EBOUNDS
     if op == STG_PUT:
