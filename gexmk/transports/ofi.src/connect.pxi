@@ -34,7 +34,8 @@ cdef int _connect_wait(gx_op** ops, long n, double secs) noexcept nogil:
             break
         pending = 0
         for i in range(n):
-            if ops[i] != NULL and gx_load_int(&ops[i].state) != OP_DONE:
+            # a peer that died meanwhile will never answer: not waited for
+            if ops[i] != NULL and gx_load_int(&ops[i].state) != OP_DONE and not ops[i].t.g.dead:
                 pending += 1
         if pending == 0:
             break
@@ -86,8 +87,8 @@ cdef object _connect_pairs(Domain dom, list pairs, double secs):
         for i in range(k):
             t = ops[i].t
             if gx_load_int(&ops[i].state) != OP_DONE:
-                failures.append(f"job rank {t.g.jobrank} endpoint {t.g.ep_index}: no answer in "
-                                f"{secs:g} s")
+                failures.append(f"job rank {t.g.jobrank} endpoint {t.g.ep_index}: "
+                                + ("it died" if t.g.dead else f"no answer in {secs:g} s"))
                 _orphan(ops[i])
             elif ops[i].err:
                 failures.append(f"job rank {t.g.jobrank} endpoint {t.g.ep_index}: "
