@@ -57,6 +57,7 @@ cdef object _connect_pairs(Domain dom, list pairs, double secs):
     cdef void* out
     cdef gx_val zero
     cdef uintptr_t remote
+    cdef int w
     if ops == NULL:
         raise MemoryError()
     memset(&zero, 0, sizeof(zero))
@@ -69,11 +70,15 @@ cdef object _connect_pairs(Domain dom, list pairs, double secs):
             t = <ofi_peer*><uintptr_t>peer_h
             remote = t.g.remote_base
             out = NULL
+            w = which
             try:
-                if which == 0:
-                    net_get(e, t, remote, _CONNECT_SINK, 1, GX_NB, &out)
-                else:
-                    net_atomic(e, t, remote, GX_DT_U32, GX_OP_GET, zero, zero, NULL, GX_NB, &out)
+                # without the GIL: a touch that meets a full queue retries until the
+                # peer is known dead, and that notice comes on a thread of its own
+                with nogil:
+                    if w == 0:
+                        net_get(e, t, remote, _CONNECT_SINK, 1, GX_NB, &out)
+                    else:
+                        net_atomic(e, t, remote, GX_DT_U32, GX_OP_GET, zero, zero, NULL, GX_NB, &out)
             except Exception as exc:
                 failures.append(f"job rank {t.g.jobrank} endpoint {t.g.ep_index}: {exc}")
                 continue
