@@ -1077,7 +1077,7 @@ class Gen:
     """Builds the plan of a seed: a random walk that the model keeps sensible
     (mostly valid targets, now and then a wrong one on purpose)."""
 
-    def __init__(self, seed, n, transport, length, stale=False):
+    def __init__(self, seed, n, transport, length, stale=False, known=False):
         self.R = random.Random(seed * 7919 + n)
         self.seed, self.n, self.tr = seed, n, transport
         self.length = length
@@ -1094,6 +1094,7 @@ class Gen:
         self.avoid_stale = transport in STALE_UNSAFE and not stale
         self.may_change = {}
         self.made = {}          # rank -> TM-pairs (i, j) its executor has made
+        self.avoid = set() if known else KNOWN_BUGS.get(transport, set())
 
     def emit(self, it):
         i = len(self.plan)
@@ -1404,6 +1405,8 @@ class Gen:
             x = R.random()
             op = R.choice(PUTS if x < 0.4 else GETS if x < 0.7 else AMOS if x < 0.9 else
                           ["put_signal", "put_signal_nb", "put_signal_nbi", "signal_op"])
+        if (op.startswith("put_signal") or op == "signal_op") and "put_signal" in self.avoid:
+            op = "amo"
         a = {"h": h, "t": t, "op": op}
         reg = self.region_of(r, t, h)
         size, (lo, hi), s = reg if reg else (4096, slice_of(4096, self.n, r), None)
@@ -1447,6 +1450,8 @@ class Gen:
         else:
             n = self.size_in(hi - dlo)
             off = R.randrange(dlo, max(dlo, hi - n) + 1)
+            if n == 0 and op.startswith("put") and "zero_put" in self.avoid and t != r:
+                n = 1
             a.update(off=off, n=n, seed=R.getrandbits(31))
             if op in ("put", "put_nb", "put_nbi"):
                 a["src"] = R.choice(SRCS + ["noncontig"] if R.random() < 0.03 else SRCS)
@@ -1496,6 +1501,8 @@ class Gen:
         size, (lo, hi), s = reg
         if hi - lo < 16:
             return self.rma(r)
+        if "put_signal" in self.avoid:
+            return self.rma(r)
         op = R.choice(SIGS)
         n = 0 if op == "signal_op" else self.size_in(hi - lo - 8)
         off = R.randrange(lo + 8, hi - n + 1)
@@ -1529,11 +1536,23 @@ class Gen:
 STALE_UNSAFE = {"ofi-tcp", "ofi-shm", "ofi-tcp-staged", "ofi-shm-staged"}
 
 
-def make_plan(seed, n, transport, length=None, stale=False):
+#: Known bugs (issue 19) being fixed elsewhere: plans on these transports leave
+#: out what trips them unless asked (--known-bugs; the regressions that show them).
+KNOWN_BUGS = {
+    # item 5: a zero-length put over ofi shm never completes (TimeoutError after GEXMK_TIMEOUT)
+    # item 6: over ofi shm, quiet() does not complete a put_signal, and neither does
+    #         put_signal_nb's event (fuzz seed 3: data and signal land after the barrier),
+    #         nor does a blocking signal_op return complete (seed 12: its word is seen
+    #         only some time after the next barrier)
+    "ofi-shm": {"zero_put", "put_signal"},
+}
+
+
+def make_plan(seed, n, transport, length=None, stale=False, known=False):
     """(plan, victim) of a seed."""
     if length is None:
         length = 4 + seed % 5
-    g = Gen(seed, n, transport, length, stale)
+    g = Gen(seed, n, transport, length, stale, known)
     return g.run(), g.victim
 
 
@@ -1562,8 +1581,7 @@ class Worker:
     def __init__(self, plan, exps, me, n, trace=False):
         self.plan, self.exps, self.me, self.n = plan, exps, me, n
         self.trace = trace
-        self.cur = None
-        self.t_cur = time.monotonic()
+        self.cur = None             # (index, item, start time) of the item running
         self.recent = []
 
     # -- plumbing --
@@ -1607,12 +1625,12 @@ class Worker:
             cur = self.cur
             if cur is None:
                 continue
+            i, it, t0 = cur
             # a local item never waits for a collective: it must end well before
             # a peer's collective gives up on this rank (GEXMK_TIMEOUT)
-            limit = ITEM_LIMIT if cur[1].kind in COLLECTIVES else \
-                JOB_TIMEOUT + 10 if cur[1].kind == "sigpair" else LOCAL_LIMIT
-            if time.monotonic() - self.t_cur > limit:
-                i, it = cur
+            limit = ITEM_LIMIT if it.kind in COLLECTIVES else \
+                JOB_TIMEOUT + 10 if it.kind == "sigpair" else LOCAL_LIMIT
+            if time.monotonic() - t0 > limit:
                 print(f"FUZZ-HANG rank {self.me} item #{i}: {it.text()} "
                       f"(over {limit} s)", flush=True)
                 self.dump_recent()
@@ -1648,15 +1666,14 @@ class Worker:
                 exp = self.exps[i].get(self.me)
                 if exp is None or exp.kind == "skip":
                     continue
-                self.cur = (i, it)
-                self.t_cur = time.monotonic()
+                self.cur = (i, it, time.monotonic())    # one store: the watchdog reads it whole
                 self.recent.append((i, it))
                 if self.trace:
                     self.log(f"#{i} {it.text()}  {exp!r}")
                 getattr(self, "x_" + it.kind)(it, exp)
                 self.cur = None
         except Violation as v:
-            i, it = self.cur
+            i, it, _ = self.cur
             print(f"FUZZ-VIOLATION rank {self.me} item #{i}: {it.text()}: {v}", flush=True)
             self.dump_recent()
             sys.stderr.flush()
@@ -2196,7 +2213,7 @@ class Worker:
 def worker_main(args):
     n = int(os.environ["GEXMK_SIZE"])
     me = int(os.environ["GEXMK_RANK"])
-    plan, victim = make_plan(args.seed, n, args.transport, args.length, args.stale)
+    plan, victim = make_plan(args.seed, n, args.transport, args.length, args.stale, args.known_bugs)
     plan = keep_items(plan, args.keep)
     exps = simulate(plan, n, args.transport, victim)
     Worker(plan, exps, me, n, trace=args.trace).run()
@@ -2253,11 +2270,12 @@ class Outcome:
         self.ok, self.reason, self.res = ok, reason, res
         self.seed, self.n, self.transport, self.keep = seed, n, transport, keep
 
-    stale = False
+    stale = known = False
 
     def replay(self):
         k = f" --keep {self.keep}" if self.keep else ""
         k += " --stale" if self.stale else ""
+        k += " --known-bugs" if self.known else ""
         return (f"python tests/conformance/fuzz.py --seed {self.seed} --ranks {self.n} "
                 f"--transport {self.transport}{k}")
 
@@ -2266,10 +2284,10 @@ class Outcome:
 
 
 def run_seed(seed, transport="nbrhd", n=None, length=None, keep=None, trace=False, tmpdir=None,
-             stale=False):
+             stale=False, known=False):
     """Run one seed as a job; an :class:`Outcome`."""
     n = n or ranks_of(seed)
-    plan, victim = make_plan(seed, n, transport, length, stale)
+    plan, victim = make_plan(seed, n, transport, length, stale, known)
     plan = keep_items(plan, keep)
     killed = victim is not None and any(it.kind == "kill" for it in plan)
     # --keep-going: a rank that fails must not take down one that hangs before
@@ -2288,13 +2306,15 @@ def run_seed(seed, transport="nbrhd", n=None, length=None, keep=None, trace=Fals
         cmd.append("--trace")
     if stale:
         cmd.append("--stale")
+    if known:
+        cmd.append("--known-bugs")
     env = mp_util.child_env(job_env(transport))
     env["GEXMK_TEST_TRACEBACK_AFTER"] = "0"
     with tempfile.TemporaryDirectory(prefix="gexmk-fuzz-", dir=tmpdir) as cwd:
         res = mp_util.run_command(cmd, timeout=JOB_LIMIT + 15, env=env, cwd=cwd,
                                   script=f"fuzz seed {seed}")
     o = Outcome(*judge(res, n, victim if killed else None), res, seed, n, transport, keep)
-    o.stale = stale
+    o.stale, o.known = stale, known
     return o
 
 
@@ -2336,8 +2356,8 @@ def judge(res, n, victim):
     return True, "ok"
 
 
-def show(seed, n, transport, length, keep, stale=False):
-    plan, victim = make_plan(seed, n, transport, length, stale)
+def show(seed, n, transport, length, keep, stale=False, known=False):
+    plan, victim = make_plan(seed, n, transport, length, stale, known)
     idx = list(range(len(plan)))
     if keep:
         kept = keep_items(list(zip(idx, plan)), None)
@@ -2354,16 +2374,16 @@ def show(seed, n, transport, length, keep, stale=False):
         print(f"#{i:<4} {it.text()}   -> {e}")
 
 
-def minimise(seed, n, transport, length, budget, stale=False):
+def minimise(seed, n, transport, length, budget, stale=False, known=False):
     """Delta debugging over the plan's items (ddmin, coarse to fine): the
     smallest subset found that still fails the same way (same first word of
     the reason).  Returns (keep string, Outcome)."""
-    first = run_seed(seed, transport, n, length, stale=stale)
+    first = run_seed(seed, transport, n, length, stale=stale, known=known)
     if first.ok:
         print("the seed passes: nothing to minimise")
         return None, first
     sig = first.reason.split(":")[0].split(" rank")[0]
-    plan, victim = make_plan(seed, n, transport, length, stale)
+    plan, victim = make_plan(seed, n, transport, length, stale, known)
     cur = [i for i, it in enumerate(plan) if it.kind not in FIXED]
     best = first
     t0 = time.monotonic()
@@ -2373,7 +2393,8 @@ def minimise(seed, n, transport, length, budget, stale=False):
         reduced = False
         for k in range(0, len(cur), size):
             trial = cur[:k] + cur[k + size:]
-            o = run_seed(seed, transport, n, length, keep=ranges(trial) or "-1", stale=stale)
+            o = run_seed(seed, transport, n, length, keep=ranges(trial) or "-1", stale=stale,
+                         known=known)
             print(f"  {len(trial):4d} items: {'fails' if not o.ok else 'passes'} "
                   f"{o.reason[:100] if not o.ok else ''}", flush=True)
             if not o.ok and o.reason.split(":")[0].split(" rank")[0] == sig:
@@ -2401,16 +2422,20 @@ def main(argv=None):
     ap.add_argument("--minimise", action="store_true", help="shrink the failing plan of --seed")
     ap.add_argument("--soak", type=float, metavar="SECONDS", help="run random seeds this long")
     ap.add_argument("--start", type=int, help="first seed of --soak (default: random)")
+    ap.add_argument("--out", help="--soak: write each failing job's report into this folder")
     ap.add_argument("--trace", action="store_true", help="each rank logs every item to stderr")
     ap.add_argument("--stale", action="store_true",
                     help="over ofi too, reach peers' segments unbound or destroyed since publication")
+    ap.add_argument("--known-bugs", action="store_true",
+                    help="do not leave out what trips the known bugs (KNOWN_BUGS)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         return worker_main(args)
     trs = sorted(TRANSPORTS) if args.transport == "all" else [args.transport]
     if args.show is not None:
-        show(args.show, args.ranks or ranks_of(args.show), trs[0], args.length, args.keep, args.stale)
+        show(args.show, args.ranks or ranks_of(args.show), trs[0], args.length, args.keep, args.stale,
+             args.known_bugs)
         return 0
     if args.soak:
         return soak(args, trs)
@@ -2420,12 +2445,13 @@ def main(argv=None):
     for tr in trs:
         if args.minimise:
             keep, o = minimise(args.seed, args.ranks or ranks_of(args.seed), tr, args.length, 900,
-                               args.stale)
+                               args.stale, args.known_bugs)
             if keep is not None:
                 print(f"minimal: --keep {keep}\n{o.reason}\nreplay: {o.replay()}")
-                show(args.seed, o.n, tr, args.length, keep, args.stale)
+                show(args.seed, o.n, tr, args.length, keep, args.stale, args.known_bugs)
             continue
-        o = run_seed(args.seed, tr, args.ranks, args.length, args.keep, args.trace, stale=args.stale)
+        o = run_seed(args.seed, tr, args.ranks, args.length, args.keep, args.trace, stale=args.stale,
+                     known=args.known_bugs)
         print(f"seed {args.seed} {tr} ({o.n} ranks): {'ok' if o.ok else 'FAILED'} "
               f"in {o.res.elapsed:.1f} s")
         if not o.ok:
@@ -2442,12 +2468,16 @@ def soak(args, trs):
     runs, failures = 0, []
     while time.monotonic() < t_end:
         for tr in trs:
-            o = run_seed(seed, tr, args.ranks, args.length, stale=args.stale)
+            o = run_seed(seed, tr, args.ranks, args.length, stale=args.stale, known=args.known_bugs)
             runs += 1
             status = "ok" if o.ok else "FAILED: " + o.reason[:160]
             print(f"seed {seed:7d} {tr:15s} {o.n} ranks {o.res.elapsed:5.1f} s  {status}", flush=True)
             if not o.ok:
                 failures.append(o)
+                if args.out:
+                    os.makedirs(args.out, exist_ok=True)
+                    with open(os.path.join(args.out, f"fuzz-{tr}-{seed}.txt"), "w") as f:
+                        f.write(o.report())
             if time.monotonic() >= t_end:
                 break
         seed += 1
