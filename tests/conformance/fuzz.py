@@ -1567,9 +1567,13 @@ STALE_UNSAFE = {"ofi-tcp", "ofi-shm", "ofi-tcp-staged", "ofi-shm-staged"}
 #:               a survivor's blocking atomic or put to another survivor can spin
 #:               without completing until GEXMK_TIMEOUT (libfabric shm's shared
 #:               queues are not robust to a process killed while it used them)
+#:   kill        (tcp) issue 19 item 3: a barrier after a peer's SIGKILL may SIGSEGV
+#:               (seed 213: in the survivors' probe of the primordial team)
 KNOWN_BUGS = {
     "ofi-shm": {"zero_put", "put_signal", "kill"},
     "ofi-shm-staged": {"kill"},
+    "ofi-tcp": {"kill"},
+    "ofi-tcp-staged": {"kill"},
 }
 
 

@@ -18,15 +18,16 @@ try:
 except ImportError:             # run as a plain directory of tests
     import fuzz
 
-#: (transport, seed): two seeds per transport, one of them with a peer killed
+#: (transport, seed): a few seeds per transport; on nbrhd, pvm and nbrhd-staged
+#: seeds 2, 8 and 9 SIGKILL a peer (over ofi, fuzz.KNOWN_BUGS leaves kills out)
 CI_SEEDS = [
-    ("nbrhd", 3), ("nbrhd", 4),
-    ("pvm", 5), ("pvm", 9),
-    ("nbrhd-staged", 1), ("nbrhd-staged", 4),
-    ("ofi-tcp", 1), ("ofi-tcp", 4),
-    ("ofi-shm", 2), ("ofi-shm", 4),
-    ("ofi-tcp-staged", 6), ("ofi-tcp-staged", 4),
-    ("ofi-shm-staged", 7), ("ofi-shm-staged", 4),
+    ("nbrhd", 1), ("nbrhd", 2), ("nbrhd", 3), ("nbrhd", 4), ("nbrhd", 8), ("nbrhd", 9),
+    ("pvm", 1), ("pvm", 2), ("pvm", 5), ("pvm", 9),
+    ("nbrhd-staged", 2), ("nbrhd-staged", 4), ("nbrhd-staged", 6), ("nbrhd-staged", 8),
+    ("ofi-tcp", 2), ("ofi-tcp", 4), ("ofi-tcp", 9),
+    ("ofi-shm", 2), ("ofi-shm", 4), ("ofi-shm", 7),
+    ("ofi-tcp-staged", 2), ("ofi-tcp-staged", 5), ("ofi-tcp-staged", 9),
+    ("ofi-shm-staged", 1), ("ofi-shm-staged", 3), ("ofi-shm-staged", 8),
 ]
 
 #: the harness's limit on one job (the launcher's own is fuzz.JOB_LIMIT)
@@ -51,16 +52,63 @@ def _known(reason, strict=True):
     return pytest.mark.xfail(strict=strict, reason=reason)
 
 
-#: seed, transport, options of make_plan, and the mark of a bug not fixed yet
+STALE = {"stale": True}          # over ofi too, reach segments unbound since publication
+KNOWN = {"known": True}          # do not leave out what trips the known bugs
+
+#: Seeds the fuzz failed on: (seed, transport, run_seed options).  Fixed ones
+#: must pass; the others are marked with the bug (strict where the failure is
+#: deterministic; "flaky" where a run may pass).
 REGRESSIONS = [
-    # fixed: nbrhd-landed waited GEXMK_TIMEOUT for the lander of a segment unbound
-    # before republication (now SegmentError at once)
+    # fixed: a peer's put to a segment unbound before republication, over nbrhd-landed,
+    # waited GEXMK_TIMEOUT for a lander that had stopped (now SegmentError at once)
     pytest.param(6, "nbrhd-staged", {}, id="nbrhd-staged-6-closed-zone"),
     # fixed: landers refused a 4-byte atomic on a segment's last 4 bytes (BoundsError)
     pytest.param(27, "nbrhd-staged", {}, id="nbrhd-staged-27-amo-at-end"),
     pytest.param(34, "nbrhd-staged", {}, id="nbrhd-staged-34-amo-at-end"),
-    # fixed: a TM-pair made right after a peer's death waited 10 s for its connection
-    pytest.param(8, "ofi-tcp", {}, id="ofi-tcp-8-connect-to-dead-peer"),
+    # fixed: a TM-pair made after a peer's death waited 10 s for a connection to it,
+    # holding the GIL (the death notice could not even arrive)
+    pytest.param(8, "ofi-tcp", KNOWN, id="ofi-tcp-8-connect-to-dead-peer"),
+    pytest.param(106, "ofi-tcp", KNOWN, id="ofi-tcp-106-connect-holds-gil",
+                 marks=_known("flaky: issue 19 item 3 (a barrier after a peer's SIGKILL may "
+                              "SIGSEGV over tcp) can end it first", strict=False)),
+    # fixed: nbi_wait after a peer's death raised OFIError EIO, not PeerDeadError
+    pytest.param(109, "ofi-tcp", KNOWN, id="ofi-tcp-109-flush-to-dead-peer",
+                 marks=_known("flaky: issue 19 item 3 can end it first", strict=False)),
+    # fixed: over tcp with GEXMK_OFI_STAGE=all a put to a peer's unbound segment
+    # aborted the process ("double free or corruption")
+    pytest.param(27, "ofi-tcp-staged", STALE, id="ofi-tcp-staged-27-stale-double-free",
+                 marks=_known("flaky: over tcp an access to a closed registration takes the "
+                              "connection down under the other direction's ops", strict=False)),
+    # issue 19 item 3: the survivors' barrier after a peer's SIGKILL dies with SIGSEGV
+    pytest.param(213, "ofi-tcp", KNOWN, id="ofi-tcp-213-barrier-after-kill",
+                 marks=_known("issue 19 item 3 (flaky: most runs)", strict=False)),
+    # issue 19 item 5: a zero-length put over ofi shm never completes
+    pytest.param(17, "ofi-shm", KNOWN, id="ofi-shm-17-zero-length-put",
+                 marks=_known("issue 19 item 5")),
+    # issue 19 item 6: over ofi shm a put_signal / signal_op / non-fetching atomic is
+    # not complete when its event, quiet() or the blocking call returns
+    pytest.param(12, "ofi-shm", KNOWN, id="ofi-shm-12-signal-op-not-complete",
+                 marks=_known("issue 19 item 6: a blocking signal_op over shm")),
+    pytest.param(6, "ofi-shm", KNOWN, id="ofi-shm-6-signal-op-add-not-complete",
+                 marks=_known("issue 19 item 6: a blocking signal_op (ADD) over shm")),
+    pytest.param(3, "ofi-shm", KNOWN, id="ofi-shm-3-put-signal-nb-event",
+                 marks=_known("issue 19 item 6: put_signal_nb's event over shm (flaky)",
+                              strict=False)),
+    pytest.param(235, "ofi-shm", KNOWN, id="ofi-shm-235-blocking-atomic-not-complete",
+                 marks=_known("issue 19 item 6: a blocking FLT SET over shm (flaky)",
+                              strict=False)),
+    # found here: after a peer's SIGKILL, survivors' ops to each other over shm can spin
+    # until GEXMK_TIMEOUT (the provider's shared queues are not robust to a killed peer)
+    pytest.param(107, "ofi-shm", KNOWN, id="ofi-shm-107-survivors-stall-after-kill",
+                 marks=_known("libfabric shm after a SIGKILL (flaky)", strict=False)),
+    # found here: over tcp an access to a peer's closed registration (segment unbound,
+    # not republished) takes the pair's connection down: the other direction's
+    # valid operations in flight fail (OFIError), or wait until GEXMK_TIMEOUT
+    pytest.param(7, "ofi-tcp", STALE, id="ofi-tcp-7-stale-access-breaks-connection",
+                 marks=_known("stale access over tcp;ofi_rxm (flaky)", strict=False)),
+    pytest.param(10, "ofi-tcp", STALE, id="ofi-tcp-10-stale-access-stalls-or-crashes",
+                 marks=_known("stale access over tcp;ofi_rxm: TimeoutError, or SIGSEGV in "
+                              "fi_cq_read (flaky)", strict=False)),
 ]
 
 
