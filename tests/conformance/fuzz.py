@@ -49,8 +49,18 @@ Commands (from the repository root, against the installed gexmk)::
 ``--transport``: nbrhd (default), pvm, nbrhd-staged (``GEXMK_NBRHD_STAGE=all``),
 ofi-tcp, ofi-shm, ofi-tcp-staged and ofi-shm-staged (``GEXMK_OFI_STAGE=all``),
 or ``all``.  ``--ranks`` 2-4 (default: chosen by the seed).  ``--soak`` prints
-every failing seed with the command that replays it; keep those in
-``test_fuzz.py``'s ``REGRESSIONS``.
+every failing seed with the command that replays it (``--out DIR`` keeps each
+failing job's report); keep those in ``test_fuzz.py``'s ``REGRESSIONS``.
+``--keep 0-40,52`` runs part of a plan (what ``--minimise`` finds), ``--trace``
+has every rank log its items.  Over ofi, plans avoid peers' segments unbound
+or destroyed since publication (``STALE_UNSAFE``; ``--stale`` keeps them) and
+what trips known bugs (``KNOWN_BUGS``; ``--known-bugs`` keeps it).  Debugging:
+``FUZZ_GDB=1`` runs the ranks under gdb (a crash prints its C stack),
+``FUZZ_GDB_HANG=1`` has a hung rank print its C stacks.
+
+Each job runs in a temporary folder; what libfabric's shm provider leaves in
+/dev/shm for a rank that did not finalize (the victim; a rank that failed) is
+removed after the job.
 """
 import argparse
 import os
@@ -1683,6 +1693,7 @@ class Worker:
         import threading
         import gexmk
         faulthandler.enable()       # a crash shows where, before the launcher reports the signal
+        print(f"FUZZ-PID rank {self.me} pid {os.getpid()}", flush=True)   # for the clean-up
         self.g = gexmk
         threading.Thread(target=self.watchdog, daemon=True).start()
         self.c = gexmk.init()
@@ -2345,9 +2356,29 @@ def run_seed(seed, transport="nbrhd", n=None, length=None, keep=None, trace=Fals
     with tempfile.TemporaryDirectory(prefix="gexmk-fuzz-", dir=tmpdir) as cwd:
         res = mp_util.run_command(cmd, timeout=JOB_LIMIT + 15, env=env, cwd=cwd,
                                   script=f"fuzz seed {seed}")
+    clean_shm(res.stdout)
     o = Outcome(*judge(res, n, victim if killed else None), res, seed, n, transport, keep)
     o.stale, o.known = stale, known
     return o
+
+
+def clean_shm(out):
+    """Remove what libfabric's shm provider left in /dev/shm for the job's ranks
+    that did not finalize (the victim, a rank that failed): its regions are
+    named "PID:N:M" and unlinked only by the process that made them."""
+    for pid in re.findall(r"FUZZ-PID rank \d+ pid (\d+)", out):
+        if os.path.exists(f"/proc/{pid}"):
+            continue            # (never ours to touch while it runs)
+        try:
+            names = os.listdir("/dev/shm")
+        except OSError:
+            return
+        for name in names:
+            if re.fullmatch(rf"{pid}:\d+:\d+", name):
+                try:
+                    os.unlink(os.path.join("/dev/shm", name))
+                except OSError:
+                    pass
 
 
 def judge(res, n, victim):
