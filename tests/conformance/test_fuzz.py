@@ -1,16 +1,19 @@
 """The stateful fuzz across processes (fuzz.py) as pytest items.
 
 * ``test_seed``: a few seeds per CPU transport, every one a whole job of 2-4
-  ranks (the seed picks the count) with its own life cycles, operations,
-  checks and, for about 40 % of seeds, the SIGKILL of a peer.  About a minute
-  in all on 2 cores.
+  ranks (the seed picks the count) with its own life cycles, operations and
+  checks; seeds 2, 8 and 9 SIGKILL a peer (on the transports where that is not
+  a known bug).  With the regressions, about a minute on 2 cores.
 * ``test_regression``: seeds the fuzz once failed on, kept: those fixed must
-  pass; those that show a bug not fixed yet are expected to fail
-  (``xfail``, strict where the failure is deterministic).
+  pass; those that show a bug not fixed yet are expected to fail (strict
+  ``xfail`` where the failure is deterministic; where a run may pass, skipped
+  unless ``GEXMK_FUZZ_FLAKY=1``).
 
 The longer run: ``python tests/conformance/fuzz.py --soak 600 --transport all``
 (fuzz.py's docstring lists the rest).
 """
+import os
+
 import pytest
 
 try:
@@ -52,12 +55,22 @@ def _known(reason, strict=True):
     return pytest.mark.xfail(strict=strict, reason=reason)
 
 
+def _flaky(reason):
+    """A known bug that a run may miss: its item cannot fail either way, so CI
+    skips it; GEXMK_FUZZ_FLAKY=1 runs it (xfail, not strict)."""
+    return [pytest.mark.skipif(not os.environ.get("GEXMK_FUZZ_FLAKY"),
+                               reason=f"flaky known bug ({reason}); GEXMK_FUZZ_FLAKY=1 runs it"),
+            _known(reason, strict=False)]
+
+
 STALE = {"stale": True}          # over ofi too, reach segments unbound since publication
 KNOWN = {"known": True}          # do not leave out what trips the known bugs
 
 #: Seeds the fuzz failed on: (seed, transport, run_seed options).  Fixed ones
-#: must pass; the others are marked with the bug (strict where the failure is
-#: deterministic; "flaky" where a run may pass).
+#: must pass (xfail, not strict, where a known bug may end the job first); the
+#: others are marked with their bug: strict xfail where the failure is
+#: deterministic (a fix turns it into a failure: drop the mark), skipped in CI
+#: where a run may pass (GEXMK_FUZZ_FLAKY=1 runs those).
 REGRESSIONS = [
     # fixed: a peer's put to a segment unbound before republication, over nbrhd-landed,
     # waited GEXMK_TIMEOUT for a lander that had stopped (now SegmentError at once)
@@ -81,7 +94,7 @@ REGRESSIONS = [
                               "connection down under the other direction's ops", strict=False)),
     # issue 19 item 3: the survivors' barrier after a peer's SIGKILL dies with SIGSEGV
     pytest.param(213, "ofi-tcp", KNOWN, id="ofi-tcp-213-barrier-after-kill",
-                 marks=_known("issue 19 item 3 (flaky: most runs)", strict=False)),
+                 marks=_flaky("issue 19 item 3, in most runs")),
     # issue 19 item 5: a zero-length put over ofi shm never completes
     pytest.param(17, "ofi-shm", KNOWN, id="ofi-shm-17-zero-length-put",
                  marks=_known("issue 19 item 5")),
@@ -90,26 +103,23 @@ REGRESSIONS = [
     pytest.param(12, "ofi-shm", KNOWN, id="ofi-shm-12-signal-op-not-complete",
                  marks=_known("issue 19 item 6: a blocking signal_op over shm")),
     pytest.param(6, "ofi-shm", KNOWN, id="ofi-shm-6-signal-op-add-not-complete",
-                 marks=_known("issue 19 item 6: a blocking signal_op (ADD) over shm (flaky)",
-                              strict=False)),
+                 marks=_flaky("issue 19 item 6: a blocking signal_op (ADD) over shm")),
     pytest.param(3, "ofi-shm", KNOWN, id="ofi-shm-3-put-signal-nb-event",
-                 marks=_known("issue 19 item 6: put_signal_nb's event over shm (flaky)",
-                              strict=False)),
+                 marks=_flaky("issue 19 item 6: put_signal_nb's event over shm")),
     pytest.param(235, "ofi-shm", KNOWN, id="ofi-shm-235-blocking-atomic-not-complete",
-                 marks=_known("issue 19 item 6: a blocking FLT SET over shm (flaky)",
-                              strict=False)),
+                 marks=_flaky("issue 19 item 6: a blocking FLT SET over shm")),
     # found here: after a peer's SIGKILL, survivors' ops to each other over shm can spin
     # until GEXMK_TIMEOUT (the provider's shared queues are not robust to a killed peer)
     pytest.param(107, "ofi-shm", KNOWN, id="ofi-shm-107-survivors-stall-after-kill",
-                 marks=_known("libfabric shm after a SIGKILL (flaky)", strict=False)),
+                 marks=_flaky("libfabric shm after a SIGKILL")),
     # found here: over tcp an access to a peer's closed registration (segment unbound,
     # not republished) takes the pair's connection down: the other direction's
     # valid operations in flight fail (OFIError), or wait until GEXMK_TIMEOUT
     pytest.param(7, "ofi-tcp", STALE, id="ofi-tcp-7-stale-access-breaks-connection",
-                 marks=_known("stale access over tcp;ofi_rxm (flaky)", strict=False)),
+                 marks=_flaky("stale access over tcp;ofi_rxm")),
     pytest.param(10, "ofi-tcp", STALE, id="ofi-tcp-10-stale-access-stalls-or-crashes",
-                 marks=_known("stale access over tcp;ofi_rxm: TimeoutError, or SIGSEGV in "
-                              "fi_cq_read (flaky)", strict=False)),
+                 marks=_flaky("stale access over tcp;ofi_rxm: TimeoutError, or SIGSEGV in "
+                              "fi_cq_read")),
 ]
 
 
