@@ -245,11 +245,30 @@ cdef int _shape(_Coll co, list nodes) except -1:
     return 0
 
 
+cdef int _quiet_unsynced() except -1:
+    """Complete every user endpoint's outstanding implicit puts and atomics, and
+    its put_signals' signals, before a collective (OpenSHMEM/NVSHMEM barrier_all,
+    MPI's fence): what a rank put before a barrier is at the target after it, on
+    every path.  One load when nothing went out since the last one."""
+    global _any_unsynced
+    if not _any_unsynced:
+        return 0
+    _any_unsynced = 0
+    cdef Endpoint e
+    for e in _sync_eps():
+        if e.c.unsynced and not e.c.destroyed:
+            e.c.unsynced = 0
+            _nbi_sync(EC_PUT | EC_RMW, e)
+    return 0
+
+
 cdef _Coll _coll(Team tm, str sig):
-    """The team's collective state, made at its first collective."""
+    """The team's collective state, made at its first collective; the
+    process's outstanding puts and atomics are completed first."""
     tm.check_alive()
     if tm._pair:
         raise StateError(f"{sig}: collectives are not defined on a TM-pair")
+    _quiet_unsynced()
     cdef _Coll co = tm._coll
     if co is not None:
         if co.broken is not None:

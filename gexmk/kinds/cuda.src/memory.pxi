@@ -79,6 +79,28 @@ cdef int _set_access(CudaCtx* k, uintptr_t addr, size_t size) except -1 nogil:
     return check("cuMemSetAccess", cydriver.cuMemSetAccess(<CUdeviceptr>addr, size, &desc, 1))
 
 
+cdef int _grant_home_device(CudaCtx* k, uintptr_t addr, size_t size) except -1 nogil:
+    """Give an imported mapping access for the GPU its memory lives on too, where
+    that is another device of this process.  Array libraries (CuPy) launch on the
+    device a pointer's attributes name -- the memory's home -- and a kernel's
+    store from a device without access faults on a context nobody synchronises:
+    the data is silently lost.  The mapping exists only where the two GPUs have
+    peer access, so the driver grants it; if it does not, nothing changes."""
+    cdef int home = -1
+    cdef CUmemAccessDesc desc
+    if cydriver.cuPointerGetAttribute(&home, cydriver.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                      <CUdeviceptr>addr) != CUDA_SUCCESS:
+        return 0
+    if home < 0 or home == k.ordinal:
+        return 0
+    memset(&desc, 0, sizeof(desc))
+    desc.location.type = cydriver.CU_MEM_LOCATION_TYPE_DEVICE
+    desc.location.id = home
+    desc.flags = cydriver.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    cydriver.cuMemSetAccess(<CUdeviceptr>addr, size, &desc, 1)
+    return 0
+
+
 cdef int _map_new_chunk(CudaCtx* k, CuMem* m, uintptr_t base, size_t off,
                         size_t size) except -1 nogil:
     """Create a chunk of `size` bytes, map it at base + off, give the device
