@@ -60,7 +60,7 @@ def render():
         where = f"{p.name} ({p.ranks} rank{'s' if p.ranks > 1 else ''}{', GPU' if p.gpu else ''})"
         for tname in T.path_targets(p):
             target = T.TARGET_BY[tname]
-            name = p.expect.get(tname, p.expect.get(target.cls))
+            name = T.expected_path(p, target, "numpy")
             _, refused = _served(p, target)
             ref = "; ".join(f"{', '.join(v)}: {k}" for k, v in refused.items()) or "none"
             lines.append(f"| {where} | {forced} | {tname} | `{name}` | {ref} | {_ops_refused(p, target)} |")

@@ -47,6 +47,7 @@ class Path:
     gpu: bool = False          # needs a GPU machine
     doc: str = ""
     skip_unless: str = ""      # a reason to skip the group when the path is not offered
+    staged_maps: bool = False  # device segments mapped for their own GPU (no peer access)
 
 
 _OFI = {"GEXMK_TRANSPORT": "ofi"}
@@ -82,13 +83,16 @@ PATHS = [
     # GPU machines only
     Path("gpu-self", 1, dict(_STAGE), {"host": "self", "client": "self", "device": "self"},
          gpu=True, doc="one process, one GPU"),
-    Path("gpu-nbrhd", 2, dict(_STAGE), {"host": "nbrhd", "client": "pvm", "device": "nbrhd"},
+    Path("gpu-nbrhd", 2, dict(_STAGE), {"host": "nbrhd", "client": "pvm", "device": "nbrhd",
+                                        "pool": "nbrhd-landed"},
          gpu=True, doc="two processes of one node (one GPU, or one each on two)"),
     Path("gpu-host-staged", 2, dict(_STAGE, GEXMK_CUDA_PEER_ACCESS="off"),
-         {"host": "nbrhd", "client": "pvm", "device": "nbrhd-staged"},
-         gpu=True, doc="no peer mapping: device segments through pinned bounce buffers"),
+         {"host": "nbrhd", "client": "pvm", "device": "nbrhd", ("device", "devseg"): "nbrhd-staged",
+          "pool": "nbrhd-landed"},
+         gpu=True, staged_maps=True, doc="no peer mapping: device segments through pinned bounce buffers"),
     Path("gpu-ofi-staged", 2, dict(_STAGE, **_TCP),
-         {"host": "ofi", "client": "ofi", "device": "ofi-staged"},
+         {"host": "ofi", "client": "ofi", "device": "ofi-staged",
+          ("host", "devseg"): "ofi-staged", ("client", "devseg"): "ofi-staged"},
          gpu=True, doc="device segments over tcp through the owner's landing zone"),
 ]
 PATH = {p.name: p for p in PATHS}
@@ -184,6 +188,8 @@ RMA_OPS = [
     Op("peer_view_store", "put", "a CuPy kernel stores through cupy.asarray(tm.peer_view(peer)), "
        "then the current device is synchronised (as a CuPy user would)", locals=("kernel",),
        gpu=True),
+    Op("peer_view_dlpack", "put", "a CuPy kernel stores through cupy.from_dlpack(tm.peer_view(peer)), "
+       "then the current device is synchronised", locals=("kernel",), gpu=True),
 ]
 RMA_OP = {o.name: o for o in RMA_OPS}
 
@@ -229,8 +235,19 @@ class Refusal:
     why: str
 
 
-def expect(cell):
-    """``None`` where the cell must move exact bytes, else the :class:`Refusal` it must raise."""
+def expected_path(path, target, local):
+    """The path name ``tm.paths`` must give: by (target, local memory) where the table
+    distinguishes them (a device-bound initiating endpoint may take another path), else
+    by target memory, else by its class."""
+    for key in ((target.name, local), target.name, (target.cls, local), target.cls):
+        if key in path.expect:
+            return path.expect[key]
+    return None
+
+
+def expect(cell, gpus=1):
+    """``None`` where the cell must move exact bytes, else the :class:`Refusal` it must
+    raise; ``gpus``: how many GPUs the job's processes see."""
     path, op = PATH[cell.path], cell.op
     local = LOCAL_BY.get(cell.local)
     target = TARGET_BY[cell.target]
@@ -244,11 +261,60 @@ def expect(cell):
     if op.endswith("_MULT"):
         return Refusal("ArgumentError", "collective",
                        "GASNet-EX has MULT atomics; gexmk keeps OP_MULT for reductions")
-    rma_path = path.expect.get(target.name, path.expect.get(target.cls))
+    rma_path = expected_path(path, target, cell.local)
+    if path.gpu:
+        r = _expect_gpu(path, op, local, target, rma_path, gpus, cell.size)
+        if r is not None:
+            return r
     if rma_path == "pvm" and (op in ("put_signal_add", "signal_op_add", "signal_op_set")
                               or op.startswith("amo_")
                               or op in ("atomic_nb", "atomic_nbi")):
         return Refusal("UnsupportedError", "pvm", "process_vm_* has no atomics")
+    return None
+
+
+_ON_STREAM = ("put_on_stream", "get_on_stream", "put_signal_on_stream")
+
+
+def _expect_gpu(path, op, local, target, route, gpus, cell_size):
+    """The refusals of the GPU paths."""
+    if op.startswith("peer_view"):
+        if target.cls != "device":
+            return Refusal("UnsupportedError", "not device memory", "a host segment has no device view")
+        if route not in ("self", "nbrhd") or path.staged_maps:
+            return Refusal("UnsupportedError", "peer_view",
+                           "no mapping of the peer's device memory for this process's GPU")
+        if op == "peer_view_store" and route == "nbrhd" and target.name == "vmm" and gpus > 1:
+            return Refusal("UnsupportedError", "from_dlpack",
+                           "CuPy would copy a view of another GPU's memory (stores lost): "
+                           "the interface refuses and names from_dlpack")
+        return None
+    dev_local = local is not None and local.cls == "device"
+    dev_ep = local is not None and local.segment == "vmm"     # the initiating EP is device-bound
+    if dev_local and not local.segment and op in RMA_OP and SIZES[cell_size] > 0:
+        return Refusal("ArgumentError", "outside",
+                       "local device memory must lie in the endpoint's device segment "
+                       "(GASNet-EX's rule; issue 20 lifts it)")
+    if op in _ON_STREAM:
+        if route in ("pvm", "ofi", "ofi-staged"):
+            return Refusal("UnsupportedError", "stream", "this path cannot order on a CUDA stream")
+        if route == "nbrhd-landed" and not dev_ep:
+            return Refusal("UnsupportedError", "device kind",
+                           "a landing zone is driven from the stream by host functions of the "
+                           "initiating endpoint's device kind")
+        if op == "put_signal_on_stream":
+            if target.cls != "device":
+                return Refusal("UnsupportedError", "put_signal_on_stream",
+                               "a signal is ordered on a stream only into device memory")
+            if (route.endswith("-staged") or path.staged_maps) and route != "nbrhd-landed":
+                return Refusal("UnsupportedError", "host-staged",
+                               "the signal would need the segment's GPU to follow the stream")
+        if target.cls != "device" and not dev_ep:
+            return Refusal("UnsupportedError", "device segment",
+                           "stream-ordered RMA to host memory runs on the initiating endpoint's "
+                           "device kind")
+    if dev_local and route == "pvm" and SIZES[cell_size] > 0:
+        return Refusal("UnsupportedError", "device", "process_vm copies host memory only")
     return None
 
 

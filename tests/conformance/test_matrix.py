@@ -32,6 +32,9 @@ def _have_gpu():
 
 
 HAVE_GPU = _have_gpu()
+if HAVE_GPU:
+    from gexmk.kinds import cuda as _cuda
+    runner.GPUS = int(_cuda.probe().get("device_count") or 1)
 
 
 def pytest_generate_tests(metafunc):
@@ -86,6 +89,7 @@ def test_cell(cell, results):
     if v is not None and not v.failure and v.records.get(0, {}).get("outcome") == "skip":
         pytest.skip(v.records[0].get("msg", ""))
     problem = runner.judge(cell, v, path)
+    runner.report(cell, problem)
     assert problem is None, f"{cell.id}: {problem}"
 
 

@@ -55,11 +55,18 @@ class Gpu:
         cupy.cuda.Device(self.device).use()
         self.mk = client.mk_create(gexmk.CUDA_UVA, device=self.device)
         self.pool = cupy.cuda.MemoryAsyncPool()
-        try:
-            import torch
-            self.torch = torch
-        except ImportError:
-            self.torch = None
+        self._torch = False
+
+    @property
+    def torch(self):
+        """PyTorch, imported at the first cell that needs it (seconds); None without it."""
+        if self._torch is False:
+            try:
+                import torch
+                self._torch = torch
+            except ImportError:
+                self._torch = None
+        return self._torch
 
     def to_host(self, dev_array):
         return self.cp.asnumpy(dev_array)
@@ -253,6 +260,7 @@ class Job:
         self.target_rank = self.tm.size - 1
         path = T.PATH[plan["path"]]
         self.gpu = Gpu(self.client) if path.gpu else None
+        self.gpus = self.gpu.cp.cuda.runtime.getDeviceCount() if self.gpu else 1
         names = [t.name for t in T.TARGET if (path.gpu or not t.gpu)]
         self.targets = {}
         eps = []
@@ -322,7 +330,7 @@ class Job:
                 rec["exc"] = [c.__name__ for c in type(e).__mro__]
                 rec["msg"] = str(e)[:500]
                 rec["tb"] = traceback.format_exc()[-1500:]
-        wait_sig = op == "put_signal_wait" and T.expect(_cell(cell)) is None
+        wait_sig = op == "put_signal_wait" and T.expect(_cell(cell), self.gpus) is None
         if is_target and wait_sig:
             tt = self.team(T.TARGET_EP[tname], tname)
             try:
@@ -380,9 +388,10 @@ class Job:
             got = tm.get_val(peer, dest, n)
             rec["local"] = None if got == want else f"get_val returned {got:#x}, want {want:#x}"
             return None
-        if op == "peer_view_store":
+        if op.startswith("peer_view"):
             cp = self.gpu.cp
-            view = cp.asarray(tm.peer_view(peer))
+            v = tm.peer_view(peer)
+            view = cp.asarray(v) if op == "peer_view_store" else cp.from_dlpack(v)
             view[T.DATA_OFF:T.DATA_OFF + n] = cp.asarray(data)
             cp.cuda.runtime.deviceSynchronize()
             return None
