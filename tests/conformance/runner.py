@@ -192,6 +192,18 @@ def report(cell, problem):
                     f"{(problem or '')[:400]!r}\n")
 
 
+def _judge_one(rec, refusal, who):
+    if refusal is None:
+        if rec.get("outcome") != "ok":
+            return f"{who}raised {rec['exc'][0]}: {rec['msg']}\n{rec.get('tb', '')}"
+        return f"{who}{rec['local']}" if rec.get("local") else None
+    if rec.get("outcome") == "ok":
+        return f"{who}succeeded, but the table says {refusal.exc} ({refusal.why})"
+    if refusal.exc not in rec["exc"] or refusal.match.lower() not in rec["msg"].lower():
+        return f"{who}raised {rec['exc'][0]}: {rec['msg']}; the table says {refusal.exc} ({refusal.why})"
+    return None
+
+
 def judge(cell, verdict, path):
     """None if the cell conforms, else a sentence saying how it does not."""
     if verdict is None:
@@ -201,6 +213,9 @@ def judge(cell, verdict, path):
     recs = verdict.records
     init, tgt = recs[0], recs[path.ranks - 1]
     refusal = T.expect(cell, gpus=GPUS)
+    if cell.op.startswith("coll_"):
+        return "; ".join(filter(None, (_judge_one(r, refusal, f"rank {k}: ")
+                                       for k, r in sorted(recs.items())))) or None
     out = init.get("outcome")
     if out == "skip":
         return None

@@ -207,6 +207,11 @@ BITWISE = {"AND", "FAND", "OR", "FOR", "XOR", "FXOR"}
 #: Other one-word operations, one cell per (path, target).
 WORD_OPS = ["signal_op_set", "signal_op_add", "atomic_nb", "atomic_nbi"]
 
+#: Collectives x the team kinds they run on; every rank checks its result.  One cell
+#: per (path, collective, team), on the first target's job (the target plays no part).
+COLLECTIVES = ["barrier", "barrier_nb", "allreduce", "reduce", "bcast", "allgather", "gather"]
+TEAMS = ["tm", "dup", "split", "create", "create_for", "pair"]
+
 
 @dataclass(frozen=True)
 class Cell:
@@ -258,6 +263,11 @@ def expect(cell, gpus=1):
                            "non-contiguous local buffers wait for the VIS family (issue 22)")
         if local.readonly and kind == "get":
             return Refusal("TypeError", "writable", "a get needs a writable destination")
+    if op.startswith("coll_"):
+        if op.endswith("_pair"):
+            return Refusal("StateError", "TM-pair", "collectives are not defined on a TM-pair "
+                                                     "(GASNet-EX)")
+        return None
     if op.endswith("_MULT"):
         return Refusal("ArgumentError", "collective",
                        "GASNet-EX has MULT atomics; gexmk keeps OP_MULT for reductions")
@@ -354,4 +364,6 @@ def cells(full=False, gpu=False):
                             out.append(Cell(p.name, o.name, t, loc, s))
             out += amo_cells(p.name, t)
             out += [Cell(p.name, w, t) for w in WORD_OPS]
+        out += [Cell(p.name, f"coll_{c}_{team}", path_targets(p)[0])
+                for c in COLLECTIVES for team in TEAMS]
     return out

@@ -306,6 +306,8 @@ class Job:
         before = canary.copy()
         if op.startswith(("put_signal", "signal_op")):
             before[T.SIG_OFF:T.SIG_OFF + 8] = 0
+        if op.startswith("coll_"):
+            return self.collective(op)
         amo = None
         if op.startswith("amo_") or op.startswith("atomic_"):
             dt, name = (op.split("_")[1], op.split("_")[2]) if op.startswith("amo_") else ("U64", "FADD")
@@ -362,6 +364,72 @@ class Job:
                 expected = before
             rec["region"] = _diff(got, expected)
             rec["unchanged"] = _diff(got, before)
+        return rec
+
+    def coll_team(self, kind):
+        """The team a collective cell runs on (made once per job: making one is collective)."""
+        key = ("coll", kind)
+        if key not in self.teams:
+            tm, size = self.tm, self.tm.size
+            if kind == "tm":
+                t = tm
+            elif kind == "dup":
+                t = tm.dup()
+            elif kind == "split":                      # one team, ranks reversed by key
+                t = tm.split(0, key=size - self.me)
+            elif kind == "create":
+                t = tm.create(list(reversed(range(size))))
+            elif kind == "create_for":                 # over every rank's second endpoint
+                t = tm.create_for(self.client.ep(1))
+            else:
+                t = self.client.ep(0).pair(0)
+            self.teams[key] = t
+        return self.teams[key]
+
+    def collective(self, op):
+        """Every rank runs the collective and checks what it got."""
+        kind = max((t for t in T.TEAMS if op.endswith("_" + t)), key=len)
+        what = op[len("coll_"):-len(kind) - 1]
+        rec = {"path": "-"}
+        self.tm.barrier()
+        try:
+            t = self.coll_team(kind)
+            r, n = t.rank, t.size
+            want = None
+            if what in ("barrier", "barrier_nb"):
+                t.barrier() if what == "barrier" else t.barrier_nb().wait()
+                got = None
+            elif what in ("allreduce", "reduce"):
+                send = np.arange(5, dtype=np.int64) * (r + 1) - 7
+                got = np.zeros(5, np.int64)
+                if what == "allreduce":
+                    t.allreduce(send, got, gexmk.OP_ADD)
+                    want = sum(np.arange(5, dtype=np.int64) * (k + 1) - 7 for k in range(n))
+                else:
+                    t.reduce(send, got if r == 0 else None, gexmk.OP_MAX, 0)
+                    want = (np.arange(5, dtype=np.int64) * n - 7) if r == 0 else None
+            elif what == "bcast":
+                got = np.full(1000, r, np.int32) + np.arange(1000, dtype=np.int32)
+                t.bcast(got, 0)
+                want = np.arange(1000, dtype=np.int32)
+            else:
+                send = np.full(3, 10 * r + 1, np.float64)
+                got = np.zeros(3 * n)
+                if what == "allgather":
+                    t.allgather(send, got)
+                    want = np.repeat(10.0 * np.arange(n) + 1, 3)
+                else:
+                    t.gather(send, got if r == 0 else None, 0)
+                    want = np.repeat(10.0 * np.arange(n) + 1, 3) if r == 0 else None
+            rec["outcome"] = "ok"
+            rec["local"] = None if want is None or np.array_equal(got, want) else \
+                f"rank {r}: got {got.tolist()}, want {np.asarray(want).tolist()}"
+        except Exception as e:  # noqa: BLE001 - every exception is a cell's outcome
+            rec["outcome"] = "raised"
+            rec["exc"] = [c.__name__ for c in type(e).__mro__]
+            rec["msg"] = str(e)[:500]
+            rec["tb"] = traceback.format_exc()[-1500:]
+        self.tm.barrier()
         return rec
 
     def initiate(self, idx, cell, tm, peer, n, amo, rec):
