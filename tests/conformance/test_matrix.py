@@ -25,7 +25,7 @@ def _have_gpu():
         p = cuda.probe()
         if not (p.get("driver_loaded") and p.get("device_count")):
             return False
-        import cupy  # noqa: F401 - the GPU cells read and fill device memory with CuPy
+        import cupy  # noqa: F401 (the GPU cells read and fill device memory with CuPy)
         return True
     except Exception:           # noqa: BLE001 - any failure means: no usable GPU
         return False

@@ -318,11 +318,10 @@ class Job:
             tgt.write(0, before)
         self.tm.barrier()
         expected = before.copy()
-        out = None
         if is_init:
             rec["path"] = tm.paths(peer)["atomic" if amo is not None else "rma"]
             try:
-                out = self.initiate(idx, cell, tm, peer, n, amo, rec)
+                self.initiate(idx, cell, tm, peer, n, amo, rec)
                 rec["outcome"] = "ok"
             except _Skip as e:
                 rec["outcome"] = "skip"
@@ -345,14 +344,9 @@ class Job:
         if is_target:
             # what the region must hold if the operation succeeded
             kind = T.RMA_OP[op].kind if op in T.RMA_OP else "word"
-            if kind in ("put", "signal") and op not in ("put_val", "put_nb_val"):
+            if kind in ("put", "signal"):
                 expected[T.DATA_OFF:T.DATA_OFF + n] = P.get(n, idx, 2)
-            elif op in ("put_val", "put_nb_val"):
-                expected[T.DATA_OFF:T.DATA_OFF + n] = P.get(n, idx, 2)
-            if kind == "signal":
-                v = SIG_VALUE + idx
-                expected[T.SIG_OFF:T.SIG_OFF + 8] = np.frombuffer(np.array([v], "<u8").tobytes(), np.uint8)
-            if op.startswith("signal_op"):
+            if kind == "signal" or op.startswith("signal_op"):
                 expected[T.SIG_OFF:T.SIG_OFF + 8] = np.frombuffer(
                     np.array([SIG_VALUE + idx], "<u8").tobytes(), np.uint8)
             if amo is not None:
