@@ -80,6 +80,25 @@ def _tail(path, n=3000):
         return ""
 
 
+def _shm_entries():
+    try:
+        return set(os.listdir("/dev/shm"))
+    except FileNotFoundError:
+        return set()
+
+
+def _remove_dead_regions(before):
+    """libfabric's shm provider names its regions "<pid>:..." and cannot unlink those
+    of a rank killed mid-cell: remove the ones this job made whose process is gone."""
+    for name in _shm_entries() - before:
+        pid = name.split(":", 1)[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+
+
 def run_group(path, cells, workdir=None):
     """Run ``cells`` (all of path ``path``) and return a :class:`GroupResult`."""
     res = GroupResult()
@@ -112,6 +131,7 @@ def _run(path, cells, workdir, plan_file, res):
         outdir = os.path.join(workdir, f"job{attempt}")
         os.mkdir(outdir)
         attempt += 1
+        shm_before = _shm_entries()
         cmd = [sys.executable, "-m", "gexmk.run", "-n", str(path.ranks),
                os.path.join(HERE, "worker.py"), plan_file, outdir, str(start)]
         with open(os.path.join(outdir, "stdout"), "w") as out, \
@@ -143,6 +163,7 @@ def _run(path, cells, workdir, plan_file, res):
             if proc.poll() is None:
                 mp_util._kill_all(proc)
                 proc.wait()
+            _remove_dead_regions(shm_before)
         logs = [_read_log(os.path.join(outdir, f"rank{r}.log")) for r in range(path.ranks)]
         stderr = _tail(os.path.join(outdir, "stderr"))
         for i in range(start, len(cells)):
