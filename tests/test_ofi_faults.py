@@ -6,6 +6,7 @@ that failed before its fix:
    holding it, raise PeerDeadError, and the survivor finalizes; the barrier
    used to die with SIGSEGV (it sent its arrival to the dead peer as an
    injected write, whose failure tcp;ofi_rxm reports without a context).
+   Injected writes to a destroyed endpoint crashed the same way.
 4. An endpoint closed (destroyed, or at finalize) with gets still in flight:
    the gets complete or fail, nothing crashes (rxm dereferenced a context
    that tcp had already freed).
@@ -123,23 +124,73 @@ def test_barrier_after_killed_peer_raises_peer_dead(tmp_path, way):
     assert "SURVIVOR-OK" in res.stdout, res.report()
 
 
+# A peer destroys its endpoint (no death: no notice comes); this rank's
+# stale injected writes to it (put_nbi, put_signal's data with its signal as
+# remote CQ data) must fail with a GexmkError.  tcp reports the failure of an
+# injected RMA write without a context and rxm dereferenced it: SIGSEGV.  rxm
+# learns of a closed connection on a timer (FI_OFI_RXM_CM_PROGRESS_INTERVAL,
+# 10 ms); set to 3 s here, every stale write reaches the closed tcp endpoint.
+STALE_INJECT = r'''
+if os.environ["GEXMK_RANK"] == "1":
+    os.environ["GEXMK_TIMEOUT"] = "30"      # it waits in barriers meanwhile
+c = gexmk.init()
+tm = c.tm
+seg0 = c.segment_attach(1 << 16)
+small = np.arange(32, dtype=np.uint8)
+keep = []
+for rnd in range(2):
+    ep = c.ep_create()
+    keep.append(c.segment_attach(1 << 16, ep=ep))
+    t = tm.create_for(ep)
+    if tm.rank == 0:
+        t.put(1, t.addr(1, 0), small)       # connected
+    tm.barrier()
+    if tm.rank == 1:
+        ep.destroy()
+    tm.barrier()
+    if tm.rank == 0:
+        if rnd % 2:
+            stale = lambda: (t.put_signal(1, t.addr(1, 64), small, t.addr(1, 0), 1), t.quiet())
+        else:
+            stale = lambda: (t.put_nbi(1, t.addr(1, 64), small), t.quiet())
+        e = expect_raises(E.GexmkError, stale)
+        log(f"round {rnd}: {type(e).__name__}: {e}")
+    tm.barrier()
+c.finalize()
+print("STALE-OK", flush=True)
+'''
+
+
+@pytest.mark.timeout(90)
+def test_stale_injected_write_to_destroyed_endpoint(tmp_path):
+    need("tcp;ofi_rxm")
+    res = run(tmp_path, STALE_INJECT, 2, "tcp;ofi_rxm", launcher_timeout=60, GEXMK_TIMEOUT=3,
+              FI_OFI_RXM_CM_PROGRESS_INTERVAL=3000000)
+    no_signal_death(res, [0, 1])
+    assert res.returncode == 0 and res.stdout.count("STALE-OK") == 2, res.report()
+
+
 # ---- 4. an endpoint closed with gets in flight --------------------------------
 
-# Each rank gets a peer's 4 MiB segment with two get_nb, then destroys the
-# endpoint that issued them at once: its libfabric endpoint closes with the
-# gets in flight.  Three times, then the issue's case: EP 0 destroyed, a
-# get_nb on a team of another endpoint, finalize.  An event either completes
-# with the peer's bytes or raises a GexmkError; no rank may crash.
+# The issuer (rank 0, then 1, then 0, ...) gets the other's 4 MiB segment
+# with two get_nb through an endpoint of its own, then destroys that
+# endpoint at once: its libfabric endpoint closes with the gets in flight;
+# the target keeps its segment until the trial is over.  Four times, then
+# the issue's case: EP 0 destroyed, a get_nb on a team of another endpoint,
+# finalize.  An event either completes with the peer's bytes or raises a
+# GexmkError; no rank may crash.
 CLOSE_IN_FLIGHT = r'''
 c = gexmk.init()
 tm = c.tm
 N = 4 << 20
 seg0 = c.segment_attach(1 << 16)
 peer = 1 - tm.rank
+keep = []
 
 def endpoint_with_team():
     ep = c.ep_create()
     seg = c.segment_attach(N, ep=ep)
+    keep.append(seg)                # peers read it until the trial ends
     np.asarray(seg)[:] = tm.rank + 1
     t = tm.create_for(ep)
     t.barrier()
@@ -153,24 +204,27 @@ def settle(evs, bufs):
         except E.GexmkError as e:
             log(f"get ended with {type(e).__name__}: {e}")
 
-for trial in range(3):
+for trial in range(4):
     ep, t = endpoint_with_team()
-    bufs = [np.zeros(N, np.uint8) for _ in range(2)]
-    evs = [t.get_nb(b, peer, t.addr(peer, 0)) for b in bufs]
-    ep.destroy()
-    settle(evs, bufs)
+    if tm.rank == trial % 2:
+        bufs = [np.zeros(N, np.uint8) for _ in range(2)]
+        evs = [t.get_nb(b, peer, t.addr(peer, 0)) for b in bufs]
+        ep.destroy()
+        settle(evs, bufs)
     tm.barrier()
+    if ep.destroyed:
+        continue
+    ep.destroy()
 ep, t = endpoint_with_team()
 tm.barrier()
 c.ep(0).destroy()
 buf = np.zeros(N, np.uint8)
-evs = [t.get_nb(buf, peer, t.addr(peer, 0))]
+ev = t.get_nb(buf, peer, t.addr(peer, 0))
 c.finalize()
-for ev in evs:
-    try:
-        ev.wait()
-    except E.GexmkError as e:
-        log(f"after finalize: {type(e).__name__}: {e}")
+try:
+    ev.wait()
+except E.StateError as e:
+    log(f"after finalize: {e}")
 print("CLOSED-OK", flush=True)
 '''
 
@@ -181,6 +235,7 @@ def test_endpoint_closed_with_gets_in_flight(tmp_path):
     res = run(tmp_path, CLOSE_IN_FLIGHT, 2, "tcp;ofi_rxm", launcher_timeout=80)
     no_signal_death(res, [0, 1])
     assert res.returncode == 0 and res.stdout.count("CLOSED-OK") == 2, res.report()
+    assert "left open (leaked)" not in res.stderr, res.report()
 
 
 # ---- 5. zero-length transfers -------------------------------------------------

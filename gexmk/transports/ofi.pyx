@@ -181,6 +181,7 @@ cdef struct ofi_dom:
     fid_av* av
     uint64_t mr_mode
     size_t inject_size
+    int inject_ctx          # injected writes carry an op as their context (rma.pxi _inject_write)
     int manual              # FI_PROGRESS_MANUAL data progress: targets must poll
     int thread_on           # the background progress thread runs (start_progress)
     uint64_t next_key       # requested keys when the provider does not choose them
@@ -243,6 +244,7 @@ cdef struct ofi_ep:
     long nbi[3]             # outstanding implicit ops by GX_CAT_*
     long nbi_epoch          # implicit ops of an older epoch were abandoned (peer death)
     int nbi_err             # first failure (fi errno) among implicit ops since the last sync
+    ofi_peer* nbi_err_t     # ... and its target (a dead one makes it a PeerDeadError)
     int can_wait            # the CQ has a wait fd the progress thread can sleep on; else poll + nap
     int wait_fd
     ofi_peer* touched[16]  # targets of implicit puts issued without delivery completion

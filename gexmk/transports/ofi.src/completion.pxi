@@ -86,6 +86,7 @@ cdef void _complete(gx_op* op, int err) noexcept nogil:
     if op.nbi:
         if op.epoch == ep.nbi_epoch:       # else abandoned by nbi_wait after a death
             if err and ep.nbi_err == 0:
+                ep.nbi_err_t = op.t
                 ep.nbi_err = err
             gx_add_long(&ep.nbi[op.nbi - 1], -1)
         free(op)
@@ -243,7 +244,8 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
     err = ep.nbi_err
     if err:
         ep.nbi_err = 0
-        return _raise_op_failed(err, "nbi_wait (an implicit-event operation failed)")
+        # a failure that a peer's death explains is reported as that death
+        return _failed(err, ep.nbi_err_t, "nbi_wait (an implicit-event operation failed)")
     return 0
 
 
