@@ -71,8 +71,11 @@ def no_signal_death(res, ranks):
 
 # Rank 0 takes each victim in turn through a team of the two of them: uses
 # it (WAY), the victim SIGKILLs itself, every call to it must raise
-# PeerDeadError, and so must the pair's barrier.  Two victims per job: the
-# barrier's crash was intermittent.
+# PeerDeadError, and so must the barriers of the pair and of its twin (each
+# sent an arrival to the dead peer).  The crash was intermittent (1-2 in 3):
+# it needs the write to reach tcp's broken connection before rxm, which
+# checks its connections on a timer (FI_OFI_RXM_CM_PROGRESS_INTERVAL, 10 ms),
+# has seen it break; at 3 s here every write does (15 of 15 runs crashed).
 KILLED_PEER = r'''
 WAY = sys.argv[1]
 c = gexmk.init()
@@ -86,7 +89,9 @@ for v, t in zip(victims, pairs):
     if tm.rank not in (0, v):
         continue
     ad = t.ad_create(gexmk.DT_I64, gexmk.OP_FADD | gexmk.OP_ADD)
+    twin = t.dup()
     t.barrier()
+    twin.barrier()
     if tm.rank == v:
         time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -106,7 +111,8 @@ for v, t in zip(victims, pairs):
     except E.PeerDeadError as e:
         log(f"victim {v}: {WAY}: {e}")
     expect_raises(E.PeerDeadError, ways[WAY])
-    e = expect_raises(E.PeerDeadError, t.barrier)
+    for team in (t, twin):
+        e = expect_raises(E.PeerDeadError, team.barrier)
     log(f"victim {v}: barrier: {e}")
 if tm.rank == 0:
     c.finalize()
@@ -119,7 +125,7 @@ if tm.rank == 0:
 def test_barrier_after_killed_peer_raises_peer_dead(tmp_path, way):
     need("tcp;ofi_rxm")
     res = run(tmp_path, KILLED_PEER, 3, "tcp;ofi_rxm", launcher_timeout=80, args=[way],
-              keep_going=True)
+              keep_going=True, FI_OFI_RXM_CM_PROGRESS_INTERVAL=3000000)
     no_signal_death(res, [0])
     assert "SURVIVOR-OK" in res.stdout, res.report()
 

@@ -265,7 +265,8 @@ cdef struct ofi_ep:
     gx_wake* wake           # the bound segment's wake word (futex sleepers), or NULL
     long live               # ops posted and not yet completed, orphans included (close drains them)
     long stuck              # live ops a drain gave up on as gone to dead peers (_drain)
-    int closed              # OfiEndpoint.close began: waits on its ops give up (StateError)
+    int closed              # OfiEndpoint.close drained it: nobody reads its CQ, waits on its ops
+                            # give up (StateError)
 
 
 cdef struct gx_op:
