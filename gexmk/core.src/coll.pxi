@@ -345,6 +345,11 @@ cdef int _bump_slow(_Coll co, int p, uintptr_t a, uint64_t seq, int store, int r
     cdef gx_val one, zero
     one.u64 = 1
     zero.u64 = 0
+    if rc != GX_NOT_MAPPED:
+        # a dead member (or a closed team): its arrival is never sent (a
+        # network write to a dead process could only fail, and some
+        # libraries crash reporting that)
+        return _raise_rc(co.st, p, a, 8, rc, "barrier arrival")
     if store == 2:
         store = _ordered(co, p)
     if not store:
