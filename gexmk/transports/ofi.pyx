@@ -518,6 +518,8 @@ cdef class OfiTransport:
             if oe.closed:
                 continue
             t = <ofi_peer*><uintptr_t>peer_h
+            if t.g.dead:
+                continue            # nothing to set up with a dead peer
             if not t.answers:
                 skipped += 1        # it would not answer until its own next gexmk call
                 continue

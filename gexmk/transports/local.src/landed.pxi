@@ -10,7 +10,9 @@
 # check, as device exports do).  The zone is
 #
 #   page 0        two gx_wake words: the owner's lander sleeps on `bell`,
-#                 initiators waiting for an answer on `answer`
+#                 initiators waiting for an answer on `answer`; then the
+#                 `closed` word, 1 once the owner unbound the segment and its
+#                 lander stopped (peers' stale requests then fail, not wait)
 #   then          one ring per job rank (the initiators), laid out as the
 #                 ofi transport's (ofi.src/staged.pxi): `slots` request
 #                 descriptors of 16 words, done / result words, then `slots`
@@ -74,6 +76,8 @@ cdef enum:
     LZ_ETIME = 5               # ... did not answer within the timeout
     LZ_ELOCAL = 6              # ... the local copy (the endpoint's kind) raised
     LZ_EASYNC = 7              # ... an earlier stream-ordered transfer failed
+    LZ_ECLOSED = 8             # ... the owner closed the zone (unbound its segment) first
+    LZ_CLOSED_OFF = 128        # the zone's first page: set to 1 once its lander has stopped
 
 
 cdef struct lz_zone:           # the owner's side of a landing zone
@@ -148,7 +152,7 @@ cdef int _lz_serve(lz_zone* z, char* ring, int s, uint64_t* desc, uint64_t* word
     cdef gx_val a, b, res
     cdef int st
     if op == LZ_AMO:
-        n = 8
+        n = gx_dt_size(<int>desc[4])     # a 4-byte word may end the segment
     if n > z.chunk or off > z.seg_size or n > z.seg_size - off:
         return LZ_EBOUNDS
     if op == LZ_PUT:
@@ -299,6 +303,10 @@ cdef class _LandingZone:
             if self.thread.is_alive():
                 raise RuntimeError("gexmk: the nbrhd lander thread did not stop")
             self.thread = None
+            # nothing is served from here on: initiators still waiting (peers
+            # that have not seen a new publication) give up with an error
+            gx_xchg_int(<int*>(self.z.mem + LZ_CLOSED_OFF), 1)
+            gx_wake_waiters(<gx_wake*>(self.z.mem + 64))
         if self.pinned:
             try:
                 self.z.kops.host_register(self.z.kctx, self.z.mem, self.z.bytes, 0)

@@ -24,6 +24,9 @@ cdef int _lz_raise(lp_land* L, gx_target* t, int st) except -1 with gil:
     if st == LZ_ECOPY:
         raise CommunicationError(f"nbrhd-landed: the device copy at {who} failed (its segment "
                                  "destroyed, or its device in error?)")
+    if st == LZ_ECLOSED:
+        raise SegmentError(f"nbrhd-landed: {who} unbound or destroyed the segment (its landing "
+                           "zone is closed); it must publish a segment again")
     if st == LZ_EASYNC:
         raise CommunicationError(f"nbrhd-landed: an earlier stream-ordered transfer to {who} "
                                  "failed (status reported here, the first after it)")
@@ -51,6 +54,12 @@ cdef int _lz_wait(lp_land* L, gx_target* t, int s, uint64_t want) noexcept nogil
     while _lz_seq(w) < want:
         if t.dead:
             return LZ_EDEAD
+        if gx_load_int(<int*>(<char*>L.bell + LZ_CLOSED_OFF)):
+            # the lander stopped before closing: what it served is final
+            w = gx_lz_load(&words[s])
+            if _lz_seq(w) < want:
+                return LZ_ECLOSED
+            break
         if deadline == 0:
             deadline = _lz_now() + L.timeout
         elif _lz_now() > deadline:

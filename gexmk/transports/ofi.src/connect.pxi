@@ -34,7 +34,8 @@ cdef int _connect_wait(gx_op** ops, long n, double secs) noexcept nogil:
             break
         pending = 0
         for i in range(n):
-            if ops[i] != NULL and gx_load_int(&ops[i].state) != OP_DONE:
+            # a peer that died meanwhile will never answer: not waited for
+            if ops[i] != NULL and gx_load_int(&ops[i].state) != OP_DONE and not ops[i].t.g.dead:
                 pending += 1
         if pending == 0:
             break
@@ -56,6 +57,7 @@ cdef object _connect_pairs(Domain dom, list pairs, double secs):
     cdef void* out
     cdef gx_val zero
     cdef uintptr_t remote
+    cdef int w
     if ops == NULL:
         raise MemoryError()
     memset(&zero, 0, sizeof(zero))
@@ -68,11 +70,15 @@ cdef object _connect_pairs(Domain dom, list pairs, double secs):
             t = <ofi_peer*><uintptr_t>peer_h
             remote = t.g.remote_base
             out = NULL
+            w = which
             try:
-                if which == 0:
-                    net_get(e, t, remote, _CONNECT_SINK, 1, GX_NB, &out)
-                else:
-                    net_atomic(e, t, remote, GX_DT_U32, GX_OP_GET, zero, zero, NULL, GX_NB, &out)
+                # without the GIL: a touch that meets a full queue retries until the
+                # peer is known dead, and that notice comes on a thread of its own
+                with nogil:
+                    if w == 0:
+                        net_get(e, t, remote, _CONNECT_SINK, 1, GX_NB, &out)
+                    else:
+                        net_atomic(e, t, remote, GX_DT_U32, GX_OP_GET, zero, zero, NULL, GX_NB, &out)
             except Exception as exc:
                 failures.append(f"job rank {t.g.jobrank} endpoint {t.g.ep_index}: {exc}")
                 continue
@@ -86,8 +92,8 @@ cdef object _connect_pairs(Domain dom, list pairs, double secs):
         for i in range(k):
             t = ops[i].t
             if gx_load_int(&ops[i].state) != OP_DONE:
-                failures.append(f"job rank {t.g.jobrank} endpoint {t.g.ep_index}: no answer in "
-                                f"{secs:g} s")
+                failures.append(f"job rank {t.g.jobrank} endpoint {t.g.ep_index}: "
+                                + ("it died" if t.g.dead else f"no answer in {secs:g} s"))
                 _orphan(ops[i])
             elif ops[i].err:
                 failures.append(f"job rank {t.g.jobrank} endpoint {t.g.ep_index}: "

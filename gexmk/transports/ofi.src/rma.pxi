@@ -110,7 +110,9 @@ cdef int _flush(ofi_ep* ep, ofi_peer* only) except -1 nogil:
     provider's read-after-write ordering, completes when they have landed.
     `only`: flush just that target now (its slot could not be kept)."""
     cdef gx_op* ops[16]
+    cdef gx_op* op
     cdef ofi_peer* t
+    cdef ofi_peer* bad = NULL
     cdef int i, n = 0, err = 0
     cdef ssize_t rc
     cdef void* desc
@@ -136,12 +138,23 @@ cdef int _flush(ofi_ep* ep, ofi_peer* only) except -1 nogil:
         if rc < 0:
             _drop_new(ops[n])
             err = <int>rc
+            bad = t
             continue
         n += 1
-    for i in range(n):
-        _wait_op(ops[i], ops[i].t, "flush (nbi_wait/quiet)")
+    # every read is waited for (or, after one failed, orphaned: not leaked)
+    i = 0
+    try:
+        while i < n:
+            op = ops[i]
+            i += 1
+            _wait_op(op, op.t, "flush (nbi_wait/quiet)")
+    finally:
+        while i < n:
+            _orphan(ops[i])
+            i += 1
     if err:
-        return _issue_failed(NULL, err, "fi_read (flush of implicit puts)")
+        # a target that died while its read was posted: PeerDeadError, not EIO
+        return _issue_failed(bad, err, "fi_read (flush of implicit puts)")
     return 0
 
 

@@ -110,7 +110,7 @@ cdef int _land_one(ofi_zone* z, char* ring, int s, uint64_t* desc, uint64_t* wor
     cdef gx_val a, b, res
     cdef int st
     if op == STG_AMO:
-        n = 8
+        n = gx_dt_size(<int>desc[4])     # a 4-byte word may end the segment
     if n > z.chunk or off > z.seg_size or n > z.seg_size - off:
         return STG_EBOUNDS
     if op == STG_PUT:
@@ -415,6 +415,7 @@ cdef int _stg_put_zone(ofi_ep* ep, ofi_peer* t, uint64_t off, char* local, size_
     cdef size_t C = t.stg_chunk, pos = 0, m
     cdef uint64_t q
     cdef gx_op* ops[STG_MAX_SLOTS]
+    cdef gx_op* op
     cdef uint64_t pseq[STG_MAX_SLOTS]
     cdef uint64_t poff[STG_MAX_SLOTS]
     cdef uint64_t plen[STG_MAX_SLOTS]
@@ -435,8 +436,10 @@ cdef int _stg_put_zone(ofi_ep* ep, ofi_peer* t, uint64_t off, char* local, size_
                     _progress(ep)
                     if gx_load_int(&ops[i].state) != OP_DONE:
                         break
-                _wait_op(ops[i], t, "staged put (data)")
+                # _wait_op frees the op whatever happens: not ours to orphan below
+                op = ops[i]
                 ops[i] = NULL
+                _wait_op(op, t, "staged put (data)")
                 _stg_send_desc(ep, t, <int>((pseq[i] - 1) % S), pseq[i], STG_PUT, poff[i], plen[i])
                 h += 1
                 cnt -= 1
@@ -510,6 +513,7 @@ cdef int _stg_host_put(ofi_ep* ep, ofi_peer* t, uintptr_t remote, char* local, s
     slots, each chunk's network write overlapping the next chunk's copy."""
     cdef ofi_zone* z = ep.zone
     cdef gx_op* ops[STG_MAX_SLOTS]
+    cdef gx_op* op
     cdef int b, i = 0
     cdef size_t pos = 0, m
     cdef char* buf
@@ -519,8 +523,9 @@ cdef int _stg_host_put(ofi_ep* ep, ofi_peer* t, uintptr_t remote, char* local, s
         while pos < n:
             b = i % z.slots
             if ops[b] != NULL:
-                _wait_op(ops[b], t, "staged put")
+                op = ops[b]
                 ops[b] = NULL
+                _wait_op(op, t, "staged put")
             m = n - pos if n - pos < z.chunk else z.chunk
             buf = z.bounce + <size_t>b * z.chunk
             _stg_copy(ep, <uintptr_t>buf, <uintptr_t>(local + pos), m)
@@ -529,8 +534,9 @@ cdef int _stg_host_put(ofi_ep* ep, ofi_peer* t, uintptr_t remote, char* local, s
             i += 1
         for b in range(z.slots):
             if ops[b] != NULL:
-                _wait_op(ops[b], t, "staged put")
+                op = ops[b]
                 ops[b] = NULL
+                _wait_op(op, t, "staged put")
     finally:
         for b in range(STG_MAX_SLOTS):
             if ops[b] != NULL:
@@ -543,6 +549,7 @@ cdef int _stg_host_get(ofi_ep* ep, ofi_peer* t, uintptr_t remote, char* local, s
     bounce slots, slots ahead, each copied in as it completes."""
     cdef ofi_zone* z = ep.zone
     cdef gx_op* ops[STG_MAX_SLOTS]
+    cdef gx_op* op
     cdef size_t C = z.chunk, k = (n + z.chunk - 1) // z.chunk, posted = 0, got = 0, m
     cdef int b
     for b in range(STG_MAX_SLOTS):
@@ -556,8 +563,9 @@ cdef int _stg_host_get(ofi_ep* ep, ofi_peer* t, uintptr_t remote, char* local, s
                         <void**>&ops[b])
                 posted += 1
             b = <int>(got % z.slots)
-            _wait_op(ops[b], t, "staged get")
+            op = ops[b]
             ops[b] = NULL
+            _wait_op(op, t, "staged get")
             m = n - got * C if n - got * C < C else C
             _stg_copy(ep, <uintptr_t>(local + got * C), <uintptr_t>(z.bounce + <size_t>b * C), m)
             got += 1

@@ -1,0 +1,129 @@
+"""The stateful fuzz across processes (fuzz.py) as pytest items.
+
+* ``test_seed``: a few seeds per CPU transport, every one a whole job of 2-4
+  ranks (the seed picks the count) with its own life cycles, operations and
+  checks; seeds 2, 8 and 9 SIGKILL a peer (on the transports where that is not
+  a known bug).  With the regressions, about a minute on 2 cores.
+* ``test_regression``: seeds the fuzz once failed on, kept: those fixed must
+  pass; those that show a bug not fixed yet are expected to fail (strict
+  ``xfail`` where the failure is deterministic; where a run may pass, skipped
+  unless ``GEXMK_FUZZ_FLAKY=1``).
+
+The longer run: ``python tests/conformance/fuzz.py --soak 600 --transport all``
+(fuzz.py's docstring lists the rest).
+"""
+import os
+
+import pytest
+
+try:
+    from . import fuzz
+except ImportError:             # run as a plain directory of tests
+    import fuzz
+
+#: (transport, seed): a few seeds per transport; on nbrhd, pvm and nbrhd-staged
+#: seeds 2, 8 and 9 SIGKILL a peer (over ofi, fuzz.KNOWN_BUGS leaves kills out)
+CI_SEEDS = [
+    ("nbrhd", 1), ("nbrhd", 2), ("nbrhd", 3), ("nbrhd", 4), ("nbrhd", 8), ("nbrhd", 9),
+    ("pvm", 1), ("pvm", 2), ("pvm", 5), ("pvm", 9),
+    ("nbrhd-staged", 2), ("nbrhd-staged", 4), ("nbrhd-staged", 6), ("nbrhd-staged", 8),
+    ("ofi-tcp", 2), ("ofi-tcp", 4), ("ofi-tcp", 9),
+    ("ofi-shm", 2), ("ofi-shm", 4), ("ofi-shm", 7),
+    ("ofi-tcp-staged", 2), ("ofi-tcp-staged", 5), ("ofi-tcp-staged", 9),
+    ("ofi-shm-staged", 1), ("ofi-shm-staged", 3), ("ofi-shm-staged", 8),
+]
+
+#: the harness's limit on one job (the launcher's own is fuzz.JOB_LIMIT)
+ITEM_TIMEOUT = fuzz.JOB_LIMIT + 40
+
+
+def _run(transport, seed, **kw):
+    o = fuzz.run_seed(seed, transport, **kw)
+    assert o.ok, o.report()
+    return o
+
+
+@pytest.mark.timeout(ITEM_TIMEOUT)
+@pytest.mark.parametrize("transport,seed", CI_SEEDS, ids=[f"{t}-{s}" for t, s in CI_SEEDS])
+def test_seed(transport, seed, tmp_path):
+    plan, victim = fuzz.make_plan(seed, fuzz.ranks_of(seed), transport)
+    assert len(plan) > 20      # the plan is not empty: the job checks something
+    _run(transport, seed, tmpdir=str(tmp_path))
+
+
+def _known(reason, strict=True):
+    return pytest.mark.xfail(strict=strict, reason=reason)
+
+
+def _flaky(reason):
+    """A known bug that a run may miss: its item cannot fail either way, so CI
+    skips it; GEXMK_FUZZ_FLAKY=1 runs it (xfail, not strict)."""
+    return [pytest.mark.skipif(not os.environ.get("GEXMK_FUZZ_FLAKY"),
+                               reason=f"flaky known bug ({reason}); GEXMK_FUZZ_FLAKY=1 runs it"),
+            _known(reason, strict=False)]
+
+
+STALE = {"stale": True}          # over ofi too, reach segments unbound since publication
+KNOWN = {"known": True}          # do not leave out what trips the known bugs
+
+#: Seeds the fuzz failed on: (seed, transport, run_seed options).  Fixed ones
+#: must pass (xfail, not strict, where a known bug may end the job first); the
+#: others are marked with their bug: strict xfail where the failure is
+#: deterministic (a fix turns it into a failure: drop the mark), skipped in CI
+#: where a run may pass (GEXMK_FUZZ_FLAKY=1 runs those).
+REGRESSIONS = [
+    # fixed: a peer's put to a segment unbound before republication, over nbrhd-landed,
+    # waited GEXMK_TIMEOUT for a lander that had stopped (now SegmentError at once)
+    pytest.param(6, "nbrhd-staged", {}, id="nbrhd-staged-6-closed-zone"),
+    # fixed: landers refused a 4-byte atomic on a segment's last 4 bytes (BoundsError)
+    pytest.param(27, "nbrhd-staged", {}, id="nbrhd-staged-27-amo-at-end"),
+    pytest.param(34, "nbrhd-staged", {}, id="nbrhd-staged-34-amo-at-end"),
+    # fixed: a TM-pair made after a peer's death waited 10 s for a connection to it,
+    # holding the GIL (the death notice could not even arrive)
+    pytest.param(8, "ofi-tcp", KNOWN, id="ofi-tcp-8-connect-to-dead-peer"),
+    pytest.param(106, "ofi-tcp", KNOWN, id="ofi-tcp-106-connect-holds-gil",
+                 marks=_known("flaky: issue 19 item 3 (a barrier after a peer's SIGKILL may "
+                              "SIGSEGV over tcp) can end it first", strict=False)),
+    # fixed: nbi_wait after a peer's death raised OFIError EIO, not PeerDeadError
+    pytest.param(109, "ofi-tcp", KNOWN, id="ofi-tcp-109-flush-to-dead-peer",
+                 marks=_known("flaky: issue 19 item 3 can end it first", strict=False)),
+    # fixed: over tcp with GEXMK_OFI_STAGE=all a put to a peer's unbound segment
+    # aborted the process ("double free or corruption")
+    pytest.param(27, "ofi-tcp-staged", STALE, id="ofi-tcp-staged-27-stale-double-free",
+                 marks=_known("flaky: over tcp an access to a closed registration takes the "
+                              "connection down under the other direction's ops", strict=False)),
+    # issue 19 item 3: the survivors' barrier after a peer's SIGKILL dies with SIGSEGV
+    pytest.param(213, "ofi-tcp", KNOWN, id="ofi-tcp-213-barrier-after-kill",
+                 marks=_flaky("issue 19 item 3, in most runs")),
+    # issue 19 item 5: a zero-length put over ofi shm never completes
+    pytest.param(17, "ofi-shm", KNOWN, id="ofi-shm-17-zero-length-put",
+                 marks=_known("issue 19 item 5")),
+    # issue 19 item 6: over ofi shm a put_signal / signal_op / non-fetching atomic is
+    # not complete when its event, quiet() or the blocking call returns
+    pytest.param(12, "ofi-shm", KNOWN, id="ofi-shm-12-signal-op-not-complete",
+                 marks=_known("issue 19 item 6: a blocking signal_op over shm")),
+    pytest.param(6, "ofi-shm", KNOWN, id="ofi-shm-6-signal-op-add-not-complete",
+                 marks=_flaky("issue 19 item 6: a blocking signal_op (ADD) over shm")),
+    pytest.param(3, "ofi-shm", KNOWN, id="ofi-shm-3-put-signal-nb-event",
+                 marks=_flaky("issue 19 item 6: put_signal_nb's event over shm")),
+    pytest.param(235, "ofi-shm", KNOWN, id="ofi-shm-235-blocking-atomic-not-complete",
+                 marks=_flaky("issue 19 item 6: a blocking FLT SET over shm")),
+    # found here: after a peer's SIGKILL, survivors' ops to each other over shm can spin
+    # until GEXMK_TIMEOUT (the provider's shared queues are not robust to a killed peer)
+    pytest.param(107, "ofi-shm", KNOWN, id="ofi-shm-107-survivors-stall-after-kill",
+                 marks=_flaky("libfabric shm after a SIGKILL")),
+    # found here: over tcp an access to a peer's closed registration (segment unbound,
+    # not republished) takes the pair's connection down: the other direction's
+    # valid operations in flight fail (OFIError), or wait until GEXMK_TIMEOUT
+    pytest.param(7, "ofi-tcp", STALE, id="ofi-tcp-7-stale-access-breaks-connection",
+                 marks=_flaky("stale access over tcp;ofi_rxm")),
+    pytest.param(10, "ofi-tcp", STALE, id="ofi-tcp-10-stale-access-stalls-or-crashes",
+                 marks=_flaky("stale access over tcp;ofi_rxm: TimeoutError, or SIGSEGV in "
+                              "fi_cq_read")),
+]
+
+
+@pytest.mark.timeout(ITEM_TIMEOUT)
+@pytest.mark.parametrize("seed,transport,opts", REGRESSIONS)
+def test_regression(seed, transport, opts, tmp_path):
+    _run(transport, seed, tmpdir=str(tmp_path), **opts)
