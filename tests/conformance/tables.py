@@ -272,14 +272,12 @@ def expect(cell, gpus=1):
         return Refusal("ArgumentError", "collective",
                        "GASNet-EX has MULT atomics; gexmk keeps OP_MULT for reductions")
     rma_path = expected_path(path, target, cell.local)
-    if path.gpu:
-        r = _expect_gpu(path, op, local, target, rma_path, gpus, cell.size)
-        if r is not None:
-            return r
     if rma_path == "pvm" and (op in ("put_signal_add", "signal_op_add", "signal_op_set")
                               or op.startswith("amo_")
                               or op in ("atomic_nb", "atomic_nbi")):
         return Refusal("UnsupportedError", "pvm", "process_vm_* has no atomics")
+    if path.gpu:
+        return _expect_gpu(path, op, local, target, rma_path, gpus, cell.size)
     return None
 
 
@@ -358,6 +356,9 @@ def cells(full=False, gpu=False):
             for o in RMA_OPS:
                 if o.gpu and not p.gpu:
                     continue
+                if o.name == "put_signal_wait" and TARGET_BY[t].cls == "device":
+                    continue    # a host wait_until on a device word is not built (the GPU
+                                # waits with signal_wait_until_on_stream); refused at the target
                 for loc in (o.locals or path_locals(p)):
                     for s in o.sizes:
                         if s in sizes or o.locals:
