@@ -128,10 +128,11 @@ SRCS = ["bytes", "bytearray", "memoryview", "numpy", "numpy-u32", "tuple"]
 class It:
     """One item of a plan: ``kind``, the rank that issues it (None: every rank,
     a collective; for a ``sigpair``, the writer) and its arguments ``a``."""
-    __slots__ = ("kind", "r", "a")
+    __slots__ = ("kind", "r", "a", "idx")
 
     def __init__(self, kind, r=None, **a):
         self.kind, self.r, self.a = kind, r, a
+        self.idx = None         # its index in the whole plan (kept by --keep)
 
     def ranks(self, n):
         if self.kind in COLLECTIVES:
@@ -349,11 +350,6 @@ class Sim:
     def ep(self, r, i):
         return self.eps.get((r, i))
 
-    def bump(self, r, i):
-        e = self.ep(r, i)
-        if e is not None:
-            e.gen += 1
-
     def begin_epoch(self, items, closing=None):
         """Before the local items [(index, item)] between two collectives: which
         targets change and who writes where (a peer's items of the epoch run at
@@ -507,9 +503,6 @@ class Sim:
         fn = getattr(self, "i_" + it.kind)
         out = fn(it)
         return out
-
-    def _local(self, it, exp):
-        return {it.r: exp}
 
     def _gone(self, r):
         if r in self.finalized:
@@ -674,7 +667,7 @@ class Sim:
 
     def i_rma(self, it):
         r, a = it.r, it.a
-        op, t = a["op"], a["t"]
+        t = a["t"]
         if r in self.finalized:
             return {r: raises("StateError", why="after finalize")}
         eps = self.handle_eps(r, a["h"], t)
@@ -839,7 +832,6 @@ class Sim:
 
     def sig_value(self, s, w, a):
         """The signal word's value after this op (SET: a, ADD: old + a)."""
-        key = (s.sid, w)
         lo = a["sig_off"]
         raw = bytes(s.exp[lo:lo + 8])
         known = bool(s.known[lo:lo + 8].all())
@@ -1177,7 +1169,7 @@ class Gen:
         return self.plan
 
     def epoch(self, kill=False):
-        R, n = self.R, self.n
+        R = self.R
         ranks = self.sim.everyone()
         if self.avoid_stale:
             # at most one endpoint per rank changes this epoch, and peers do not reach it
@@ -1186,7 +1178,6 @@ class Gen:
         todo = {r: R.randrange(2, 9) for r in ranks}
         if kill:
             todo[self.victim] = R.randrange(0, 6)
-            kill_pos = todo[self.victim]
         while any(todo.values()):
             r = R.choice([r for r in ranks if todo[r]])
             if kill and r == self.victim and todo[r] == 1 and not self.killed:
@@ -1520,7 +1511,7 @@ class Gen:
         return {"sig_op": "ADD", "sig": R.randrange(1, 1000)}
 
     def sigpair(self, r):
-        R, sim = self.R, self.sim
+        R = self.R
         t, h = self.aim(r, others=True)
         reg = self.region_of(r, t, h)
         if reg is None:
@@ -1592,7 +1583,10 @@ def make_plan(seed, n, transport, length=None, stale=False, known=False):
     if length is None:
         length = 4 + seed % 5
     g = Gen(seed, n, transport, length, stale, known)
-    return g.run(), g.victim
+    plan = g.run()
+    for i, it in enumerate(plan):
+        it.idx = i
+    return plan, g.victim
 
 
 def ranks_of(seed):
@@ -1670,7 +1664,7 @@ class Worker:
             limit = ITEM_LIMIT if it.kind in COLLECTIVES else \
                 JOB_TIMEOUT + 10 if it.kind == "sigpair" else LOCAL_LIMIT
             if time.monotonic() - t0 > limit:
-                print(f"FUZZ-HANG rank {self.me} item #{i}: {it.text()} "
+                print(f"FUZZ-HANG rank {self.me} item #{it.idx} ({it.kind}; hang): {it.text()} "
                       f"(over {limit} s)", flush=True)
                 self.dump_recent()
                 faulthandler.dump_traceback(all_threads=True)
@@ -1684,7 +1678,7 @@ class Worker:
 
     def dump_recent(self):
         for i, it in self.recent[-25:]:
-            print(f"[fuzz r{self.me}]   #{i} {it.text()}", file=sys.stderr, flush=True)
+            print(f"[fuzz r{self.me}]   #{it.idx} {it.text()}", file=sys.stderr, flush=True)
 
     # -- the run --
 
@@ -1714,12 +1708,15 @@ class Worker:
                 self.cur = (i, it, time.monotonic())    # one store: the watchdog reads it whole
                 self.recent.append((i, it))
                 if self.trace:
-                    self.log(f"#{i} {it.text()}  {exp!r}")
+                    self.log(f"#{it.idx} {it.text()}  {exp!r}")
                 getattr(self, "x_" + it.kind)(it, exp)
                 self.cur = None
         except Violation as v:
             i, it, _ = self.cur
-            print(f"FUZZ-VIOLATION rank {self.me} item #{i}: {it.text()}: {v}", flush=True)
+            m = re.search(r"raised (\w+)", str(v))
+            what = f"raised {m.group(1)}" if m else "returned" if " returned" in str(v) else "data"
+            print(f"FUZZ-VIOLATION rank {self.me} item #{it.idx} ({it.kind}; {what}): {it.text()}: {v}",
+                  flush=True)
             self.dump_recent()
             sys.stderr.flush()
             os._exit(3)
@@ -1759,7 +1756,6 @@ class Worker:
         key = (h, dt)
         ad = self.ads.get(key)
         if ad is None:
-            g = self.g
             ad = tm.ad_create(DTS[dt][0], self.all_ops(dt))
             self.ads[key] = ad
         return ad
@@ -2004,7 +2000,7 @@ class Worker:
             self.call(exp, what, tm.signal_op, rank, sig, a["sig"], getattr(g, "SIGNAL_" + a["sig_op"]))
             return
         if exp.pend is not None:
-            rec["what"] = f"#{self.cur[0]} {op}"
+            rec["what"] = f"#{self.cur[1].idx} {op}"
             self.pend[exp.pend] = rec
 
     def check_fetch(self, want, got, a):
@@ -2202,9 +2198,10 @@ class Worker:
                 k = int(bad[0])
                 w = [u for u in range(self.n) if slice_of(len(want), self.n, u)[0] <= k
                      < slice_of(len(want), self.n, u)[1]]
+                by = self.plan[last[k]].idx if last[k] >= 0 else "none"
                 self.fail(f"segment {sid} ({len(want)} B) byte {k} is {mem[k]:#04x}, the model "
                           f"{want[k]:#04x} (slice of rank {w}, last written by item "
-                          f"#{last[k]}; {len(bad)} bytes differ)")
+                          f"#{by}; {len(bad)} bytes differ)")
             if buf is not None:
                 orig = pattern(len(want) + 2 * GUARD, 99, *sid)
                 if not (np.array_equal(buf[:GUARD], orig[:GUARD])
@@ -2421,20 +2418,23 @@ def judge(res, n, victim):
 
 def show(seed, n, transport, length, keep, stale=False, known=False):
     plan, victim = make_plan(seed, n, transport, length, stale, known)
-    idx = list(range(len(plan)))
-    if keep:
-        kept = keep_items(list(zip(idx, plan)), None)
-        sel = set()
-        plan2 = keep_items(plan, keep)
-        # indices of kept items, for the listing
-        it_ids = {id(it) for it in plan2}
-        idx = [i for i in idx if id(plan[i]) in it_ids]
-        plan = plan2
+    plan = keep_items(plan, keep)
     exps = simulate(plan, n, transport, victim)
     print(f"# seed {seed}: {n} ranks, {transport}, victim {victim}, {len(plan)} items")
-    for k, (i, it) in enumerate(zip(idx, plan)):
+    for k, it in enumerate(plan):
         e = " ".join(f"r{r}:{x!r}" for r, x in sorted(exps[k].items()))
-        print(f"#{i:<4} {it.text()}   -> {e}")
+        print(f"#{it.idx:<4} {it.text()}   -> {e}")
+
+
+def signature(reason):
+    """What makes two failures the same for the minimiser: a violation's or
+    hang's item kind and what went wrong ("(check; data)", "(rma; raised
+    OFIError)", "(rma; hang)"), or the signal a rank died by."""
+    m = re.search(r"FUZZ-\w+ rank \d+ item #\d+ (\([^)]*\))", reason)
+    if m:
+        return m.group(1)
+    m = re.search(r"killed by (\w+)", reason)
+    return m.group(1) if m else reason.split(":")[0]
 
 
 def minimise(seed, n, transport, length, budget, stale=False, known=False):
@@ -2445,7 +2445,7 @@ def minimise(seed, n, transport, length, budget, stale=False, known=False):
     if first.ok:
         print("the seed passes: nothing to minimise")
         return None, first
-    sig = first.reason.split(":")[0].split(" rank")[0]
+    sig = signature(first.reason)
     plan, victim = make_plan(seed, n, transport, length, stale, known)
     cur = [i for i, it in enumerate(plan) if it.kind not in FIXED]
     best = first
@@ -2460,7 +2460,7 @@ def minimise(seed, n, transport, length, budget, stale=False, known=False):
                          known=known)
             print(f"  {len(trial):4d} items: {'fails' if not o.ok else 'passes'} "
                   f"{o.reason[:100] if not o.ok else ''}", flush=True)
-            if not o.ok and o.reason.split(":")[0].split(" rank")[0] == sig:
+            if not o.ok and signature(o.reason) == sig:
                 cur, best, reduced = trial, o, True
                 chunks = max(chunks - 1, 2)
                 break
