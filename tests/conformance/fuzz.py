@@ -1571,10 +1571,8 @@ STALE_UNSAFE = {"ofi-tcp", "ofi-shm", "ofi-tcp-staged", "ofi-shm-staged"}
 #:   kill        (tcp) issue 19 item 3: a barrier after a peer's SIGKILL may SIGSEGV
 #:               (seed 213: in the survivors' probe of the primordial team)
 KNOWN_BUGS = {
-    "ofi-shm": {"zero_put", "put_signal", "kill"},
+    "ofi-shm": {"kill"},
     "ofi-shm-staged": {"kill"},
-    "ofi-tcp": {"kill"},
-    "ofi-tcp-staged": {"kill"},
 }
 
 
