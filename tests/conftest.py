@@ -33,3 +33,8 @@ def client():
 def seg(client):
     """A 64 KiB library-allocated segment bound to EP 0 and published on client.tm."""
     return client.segment_attach(1 << 16)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", default=False,
+                     help="conformance matrix: every size (default: a fast subset)")

@@ -47,6 +47,11 @@ cdef class AtomicDomain:
         if dt not in _DT_NAMES:
             raise ArgumentError(f"ad_create: unknown atomic data type dt={dt}; use DT_I32, DT_U32, "
                                 "DT_I64, DT_U64, DT_FLT or DT_DBL")
+        if ops > 0 and ops & OP_MULT and not ops & ~(_ALL_OPS | OP_MULT):
+            raise ArgumentError(f"ad_create: ops={ops:#x} holds OP_MULT, a collective reduction "
+                                "(allreduce, reduce), "
+                                "not an atomic operation; atomics take OP_SET, OP_GET, OP_SWAP, "
+                                "OP_(F)CAS and the (F)ADD/SUB/INC/DEC/MIN/MAX/AND/OR/XOR family")
         if ops == 0 or ops & ~_ALL_OPS:
             raise ArgumentError(f"ad_create: ops={ops:#x} must be a non-empty or-combination of "
                                 "OP_* flags")

@@ -534,6 +534,16 @@ cdef class Client:
                 _nbi_sync(EC_PUT | EC_RMW)
             except GexmkError:
                 pass            # a dead or unreachable peer: leave all the same
+            # ... and every operation still in flight (NB ones too): a peer
+            # that closes its endpoint under a transfer can crash a network
+            # library, on either side
+            for tr in self._order:
+                quiesce = getattr(tr, "quiesce", None)
+                if quiesce is not None:
+                    try:
+                        quiesce()
+                    except GexmkError:
+                        pass
             self.bootstrap.barrier()
         except PeerDeadError:
             pass

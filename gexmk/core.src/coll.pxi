@@ -171,6 +171,7 @@ cdef class _Coll:
     cdef bytes sig
     cdef const char* csig          # sig, for nogil waits
     cdef object pending             # an NB collective not yet complete, or None
+    cdef object sync_error          # an earlier operation's failure, raised once this one ran
     cdef str broken                 # why the team's collectives can no longer be matched
     cdef object broken_type         # PeerDeadError after a member died, else StateError
     cdef object __weakref__
@@ -245,11 +246,45 @@ cdef int _shape(_Coll co, list nodes) except -1:
     return 0
 
 
+cdef object _quiet_unsynced():
+    """Complete every user endpoint's outstanding implicit puts and atomics, and
+    its put_signals' signals, before a collective (OpenSHMEM/NVSHMEM barrier_all,
+    MPI's fence): what a rank put before a barrier is at the target after it, on
+    every path.  One load when nothing went out since the last one.  Returns the
+    first failure among them (None if none): the collective still runs, so the
+    team's members stay matched, and raises it after (_raise_sync_error)."""
+    global _any_unsynced
+    if not _any_unsynced:
+        return None
+    _any_unsynced = 0
+    cdef Endpoint e
+    err = None
+    for e in _sync_eps():
+        if e.c.unsynced and not e.c.destroyed:
+            try:
+                _nbi_sync(EC_PUT | EC_RMW, e)
+            except GexmkError as x:
+                if err is None:
+                    err = x
+    return err
+
+
+cdef int _raise_sync_error(_Coll co) except -1:
+    """Raise what _quiet_unsynced found before this collective, now that it ran."""
+    err = co.sync_error
+    if err is not None:
+        co.sync_error = None
+        raise err
+    return 0
+
+
 cdef _Coll _coll(Team tm, str sig):
-    """The team's collective state, made at its first collective."""
+    """The team's collective state, made at its first collective; the
+    process's outstanding puts and atomics are completed first."""
     tm.check_alive()
     if tm._pair:
         raise StateError(f"{sig}: collectives are not defined on a TM-pair")
+    err = _quiet_unsynced()
     cdef _Coll co = tm._coll
     if co is not None:
         if co.broken is not None:
@@ -258,6 +293,7 @@ cdef _Coll _coll(Team tm, str sig):
             ev = co.pending
             co.pending = None
             ev.wait()           # collectives of a team complete in order
+        co.sync_error = err
         return co
     cdef Client c = tm.client
     cdef _Sync s = c._sync
@@ -299,6 +335,7 @@ cdef _Coll _coll(Team tm, str sig):
     _shape(co, [c._nodes[jr] for jr, _ in tm._members])
     s.owners[blk] = weakref.ref(co)
     tm._coll = co
+    co.sync_error = err
     return co
 
 
@@ -326,6 +363,11 @@ cdef int _bump_slow(_Coll co, int p, uintptr_t a, uint64_t seq, int store, int r
     cdef gx_val one, zero
     one.u64 = 1
     zero.u64 = 0
+    if rc != GX_NOT_MAPPED:
+        # a dead member (or a closed team): its arrival is never sent (a
+        # network write to a dead process could only fail, and some
+        # libraries crash reporting that)
+        return _raise_rc(co.st, p, a, 8, rc, "barrier arrival")
     if store == 2:
         store = _ordered(co, p)
     if not store:
@@ -668,8 +710,11 @@ cdef object _tm_barrier(Team tm, object timeout, bint nb):
     cdef double t = _as_timeout(timeout, sig) if timeout is not None else 0
     cdef _Coll co = _coll(tm, sig)
     if nb:
-        return _coll_event(tm, co, None, None)
+        ev = _coll_event(tm, co, None, None)
+        _raise_sync_error(co)
+        return ev
     _barrier(co, t, False)
+    _raise_sync_error(co)
     return None
 
 

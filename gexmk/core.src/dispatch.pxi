@@ -166,6 +166,19 @@ cdef inline int _xfer_init(gx_xfer* x, const gx_path* p, gx_target* t, uintptr_t
     return 0
 
 
+cdef int _any_unsynced = 0     # some user endpoint's unsynced is set
+
+
+cdef inline void _mark_unsynced(gx_ep* e) noexcept nogil:
+    """Note that an operation on ``e`` may not be complete at the target yet
+    (implicit, or a put_signal's signal): the next collective completes it.
+    The collectives' own endpoint is left out: their protocol completes them."""
+    global _any_unsynced
+    if e.index != _SYNC_EP:
+        e.unsynced = 1
+        _any_unsynced = 1
+
+
 cdef int _rma(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* local, size_t n,
               int mode, void** handle, void* stream) except -1 nogil:
     """Run a put/get through the route's RMA path.  The caller has checked the
@@ -175,6 +188,8 @@ cdef int _rma(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* 
     _xfer_init(&x, &r.rma, r.t, remote, local, n, mode)
     x.handle = handle
     x.stream = stream
+    if mode >= GX_NBI and stream == NULL:
+        _mark_unsynced(tm.ep)
     if gx_in_dev(tm, local, n):
         x.local_kind = tm.ep.seg_kind
         x.local_device = tm.ep.seg_device
@@ -239,6 +254,8 @@ cdef int _amo(const gx_team* tm, int rank, uintptr_t addr, int dt, int op, gx_va
             return _raise_rc(tm, rank, addr, n, rc, "atomic")
     r = tm.routes[rank]
     _xfer_init(&x, &r.amo, r.t, addr, NULL, n, mode)
+    if mode >= GX_NBI:
+        _mark_unsynced(tm.ep)
     x.dt = dt
     x.op = op
     x.a = a

@@ -285,6 +285,9 @@ cdef int _nbi_sync(int category, Endpoint only=None) except -1:
     cdef int mask = _categories(category)
     cdef Endpoint e
     for e in _sync_eps(only):
+        if mask & (1 << GX_CAT_PUT):
+            e.c.unsynced = 0        # synced here: a collective need not again (its error, if
+                                    # any, is this call's to raise)
         with nogil:
             _ep_sync(&e.c, mask)
         # their operations are complete: the buffers may go

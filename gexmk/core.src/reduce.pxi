@@ -510,8 +510,11 @@ cdef object _tm_bcast(Team tm, object buf, object root, bint nb):
     cdef _Coll co = _coll(tm, sig)
     cdef _Red R = _bc_intake(co, buf, _check_root(co, root, sig), sig)
     if nb:
-        return _coll_event(tm, co, _gen_red(co, R), (buf, R))
+        ev = _coll_event(tm, co, _gen_red(co, R), (buf, R))
+        _raise_sync_error(co)
+        return ev
     _red_blocking(co, R)
+    _raise_sync_error(co)
     return None
 
 
@@ -526,8 +529,11 @@ cdef object _tm_gather(Team tm, object send, object recv, object root, bint nb):
     cdef int r = -1 if allg else _check_root(co, root, sig)
     cdef _Red R = _ga_intake(co, send, recv, r, sig)
     if nb:
-        return _coll_event(tm, co, _gen_red(co, R), (send, recv, R))
+        ev = _coll_event(tm, co, _gen_red(co, R), (send, recv, R))
+        _raise_sync_error(co)
+        return ev
     _red_blocking(co, R)
+    _raise_sync_error(co)
     return None
 
 
@@ -543,6 +549,9 @@ cdef object _tm_reduce(Team tm, object send, object recv, object op, object root
     cdef int r = -1 if allr else _check_root(co, root, sig)
     cdef _Red R = _red_intake(co, send, recv, op, r, sig)
     if nb:
-        return _coll_event(tm, co, _gen_red(co, R), (send, recv, R))
+        ev = _coll_event(tm, co, _gen_red(co, R), (send, recv, R))
+        _raise_sync_error(co)
+        return ev
     _red_blocking(co, R)
+    _raise_sync_error(co)
     return None

@@ -473,6 +473,7 @@ cdef int put_signal_slow(const gx_team* tm, int rank, uintptr_t dest, const void
     r = tm.routes[rank]
     if handle != NULL:
         handle[0] = NULL
+    _mark_unsynced(tm.ep)   # a blocking put_signal completes locally only
     # (a table without the slot, e.g. a plug-in older than it, gets the composition)
     if r.rma.ops == r.amo.ops and r.rma.peer == r.amo.peer and r.rma.ops.put_signal != NULL:
         _xfer_init(&x, &r.rma, r.t, dest, <void*>src, n, mode)

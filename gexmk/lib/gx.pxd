@@ -125,6 +125,7 @@ cdef extern from "gexmk/gexmk.h" nogil:
         int destroyed
         int seg_kind
         int seg_device
+        int unsynced
         int ntr
         gx_path tr[8]
 

@@ -39,6 +39,10 @@ table and contexts in each route, and the hot path reads one pointer.
     (connections); ``pairs`` lists (endpoint context, target handle, rma) for
     each route this transport serves (``rma`` False: the atomics path).
     Bounded in time; failures are warnings, never errors.
+``quiesce()`` (optional)
+    at finalize, before the job's last barrier: complete what this process
+    still has in flight (operations whose events finalize fails included),
+    bounded in time, so that no peer closes its endpoints under a transfer.
 
 A newcomer adding a transport writes one module with ``open(job)`` and adds
 one line to :data:`REGISTRY` (and one ``extension_module`` to

@@ -148,6 +148,7 @@ cdef struct lp_op:             # an NB device copy in flight: the event recorded
 cdef struct lp_dev:            # a device segment reached here: its kind and mapping
     lp_kind k
     char* local_base           # nbrhd: the import of a peer's segment; self: NULL (same addresses)
+    bint staged                # mapped for the segment's own GPU (no peer access), not ours
 
 
 # ---- data plane ---------------------------------------------------------------
@@ -167,7 +168,7 @@ cdef int _mapped_put(gx_xfer* x) except -1 nogil:
         return _mapped_on_stream(x, True)
     if x.local_kind != GX_MK_HOST:
         # from the endpoint's device segment: the copy engine of its kind
-        if not _pipelined(ep, &ep.k, <uintptr_t>_mapped(x), <uintptr_t>x.local, x.n, False):
+        if not _pipelined(ep, &ep.k, <uintptr_t>_mapped(x), <uintptr_t>x.local, x.n, True):
             ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>_mapped(x), <uintptr_t>x.local, x.n)
     else:
         memcpy(_mapped(x), x.local, x.n)
@@ -182,7 +183,7 @@ cdef int _mapped_get(gx_xfer* x) except -1 nogil:
         return _mapped_on_stream(x, False)
     gx_mem_fence()
     if x.local_kind != GX_MK_HOST:
-        if not _pipelined(ep, &ep.k, <uintptr_t>x.local, <uintptr_t>_mapped(x), x.n, True):
+        if not _pipelined(ep, &ep.k, <uintptr_t>x.local, <uintptr_t>_mapped(x), x.n, False):
             ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>x.local, <uintptr_t>_mapped(x), x.n)
     else:
         memcpy(x.local, _mapped(x), x.n)
@@ -318,6 +319,11 @@ cdef int _dev_put_signal(gx_xfer* x) except -1 nogil:
         return _sig_misaligned(x)
     zero.u64 = 0
     if x.stream != NULL:
+        if d.staged:
+            # checked before the copy: the atomic would run on the segment's GPU, which
+            # does not follow the caller's stream (and a refused op must move nothing)
+            return _staged_unsupported("put_signal_on_stream (the signal would need the "
+                                       "segment's GPU to follow the user's stream)")
         # stream order: the copy, then the kind's atomic kernel on the same stream
         # (a kernel starts after the copy before it has completed; its system-scope
         # store follows the data for any observer)

@@ -78,6 +78,7 @@ cdef enum:
     ATOMICS_EVERY = 4       # split endpoints: progress passes per read of the atomics CQ
     SLEEP_EPS = 8           # the progress thread sleeps on the CQ fds of at most this many endpoints
     DEATH_GRACE_MS = 1000   # how long a failure waits for the death notice that explains it
+    CLOSE_DRAIN_S = 10      # how long closing an endpoint waits for its ops in flight (at most)
     SIG_RX = 64             # signal messages: receives posted per endpoint (signal.pxi)
 
 
@@ -181,6 +182,7 @@ cdef struct ofi_dom:
     fid_av* av
     uint64_t mr_mode
     size_t inject_size
+    int inject_ctx          # injected writes carry an op as their context (rma.pxi _inject_write)
     int manual              # FI_PROGRESS_MANUAL data progress: targets must poll
     int thread_on           # the background progress thread runs (start_progress)
     uint64_t next_key       # requested keys when the provider does not choose them
@@ -243,6 +245,7 @@ cdef struct ofi_ep:
     long nbi[3]             # outstanding implicit ops by GX_CAT_*
     long nbi_epoch          # implicit ops of an older epoch were abandoned (peer death)
     int nbi_err             # first failure (fi errno) among implicit ops since the last sync
+    ofi_peer* nbi_err_t     # ... and its target (a dead one makes it a PeerDeadError)
     int can_wait            # the CQ has a wait fd the progress thread can sleep on; else poll + nap
     int wait_fd
     ofi_peer* touched[16]  # targets of implicit puts issued without delivery completion
@@ -260,6 +263,10 @@ cdef struct ofi_ep:
     int rx_lock             # ... one thread at a time reads cq then, so they apply in arrival order
     int nap_us              # a sleeping wait's next nap with no progress thread (_wait_sleep)
     gx_wake* wake           # the bound segment's wake word (futex sleepers), or NULL
+    long live               # ops posted and not yet completed, orphans included (close drains them)
+    long stuck              # live ops a drain gave up on as gone to dead peers (_drain)
+    int closed              # OfiEndpoint.close drained it: nobody reads its CQ, waits on its ops
+                            # give up (StateError)
 
 
 cdef struct gx_op:
@@ -540,6 +547,26 @@ cdef class OfiTransport:
             warnings.warn(f"ofi: {len(failures)} connection(s) could not be set up at publication "
                           f"(their first operation will try again): " + "; ".join(failures[:4]),
                           RuntimeWarning, stacklevel=3)
+
+    def quiesce(self):
+        """Before finalize's last barrier: complete every operation this
+        process still has in flight on every endpoint (NB ones whose events
+        finalize fails, orphans of collected events), for at most
+        CLOSE_DRAIN_S seconds in all, so that no peer closes its endpoint
+        under a transfer of ours and ours close with nothing in flight
+        (OfiEndpoint.close).  Returns how many are left."""
+        cdef OfiEndpoint oe
+        cdef double deadline = _now() + min(<double>CLOSE_DRAIN_S, self.domain.d.timeout)
+        cdef long left = 0
+        cdef double secs
+        for e in list(self.domain._eps):
+            oe = e
+            if oe.closed or oe.e.cq == NULL:
+                continue
+            secs = deadline - _now()
+            with nogil:
+                left += _drain(&oe.e, secs if secs > 0 else 0)
+        return left
 
     def peer_died(self, int jobrank):
         self.domain.d.last_dead = jobrank

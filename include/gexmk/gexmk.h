@@ -204,6 +204,8 @@ typedef struct gx_ep {
     volatile int destroyed;
     int seg_kind;            /* GX_MK_* of the bound segment (GX_MK_HOST when none) */
     int seg_device;          /* its device, or -1 */
+    volatile int unsynced;   /* implicit ops or a put_signal went out since its last sync:
+                              * a collective completes them first (core, _quiet_unsynced) */
     int ntr;
     gx_path tr[GX_MAX_TRANSPORTS];   /* .ops and .ep; .peer unused */
 } gx_ep;

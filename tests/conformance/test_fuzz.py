@@ -89,33 +89,24 @@ REGRESSIONS = [
     # fixed: a TM-pair made after a peer's death waited 10 s for a connection to it,
     # holding the GIL (the death notice could not even arrive)
     pytest.param(8, "ofi-tcp", KNOWN, id="ofi-tcp-8-connect-to-dead-peer"),
-    pytest.param(106, "ofi-tcp", KNOWN, id="ofi-tcp-106-connect-holds-gil",
-                 marks=_known("flaky: issue 19 item 3 (a barrier after a peer's SIGKILL may "
-                              "SIGSEGV over tcp) can end it first", strict=False)),
+    pytest.param(106, "ofi-tcp", KNOWN, id="ofi-tcp-106-connect-holds-gil"),
     # fixed: nbi_wait after a peer's death raised OFIError EIO, not PeerDeadError
-    pytest.param(109, "ofi-tcp", KNOWN, id="ofi-tcp-109-flush-to-dead-peer",
-                 marks=_known("flaky: issue 19 item 3 can end it first", strict=False)),
+    pytest.param(109, "ofi-tcp", KNOWN, id="ofi-tcp-109-flush-to-dead-peer"),
     # fixed: over tcp with GEXMK_OFI_STAGE=all a put to a peer's unbound segment
     # aborted the process ("double free or corruption")
     pytest.param(27, "ofi-tcp-staged", STALE, id="ofi-tcp-staged-27-stale-double-free",
                  marks=_known("flaky: over tcp an access to a closed registration takes the "
                               "connection down under the other direction's ops", strict=False)),
-    # issue 19 item 3: the survivors' barrier after a peer's SIGKILL dies with SIGSEGV
-    pytest.param(213, "ofi-tcp", KNOWN, id="ofi-tcp-213-barrier-after-kill",
-                 marks=_flaky("issue 19 item 3, in most runs")),
-    # issue 19 item 5: a zero-length put over ofi shm never completes
-    pytest.param(17, "ofi-shm", KNOWN, id="ofi-shm-17-zero-length-put",
-                 marks=_known("issue 19 item 5")),
-    # issue 19 item 6: over ofi shm a put_signal / signal_op / non-fetching atomic is
-    # not complete when its event, quiet() or the blocking call returns
-    pytest.param(12, "ofi-shm", KNOWN, id="ofi-shm-12-signal-op-not-complete",
-                 marks=_known("issue 19 item 6: a blocking signal_op over shm")),
-    pytest.param(6, "ofi-shm", KNOWN, id="ofi-shm-6-signal-op-add-not-complete",
-                 marks=_flaky("issue 19 item 6: a blocking signal_op (ADD) over shm")),
-    pytest.param(3, "ofi-shm", KNOWN, id="ofi-shm-3-put-signal-nb-event",
-                 marks=_flaky("issue 19 item 6: put_signal_nb's event over shm")),
-    pytest.param(235, "ofi-shm", KNOWN, id="ofi-shm-235-blocking-atomic-not-complete",
-                 marks=_flaky("issue 19 item 6: a blocking FLT SET over shm")),
+    # fixed (issue 19 item 3): the survivors' barrier after a peer's SIGKILL died with SIGSEGV
+    pytest.param(213, "ofi-tcp", KNOWN, id="ofi-tcp-213-barrier-after-kill"),
+    # fixed (issue 19 item 5): a zero-length put over ofi shm never completed
+    pytest.param(17, "ofi-shm", KNOWN, id="ofi-shm-17-zero-length-put"),
+    # fixed (issue 19 item 6): over ofi shm a put_signal / signal_op / non-fetching
+    # atomic was not complete when its event, quiet() or the blocking call returned
+    pytest.param(12, "ofi-shm", KNOWN, id="ofi-shm-12-signal-op-not-complete"),
+    pytest.param(6, "ofi-shm", KNOWN, id="ofi-shm-6-signal-op-add-not-complete"),
+    pytest.param(3, "ofi-shm", KNOWN, id="ofi-shm-3-put-signal-nb-event"),
+    pytest.param(235, "ofi-shm", KNOWN, id="ofi-shm-235-blocking-atomic-not-complete"),
     # found here: after a peer's SIGKILL, survivors' ops to each other over shm can spin
     # until GEXMK_TIMEOUT (the provider's shared queues are not robust to a killed peer)
     pytest.param(107, "ofi-shm", KNOWN, id="ofi-shm-107-survivors-stall-after-kill",

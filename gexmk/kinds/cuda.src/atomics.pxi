@@ -324,6 +324,7 @@ cdef int cuda_atomic(void* kctx, void* stream, uintptr_t addr, int dt, int op,
         if s != NULL:
             k.lock.unlock()          # the module stays loaded: launches need no lock
             locked = False
+            _same_context(k, s)
             pres = <uint64_t><uintptr_t>result
             check("cuLaunchKernel", cydriver.cuLaunchKernel(
                 k.atom_fn[dt], 1, 1, 1, 1, 1, 1, 0, s, params, NULL))
@@ -339,6 +340,21 @@ cdef int cuda_atomic(void* kctx, void* stream, uintptr_t addr, int dt, int op,
         if locked:
             k.lock.unlock()
         _pop(k)
+    return 0
+
+
+cdef int _same_context(CudaCtx* k, CUstream s) except -1 nogil:
+    """A user's stream must belong to the context whose module runs the atomic:
+    a stream of another GPU's context gets CUDA_ERROR_INVALID_HANDLE at launch
+    (a host-staged peer segment is driven on its own GPU, not the caller's)."""
+    cdef CUcontext c = NULL
+    if cydriver.cuStreamGetCtx(s, &c) == CUDA_SUCCESS and c != k.ctx:
+        with gil:
+            raise UnsupportedError(
+                f"cuda atomic on a stream: the stream belongs to another context than the one "
+                f"of device {k.ordinal}, where this segment's atomics run (a segment reached "
+                f"host-staged, or mapped for another GPU); use a stream of device {k.ordinal} "
+                f"or a path with a mapping for the stream's GPU")
     return 0
 
 

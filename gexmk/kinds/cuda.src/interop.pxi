@@ -63,9 +63,33 @@ def cuda_array_interface(addr, nbytes, device, readonly=False) -> dict:
     with no stream to wait on (the memory is ready when handed out)."""
     a = _index(addr, "addr", 0, _UINTPTR_MAX)
     n = _index(nbytes, "nbytes", 0, 2 ** 63 - 1)
-    _index(device, "device", 0, 2 ** 31 - 1)
+    d = _index(device, "device", 0, 2 ** 31 - 1)
+    _check_cai_device(a, d)
     return {"shape": (n,), "typestr": "|u1", "data": (a, bool(readonly)), "version": 3,
             "strides": None, "stream": None}
+
+
+cdef int _check_cai_device(uintptr_t addr, int device) except -1:
+    """A view of another GPU's memory mapped for ``device`` (a peer's segment on
+    a node of several GPUs): consumers of this interface (CuPy, Numba) take the
+    device from the pointer's attributes -- the memory's home -- and CuPy copies
+    the array to the current device when that differs: a store would go into the
+    copy and be lost.  Refuse unless the home device is current, and say how to
+    view it instead."""
+    cdef int home, cur = -1
+    cdef CUdevice dev
+    with nogil:
+        home = _home_device(addr)
+        if home >= 0 and home != device and cydriver.cuCtxGetDevice(&dev) == CUDA_SUCCESS:
+            cur = <int>dev
+    if home < 0 or home == device or cur == home:
+        return 0
+    raise UnsupportedError(
+        f"__cuda_array_interface__: this view maps memory of GPU {home} for GPU {device}; "
+        f"CuPy and Numba read the device from the pointer (GPU {home}) and CuPy copies "
+        f"the array when GPU {home} is not current (GPU {cur}), so stores would be lost. "
+        f"View it with cupy.from_dlpack(view) or torch.from_dlpack(view) (on GPU {device}), "
+        f"or make GPU {home} current first (with cupy.cuda.Device({home}): ...)")
 
 
 def dlpack_device(device) -> tuple:

@@ -79,6 +79,40 @@ cdef int _set_access(CudaCtx* k, uintptr_t addr, size_t size) except -1 nogil:
     return check("cuMemSetAccess", cydriver.cuMemSetAccess(<CUdeviceptr>addr, size, &desc, 1))
 
 
+cdef int _home_device(uintptr_t addr) noexcept nogil:
+    """The device whose memory backs a VMM mapping at addr (this process's
+    ordinal, as the runtime's pointer attributes report it), or -1."""
+    cdef CUmemGenericAllocationHandle h
+    cdef CUmemAllocationProp prop
+    cdef int home = -1
+    if cydriver.cuMemRetainAllocationHandle(&h, <void*>addr) != CUDA_SUCCESS:
+        return -1
+    if cydriver.cuMemGetAllocationPropertiesFromHandle(&prop, h) == CUDA_SUCCESS \
+            and prop.location.type == cydriver.CU_MEM_LOCATION_TYPE_DEVICE:
+        home = prop.location.id
+    cydriver.cuMemRelease(h)
+    return home
+
+
+cdef int _grant_home_device(CudaCtx* k, uintptr_t addr, size_t size) except -1 nogil:
+    """Give an imported mapping access for the GPU its memory lives on too, where
+    that is another device of this process: array libraries that read pointer
+    attributes (CuPy, Numba) work on that device, and a kernel's store from a
+    device without access faults on a context nobody synchronises.  The mapping
+    exists only where the two GPUs have peer access, so the driver grants it; if
+    it does not, nothing changes (cuda_array_interface refuses such views)."""
+    cdef int home = _home_device(addr)
+    cdef CUmemAccessDesc desc
+    if home < 0 or home == k.ordinal:
+        return 0
+    memset(&desc, 0, sizeof(desc))
+    desc.location.type = cydriver.CU_MEM_LOCATION_TYPE_DEVICE
+    desc.location.id = home
+    desc.flags = cydriver.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    cydriver.cuMemSetAccess(<CUdeviceptr>addr, size, &desc, 1)
+    return 0
+
+
 cdef int _map_new_chunk(CudaCtx* k, CuMem* m, uintptr_t base, size_t off,
                         size_t size) except -1 nogil:
     """Create a chunk of `size` bytes, map it at base + off, give the device

@@ -191,6 +191,7 @@ cdef int _cu_import(void* kctx, gx_export* e, size_t size, gx_mem* out) except -
                                                         0, m.chunks[i].h, 0))
                     mapped = i + 1
                 _set_access(k, <uintptr_t>base, total)
+                _grant_home_device(k, <uintptr_t>base, total)
                 ok = True
             finally:
                 if not ok:

@@ -357,6 +357,7 @@ cdef class LocalTransport:
         d.c.local_base = <char*><uintptr_t>d.imported.addr
         d.key = (desc[1], desc[2])
         d.staged = staged
+        d.c.staged = staged
         return d
 
     def _kind_for(self, int cls, int device, bint exact=False):
@@ -414,9 +415,11 @@ cdef class LocalTransport:
                 return Reach("nbrhd-staged", NBRHD_SCORE,
                              NBRHD_SCORE if d.c.k.atomic != NULL else 0,
                              <uintptr_t>&_NBRHD_STAGED, d.handle, 0, None, True)
+            # host-staged (no peer access): mapped for the segment's own GPU, which this
+            # process drives with copies; no kernel of the caller's may load or store there
             return Reach("nbrhd", NBRHD_SCORE, NBRHD_SCORE if d.c.k.atomic != NULL else 0,
                          <uintptr_t>&_NBRHD_DEV, d.handle, 0,
-                         (<uintptr_t>d.c.local_base, d.kind.device))
+                         None if d.staged else (<uintptr_t>d.c.local_base, d.kind.device))
         pc = ctx
         if pc.c.local_base != NULL:
             m = self._maps.get(pc.map_key)

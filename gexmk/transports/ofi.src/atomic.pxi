@@ -146,6 +146,17 @@ cdef int net_atomic(void* epv, ofi_peer* t, uintptr_t remote, int dt, int code,
     if _map_op(code, dt, &fop, &family, &na, &b) < 0:
         with gil:
             raise ArgumentError(f"atomic: unknown op code {code}")
+    if family == 0 and _valid(ep, 1, dt, fop, code):
+        # A non-fetching op goes as its fetching form (the value fetched is
+        # dropped): its completion must mean the target applied it (a blocking
+        # op returns, an event completes, quiet returns), and libfabric's
+        # default completion for one that fetches nothing is transmit
+        # completion -- shm gives it once the command is queued, before the
+        # target applies it.  A fetching op completes with the target's
+        # answer.  (FI_DELIVERY_COMPLETE would say the same, but shm 1.17
+        # then frees the op's inject buffer twice and corrupts later injected
+        # writes.)  rxm answers every atomic anyway: no cost there.
+        family = 1
     if not _valid(ep, family, dt, fop, code):
         # The provider lacks this op/type: a compare-and-swap loop is still exact.
         _cas_loop(ep, t, remote, dt, code, a, b, result)

@@ -22,6 +22,11 @@ cdef int _raise_timeout(ofi_peer* t, double secs, const char* what) except -1 wi
                          "(GEXMK_TIMEOUT); is it alive and reachable?")
 
 
+cdef int _raise_closed(const char* what) except -1 with gil:
+    raise StateError(f"{what.decode()}: the endpoint was closed (destroyed or finalized) before "
+                     "the operation completed")
+
+
 cdef int _raise_op_failed(int err, const char* what) except -1 with gil:
     raise OFIError(what.decode(), err, fi_strerror(err).decode() +
                    " (the target became unreachable or no longer has the segment registered: "
@@ -81,11 +86,13 @@ cdef void _complete(gx_op* op, int err) noexcept nogil:
         _sig_landed(op, err)        # a signal message arrived (signal.pxi)
         return
     _release_mrs(op)
+    gx_add_long(&ep.live, -1)
     if op.amo:
         gx_add_long(&ep.amo_out, -1)
     if op.nbi:
         if op.epoch == ep.nbi_epoch:       # else abandoned by nbi_wait after a death
             if err and ep.nbi_err == 0:
+                ep.nbi_err_t = op.t
                 ep.nbi_err = err
             gx_add_long(&ep.nbi[op.nbi - 1], -1)
         free(op)
@@ -125,8 +132,9 @@ cdef int _progress(ofi_ep* ep) except -1 nogil:
 
 cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
     """Progress until op completes: 0, or 1 when its target died, 2 on timeout,
-    3 when the CQ itself fails.  While a thread spins here the progress thread
-    stands aside (dom.waiters), so the two do not fight over the CQ and cores."""
+    3 when the CQ itself fails, 4 when its endpoint was closed under it.
+    While a thread spins here the progress thread stands aside
+    (dom.waiters), so the two do not fight over the CQ and cores."""
     cdef ofi_dom* dom = op.ep.dom
     cdef double deadline = 0
     cdef unsigned long spins = 0
@@ -134,6 +142,12 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
     gx_add_long(&dom.waiters, 1)
     _app_active(dom)
     while gx_load_int(&op.state) != OP_DONE:
+        if gx_load_int(&op.ep.closed):
+            # closed: nothing reads its CQ any more (OfiEndpoint.close drained
+            # what completed; what did not, it left to the provider)
+            if gx_load_int(&op.state) != OP_DONE:
+                why = 4
+            break
         if _progress_all(dom) < 0:
             why = 3
             break
@@ -161,6 +175,8 @@ cdef int _wait_op(gx_op* op, ofi_peer* t, const char* what, gx_val* result=NULL)
             return _raise_dead(t, what)
         if why == 2:
             return _raise_timeout(t, op.ep.dom.timeout, what)
+        if why == 4:
+            return _raise_closed(what)
         return check("fi_cq_read", -FI_EIO)
     if result != NULL:
         result[0] = op.result
@@ -180,6 +196,9 @@ cdef void _orphan(gx_op* op) noexcept nogil:
 cdef int net_test(void* opv, gx_val* result) except -1 nogil:
     cdef gx_op* op = <gx_op*>opv
     if gx_load_int(&op.state) != OP_DONE:
+        if gx_load_int(&op.ep.closed):
+            _wait_op(op, op.t, "event")     # done meanwhile, or a StateError
+            return 1
         _progress(op.ep)
         if gx_load_int(&op.state) != OP_DONE:
             return 0
@@ -243,8 +262,41 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
     err = ep.nbi_err
     if err:
         ep.nbi_err = 0
-        return _raise_op_failed(err, "nbi_wait (an implicit-event operation failed)")
+        # a failure that a peer's death explains is reported as that death
+        return _failed(err, ep.nbi_err_t, "nbi_wait (an implicit-event operation failed)")
     return 0
+
+
+cdef long _drain(ofi_ep* ep, double secs) noexcept nogil:
+    """Progress the endpoint's domain until none of the endpoint's ops is in
+    flight (orphans included) or ``secs`` pass; how many are left.  Closing
+    a libfabric endpoint under an op in flight is not safe: tcp;ofi_rxm
+    (1.17) reports a read whose answer is half received twice, the second
+    time without a context, and rxm dereferences it (SIGSEGV).  Once a peer
+    has died and nothing completed for DEATH_GRACE_MS, what is left went to
+    the dead (an rxm atomic waits for an answer that never comes): it gives
+    up on those (ep.stuck), and a later drain does not wait for them again."""
+    cdef double now = _now()
+    cdef double deadline = now + secs, moved = now
+    cdef long n, last = gx_load_long(&ep.live)
+    cdef timespec ts
+    ts.tv_sec = 0
+    ts.tv_nsec = 20000
+    while True:
+        n = gx_load_long(&ep.live)
+        if n <= 0 or (ep.dom.deaths > 0 and n <= ep.stuck):
+            break
+        now = _now()
+        if n != last:
+            last = n
+            moved = now
+        elif ep.dom.deaths > 0 and now - moved > DEATH_GRACE_MS * 1e-3:
+            ep.stuck = n
+            break
+        if now > deadline or _progress_all(ep.dom) < 0:
+            break
+        nanosleep(&ts, NULL)
+    return gx_load_long(&ep.live)
 
 
 cdef void _abandon_nbi(ofi_ep* ep) noexcept nogil:

@@ -151,6 +151,9 @@ cdef class Domain:
         self.atomics = bool(self.d.info.caps & FI_ATOMIC)
         self.d.mr_mode = self.d.info.domain_attr.mr_mode
         self.d.inject_size = self.d.info.tx_attr.inject_size
+        # tcp under ofi_rxm reports a failed injected RMA write without a
+        # context, which rxm dereferences (rma.pxi _inject_write)
+        self.d.inject_ctx = self.provider in ("tcp;ofi_rxm", "net;ofi_rxm")
         self.d.manual = self.d.info.domain_attr.data_progress == FI_PROGRESS_MANUAL
         cdef fi_info* rma = self.d.rma_info if self.d.split else self.d.info
         self.d.ordered = _raw_ordered(rma) and ordered_flush

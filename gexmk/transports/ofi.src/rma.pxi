@@ -7,6 +7,7 @@ cdef gx_op* _new_op(ofi_ep* ep, ofi_peer* t, int mode, int cat) except NULL nogi
             raise MemoryError()
     op.ep = ep
     op.t = t
+    gx_add_long(&ep.live, 1)
     if cat == GX_CAT_RMW:
         op.amo = 1
         gx_add_long(&ep.amo_out, 1)
@@ -20,6 +21,7 @@ cdef gx_op* _new_op(ofi_ep* ep, ofi_peer* t, int mode, int cat) except NULL nogi
 cdef void _drop_new(gx_op* op) noexcept nogil:
     """Undo _new_op for an op the provider refused."""
     _release_mrs(op)
+    gx_add_long(&op.ep.live, -1)
     if op.amo:
         gx_add_long(&op.ep.amo_out, -1)
     if op.nbi and op.epoch == op.ep.nbi_epoch:
@@ -168,6 +170,8 @@ cdef int net_put(void* epv, ofi_peer* t, uintptr_t remote, void* local, size_t n
     cdef ssize_t rc
     cdef bint ordered = False
     cdef double deadline = 0
+    if n == 0:
+        return _nothing_to_move(out)
     _app_active(ep.dom)
     if mode == GX_NBI_LCNOW and (n > ep.dom.inject_size or _in_hmem(ep, local, n)):
         # the source is reusable only once the put completes (device memory is
@@ -179,16 +183,10 @@ cdef int net_put(void* epv, ofi_peer* t, uintptr_t remote, void* local, size_t n
         ordered = True
         flags = 0
         if mode == GX_NBI_LCNOW:
-            # inject: copied at issue, no completion entry, no op to allocate
-            while True:
-                rc = fi_inject_write(ep.ep, local, n, t.net_addr, _raddr(t, remote), t.net_key)
-                if rc != -FI_EAGAIN:
-                    break
-                rc = _retry(ep, t, &deadline)
-                if rc:
-                    break
-            if rc < 0:
-                return _issue_failed(t, rc, "fi_inject_write")
+            # inject: copied at issue (no completion entry and no op to
+            # allocate, where the provider allows: _inject_write)
+            _inject_write(ep, ep.ep, t, local, n, _raddr(t, remote), t.net_key, False, 0,
+                          "fi_inject_write")
             return _ensure_flush(ep, t)
         flags = FI_COMPLETION
     # decided before the op exists: once posted, its completion may be read (and
@@ -228,6 +226,71 @@ cdef int net_put(void* epv, ofi_peer* t, uintptr_t remote, void* local, size_t n
     return 0
 
 
+cdef int _inject_write(ofi_ep* ep, fid_ep* fep, ofi_peer* t, const void* local, size_t n,
+                       uint64_t raddr, uint64_t key, bint with_data, uint64_t data,
+                       const char* what) except -1 nogil:
+    """An injected write (at most the inject size; the source is reusable on
+    return; nothing to wait for).  Over tcp;ofi_rxm (dom.inject_ctx) it
+    carries an implicit op as its context: tcp reports the failure of an
+    injected RMA write (its peer died, its endpoint closed) without a
+    context, and rxm dereferences that NULL (SIGSEGV in the next CQ read,
+    libfabric 1.17 and later).  With FI_COMPLETION rxm copies the data into
+    a buffer of its own whose failure names our op, which records it for
+    nbi_wait (ep.nbi_err) like any implicit op."""
+    cdef gx_op* op
+    cdef iovec iov
+    cdef fi_rma_iov riov
+    cdef fi_msg_rma msg
+    cdef ssize_t rc
+    cdef double deadline = 0
+    if not ep.dom.inject_ctx:
+        while True:
+            if with_data:
+                rc = fi_inject_writedata(fep, local, n, data, t.net_addr, raddr, key)
+            else:
+                rc = fi_inject_write(fep, local, n, t.net_addr, raddr, key)
+            if rc != -FI_EAGAIN:
+                break
+            rc = _retry(ep, t, &deadline)
+            if rc:
+                break
+        if rc < 0:
+            return _issue_failed(t, rc, what)
+        return 0
+    op = _new_op(ep, t, GX_NBI, GX_CAT_PUT)
+    iov.iov_base = <void*>local
+    iov.iov_len = n
+    riov.addr = raddr
+    riov.len = n
+    riov.key = key
+    memset(&msg, 0, sizeof(msg))
+    msg.msg_iov = &iov
+    msg.iov_count = 1
+    msg.addr = t.net_addr
+    msg.rma_iov = &riov
+    msg.rma_iov_count = 1
+    msg.context = op
+    msg.data = data
+    while True:
+        rc = fi_writemsg(fep, &msg, FI_INJECT | FI_COMPLETION | (FI_REMOTE_CQ_DATA if with_data else 0))
+        if rc != -FI_EAGAIN:
+            break
+        rc = _retry(ep, t, &deadline)
+        if rc:
+            break
+    return _posted(op, t, rc, GX_NBI, NULL, what, "put")
+
+
+cdef inline int _nothing_to_move(void** out) noexcept nogil:
+    """A zero-byte put or get (its range already checked by the core) is
+    complete at issue; the provider never sees it: shm never completes a
+    zero-byte write that asks for FI_DELIVERY_COMPLETE (blocking and NB puts
+    hung)."""
+    if out != NULL:
+        out[0] = NULL
+    return 0
+
+
 cdef int _posted(gx_op* op, ofi_peer* t, ssize_t rc, int mode, void** out,
                  const char* call, const char* what) except -1 nogil:
     """After posting op (rc from the post): drop it and raise on failure; wait
@@ -253,10 +316,13 @@ cdef int _ensure_flush(ofi_ep* ep, ofi_peer* t) except -1 nogil:
 cdef int net_get(void* epv, ofi_peer* t, uintptr_t remote, void* local, size_t n,
                  int mode, void** out) except -1 nogil:
     cdef ofi_ep* ep = <ofi_ep*>epv
-    cdef gx_op* op = _new_op(ep, t, mode, GX_CAT_GET)
+    cdef gx_op* op
     cdef void* desc
     cdef ssize_t rc
     cdef double deadline = 0
+    if n == 0:
+        return _nothing_to_move(out)
+    op = _new_op(ep, t, mode, GX_CAT_GET)
     _app_active(ep.dom)
     rc = _desc(ep, op, local, n, FI_READ, &desc)
     if rc < 0:

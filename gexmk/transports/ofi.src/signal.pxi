@@ -104,20 +104,8 @@ cdef int _post_data(ofi_ep* ep, fid_ep* fep, ofi_peer* t, gx_xfer* x, gx_op** ou
     if x.n == 0:
         return 0
     if x.n <= ep.dom.inject_size and not _in_hmem(ep, x.local, x.n):
-        while True:
-            if with_data:
-                rc = fi_inject_writedata(fep, x.local, x.n, data, t.net_addr,
-                                         _raddr(t, x.remote), t.net_key)
-            else:
-                rc = fi_inject_write(fep, x.local, x.n, t.net_addr, _raddr(t, x.remote), t.net_key)
-            if rc != -FI_EAGAIN:
-                break
-            rc = _retry(ep, t, &deadline)
-            if rc:
-                break
-        if rc < 0:
-            return _issue_failed(t, rc, "fi_inject_write (put_signal)")
-        return 0
+        return _inject_write(ep, fep, t, x.local, x.n, _raddr(t, x.remote), t.net_key,
+                             with_data, data, "fi_inject_write (put_signal)")
     op = _new_op(ep, t, GX_BLOCKING, GX_CAT_PUT)
     rc = _desc(ep, op, x.local, x.n, FI_WRITE, &desc)
     if rc < 0:

@@ -339,8 +339,6 @@ cdef int _stg_send_desc(ofi_ep* ep, ofi_peer* t, int s, uint64_t q, uint64_t op,
     """The request descriptor of sequence q into slot s of t's ring."""
     cdef uint64_t* d = t.stg_dbuf
     cdef uint64_t naddr = t.stg_ring + <uint64_t>s * STG_DESC
-    cdef ssize_t rc
-    cdef double deadline = 0
     memset(d, 0, STG_DESC)
     d[0] = q
     d[1] = op
@@ -353,16 +351,8 @@ cdef int _stg_send_desc(ofi_ep* ep, ofi_peer* t, int s, uint64_t q, uint64_t op,
     d[15] = q
     if STG_DESC > ep.dom.inject_size:
         return _stg_post(ep, t, True, naddr, d, STG_DESC, NULL)
-    while True:
-        rc = fi_inject_write(ep.ep, d, STG_DESC, t.net_addr, naddr, t.stg_key)
-        if rc != -FI_EAGAIN:
-            break
-        rc = _retry(ep, t, &deadline)
-        if rc:
-            break
-    if rc < 0:
-        return _issue_failed(t, rc, "fi_inject_write (staged request)")
-    return 0
+    return _inject_write(ep, ep.ep, t, d, STG_DESC, naddr, t.stg_key, False, 0,
+                         "fi_inject_write (staged request)")
 
 
 cdef int _stg_failed(ofi_peer* t, int s, uint64_t status) except -1 with gil:

@@ -1,0 +1,370 @@
+"""The conformance matrix as data: paths x local memory x target memory x operation x size.
+
+This module is the specification (../../README.md's path table is generated from it):
+every cell either moves exact bytes (canaries around them untouched, nothing else
+changed) or raises the exception named by :func:`expect`.  Nothing here runs gexmk;
+``worker.py`` executes cells inside a job, ``runner.py`` runs the jobs, and
+``test_matrix.py`` turns every cell into one pytest item.
+
+A new path, memory or operation is one row in the tables below, plus, where it has
+no path, one rule in :func:`expect`.
+"""
+from dataclasses import dataclass, field
+
+KiB = 1 << 10
+
+#: The chunk every chunked path is set to in these jobs (landing slots, bounce buffers),
+#: so that "chunk", "chunk+1" and "3 chunks + 5" cross the chunk boundaries cheaply.
+CHUNK = 64 * KiB
+
+#: Sizes in bytes, by name (the boundaries a chunked or inline path cares about).
+SIZES = {
+    "0": 0, "1": 1, "7": 7, "8": 8, "4095": 4095,
+    "chunk-1": CHUNK - 1, "chunk": CHUNK, "chunk+1": CHUNK + 1, "3chunks+5": 3 * CHUNK + 5,
+}
+#: The default (CI) run takes these; ``--full`` takes every size.
+FAST_SIZES = ("0", "1", "8", "4095", "chunk+1", "3chunks+5")
+
+#: Where data lands in a target segment: unaligned on purpose (no path may assume
+#: alignment of RMA data); the signal word of put_signal sits at SIG_OFF.
+DATA_OFF = 8192 + 3
+SIG_OFF = 64
+ATOMIC_OFF = 128
+#: Target segments are REGION bytes of target area, then REGION bytes the initiator
+#: uses as its local source/destination when a local buffer lives in a segment.
+REGION = 256 * KiB
+SEG_BYTES = 2 * REGION
+assert DATA_OFF + max(SIZES.values()) + 4 * KiB <= REGION
+
+
+@dataclass(frozen=True)
+class Path:
+    """One way of reaching a target, and how a job forces it."""
+    name: str                  # cell id part
+    ranks: int                 # job size (initiator rank 0, target rank ranks - 1)
+    env: dict                  # environment of the job
+    expect: dict               # target memory class ("host", "client", "device") -> path name
+    gpu: bool = False          # needs a GPU machine
+    doc: str = ""
+    skip_unless: str = ""      # a reason to skip the group when the path is not offered
+    staged_maps: bool = False  # device segments mapped for their own GPU (no peer access)
+
+
+_OFI = {"GEXMK_TRANSPORT": "ofi"}
+_TCP = dict(_OFI, GEXMK_OFI_PROVIDER="tcp;ofi_rxm")
+_SHM = dict(_OFI, GEXMK_OFI_PROVIDER="shm")
+_STAGE = {"GEXMK_OFI_STAGE_CHUNK": str(CHUNK), "GEXMK_NBRHD_STAGE_CHUNK": str(CHUNK),
+          "GEXMK_CUDA_STAGE_CHUNK": str(CHUNK), "GEXMK_PAGEABLE_CHUNK": str(CHUNK),
+          "GEXMK_PAGEABLE_MIN": str(CHUNK)}
+
+PATHS = [
+    Path("self", 1, dict(_STAGE), {"host": "self", "client": "self", "device": "self"},
+         doc="one process: memcpy, or the copy engine where device memory is involved"),
+    Path("nbrhd", 2, dict(_STAGE), {"host": "nbrhd", "client": "pvm", "device": "nbrhd"},
+         doc="same node: shared-memory mappings of host segments, VMM/IPC mappings of device "
+             "segments; client host memory through process_vm_*"),
+    Path("pvm", 2, dict(_STAGE, GEXMK_TRANSPORT="pvm"), {"host": "pvm", "client": "pvm"},
+         doc="same node, forced: process_vm_readv/writev"),
+    Path("nbrhd-landed", 2, dict(_STAGE, GEXMK_NBRHD_STAGE="all"),
+         {"host": "nbrhd-landed", "client": "nbrhd-landed", "device": "nbrhd-landed"},
+         doc="same node through the owner's landing zone (forced for host segments)"),
+    Path("ofi-tcp", 2, dict(_STAGE, **_TCP), {"host": "ofi", "client": "ofi", "device": "ofi-staged"},
+         doc="libfabric tcp;ofi_rxm"),
+    Path("ofi-shm", 2, dict(_STAGE, **_SHM), {"host": "ofi", "client": "ofi", "device": "ofi-staged"},
+         doc="libfabric shm"),
+    Path("ofi-staged", 2, dict(_STAGE, GEXMK_OFI_STAGE="all", **_TCP),
+         {"host": "ofi-staged", "client": "ofi-staged", "device": "ofi-staged"},
+         doc="libfabric tcp;ofi_rxm through the owner's landing zone (forced for host segments)"),
+    Path("ofi-hmem", 2, dict(_STAGE, GEXMK_OFI_HMEM="system", **_SHM),
+         {"host": "ofi-hmem", "client": "ofi-hmem"},
+         doc="libfabric FI_HMEM registration (FI_HMEM_SYSTEM for host segments, to run the "
+             "native path without a GPU)",
+         skip_unless="a provider offering FI_HMEM with FI_ATOMIC (libfabric >= 1.22's shm)"),
+    # GPU machines only
+    Path("gpu-self", 1, dict(_STAGE), {"host": "self", "client": "self", "device": "self"},
+         gpu=True, doc="one process, one GPU"),
+    Path("gpu-nbrhd", 2, dict(_STAGE), {"host": "nbrhd", "client": "pvm", "device": "nbrhd",
+                                        "pool": "nbrhd-landed"},
+         gpu=True, doc="two processes of one node (one GPU, or one each on two)"),
+    Path("gpu-host-staged", 2, dict(_STAGE, GEXMK_CUDA_PEER_ACCESS="off"),
+         {"host": "nbrhd", "client": "pvm", "device": "nbrhd", ("device", "devseg"): "nbrhd-staged",
+          "pool": "nbrhd-landed"},
+         gpu=True, staged_maps=True, doc="no peer mapping: device segments through pinned bounce buffers"),
+    Path("gpu-ofi-staged", 2, dict(_STAGE, **_TCP),
+         {"host": "ofi", "client": "ofi", "device": "ofi-staged",
+          ("host", "devseg"): "ofi-staged", ("client", "devseg"): "ofi-staged"},
+         gpu=True, doc="device segments over tcp through the owner's landing zone"),
+]
+PATH = {p.name: p for p in PATHS}
+
+
+@dataclass(frozen=True)
+class Memory:
+    """A kind of memory an operation's local side, or its target, may be."""
+    name: str
+    cls: str                  # "host" or "device" (where the bytes are)
+    doc: str
+    gpu: bool = False
+    readonly: bool = False    # cannot be a get's destination
+    segment: str = ""         # local memory inside the bound segment of this target memory's EP
+
+
+#: Local sides of an operation.
+LOCAL = [
+    Memory("bytes", "host", "a bytes object", readonly=True),
+    Memory("bytearray", "host", "a bytearray"),
+    Memory("memoryview", "host", "a writable memoryview of a bytearray"),
+    Memory("numpy", "host", "a contiguous numpy array"),
+    Memory("numpy-strided", "host", "a non-contiguous numpy array (every other byte)"),
+    Memory("addr", "host", "an (address, nbytes) tuple of host memory outside every segment"),
+    Memory("hostseg", "host", "a numpy view of the initiator's library host segment",
+           segment="hostlib"),
+    Memory("clientseg", "host", "a numpy view of the initiator's client-allocated host segment",
+           segment="hostclient"),
+    Memory("devseg", "device", "(address, nbytes) in the initiator's VMM device segment",
+           gpu=True, segment="vmm"),
+    Memory("cupy", "device", "a CuPy array outside every segment (cudaMalloc)", gpu=True),
+    Memory("pool", "device", "stream-ordered pool memory (cuMemAllocAsync) outside every segment",
+           gpu=True),
+    Memory("torch", "device", "a PyTorch tensor (expandable segments) outside every segment",
+           gpu=True),
+]
+LOCAL_BY = {m.name: m for m in LOCAL}
+
+#: Targets: a segment bound to an endpoint of its own, published to the job.
+TARGET = [
+    Memory("hostlib", "host", "a library-allocated host segment (segment_create(size))"),
+    Memory("hostclient", "client", "a client-allocated host segment (segment_create(buffer=numpy))"),
+    Memory("vmm", "device", "a library-allocated device segment (VMM)", gpu=True),
+    Memory("cudamalloc", "device", "a client device segment over cuMemAlloc memory", gpu=True),
+    Memory("pool", "device", "a client device segment over cuMemAllocAsync pool memory", gpu=True),
+]
+TARGET_BY = {m.name: m for m in TARGET}
+#: Endpoint index of each target memory's segment, the same in every process.
+TARGET_EP = {m.name: i for i, m in enumerate(TARGET)}
+
+
+@dataclass(frozen=True)
+class Op:
+    """An operation and how its completion is obtained before the target looks."""
+    name: str
+    kind: str                 # "put" (data to target), "get" (data from target), "atomic", "signal"
+    doc: str
+    sizes: tuple = tuple(SIZES)   # size names it takes
+    locals: tuple = ()        # local memories it takes (default: all)
+    gpu: bool = False         # GPU paths only
+
+
+_VAL_SIZES = ("1", "7", "8")
+RMA_OPS = [
+    Op("put", "put", "blocking put"),
+    Op("put_nb_now", "put", "put_nb(lc=LC_NOW), event waited"),
+    Op("put_nb_defer", "put", "put_nb(lc=LC_DEFER), event waited"),
+    Op("put_nb_group", "put", "put_nb(lc=LC_GROUP), event waited, then nbi_wait(EC_LC)"),
+    Op("put_nb_leaf", "put", "put_nb(lc=LeafEvent()), leaf and event waited"),
+    Op("put_nbi", "put", "put_nbi, then nbi_wait(EC_PUT)"),
+    Op("put_nbi_region", "put", "put_nbi(lc=LC_DEFER) inside an access region, its event waited"),
+    Op("put_nbi_barrier", "put", "put_nbi, then only tm.barrier() (a barrier completes the "
+                                 "caller's earlier operations, as OpenSHMEM's barrier_all)"),
+    Op("get", "get", "blocking get"),
+    Op("get_nb", "get", "get_nb, event waited"),
+    Op("get_nbi", "get", "get_nbi, then nbi_wait(EC_GET)"),
+    Op("put_val", "put", "put_val of an nbytes integer", sizes=_VAL_SIZES, locals=("value",)),
+    Op("put_nb_val", "put", "put_nb_val, event waited", sizes=_VAL_SIZES, locals=("value",)),
+    Op("get_val", "get", "get_val of an nbytes integer", sizes=_VAL_SIZES, locals=("value",)),
+    Op("put_signal", "signal", "put_signal(SIGNAL_SET), then quiet()"),
+    Op("put_signal_add", "signal", "put_signal(SIGNAL_ADD), then quiet()"),
+    Op("put_signal_nb", "signal", "put_signal_nb, event waited"),
+    Op("put_signal_nbi", "signal", "put_signal_nbi, then quiet()"),
+    Op("put_signal_wait", "signal", "put_signal; the target waits with wait_until on the signal, "
+                                    "not on a barrier"),
+    Op("put_signal_barrier", "signal", "put_signal, then only tm.barrier()"),
+    Op("put_on_stream", "put", "put_on_stream on a CuPy stream, then the stream synchronised",
+       gpu=True),
+    Op("get_on_stream", "get", "get_on_stream on a CuPy stream, then the stream synchronised",
+       gpu=True),
+    Op("put_signal_on_stream", "signal", "put_signal_on_stream, then the stream synchronised",
+       gpu=True),
+    Op("peer_view_store", "put", "a CuPy kernel stores through cupy.asarray(tm.peer_view(peer)), "
+       "then the current device is synchronised (as a CuPy user would)", locals=("kernel",),
+       gpu=True),
+    Op("peer_view_dlpack", "put", "a CuPy kernel stores through cupy.from_dlpack(tm.peer_view(peer)), "
+       "then the current device is synchronised", locals=("kernel",), gpu=True),
+]
+RMA_OP = {o.name: o for o in RMA_OPS}
+
+#: Atomic domains' data types (numpy type codes) and operations with their arity.
+DTS = {"I32": "i4", "U32": "u4", "I64": "i8", "U64": "u8", "FLT": "f4", "DBL": "f8"}
+AMO = {  # name: (operands, fetches)
+    "SET": (1, False), "GET": (0, True), "SWAP": (1, True), "CAS": (2, False), "FCAS": (2, True),
+    "ADD": (1, False), "FADD": (1, True), "SUB": (1, False), "FSUB": (1, True),
+    "INC": (0, False), "FINC": (0, True), "DEC": (0, False), "FDEC": (0, True),
+    "MULT": (1, False), "MIN": (1, False), "FMIN": (1, True), "MAX": (1, False), "FMAX": (1, True),
+    "AND": (1, False), "FAND": (1, True), "OR": (1, False), "FOR": (1, True),
+    "XOR": (1, False), "FXOR": (1, True),
+}
+BITWISE = {"AND", "FAND", "OR", "FOR", "XOR", "FXOR"}
+#: Other one-word operations, one cell per (path, target).
+WORD_OPS = ["signal_op_set", "signal_op_add", "atomic_nb", "atomic_nbi"]
+
+#: Collectives x the team kinds they run on; every rank checks its result.  One cell
+#: per (path, collective, team), on the first target's job (the target plays no part).
+COLLECTIVES = ["barrier", "barrier_nb", "allreduce", "reduce", "bcast", "allgather", "gather"]
+TEAMS = ["tm", "dup", "split", "create", "create_for", "pair"]
+
+
+@dataclass(frozen=True)
+class Cell:
+    path: str
+    op: str
+    target: str
+    local: str = "-"
+    size: str = "-"
+    extra: tuple = field(default=())
+
+    @property
+    def id(self):
+        return "-".join([self.path, self.target, self.local, self.op, self.size])
+
+    def to_json(self):
+        return {"id": self.id, "path": self.path, "op": self.op, "target": self.target,
+                "local": self.local, "size": self.size}
+
+
+# ---- the rules: which cells refuse, with what ----------------------------------------
+
+@dataclass(frozen=True)
+class Refusal:
+    exc: str                  # exception class name (a GexmkError, or TypeError for a user error)
+    match: str                # a word the message must contain
+    why: str
+
+
+def expected_path(path, target, local):
+    """The path name ``tm.paths`` must give: by (target, local memory) where the table
+    distinguishes them (a device-bound initiating endpoint may take another path), else
+    by target memory, else by its class."""
+    for key in ((target.name, local), target.name, (target.cls, local), target.cls):
+        if key in path.expect:
+            return path.expect[key]
+    return None
+
+
+def expect(cell, gpus=1):
+    """``None`` where the cell must move exact bytes, else the :class:`Refusal` it must
+    raise; ``gpus``: how many GPUs the job's processes see."""
+    path, op = PATH[cell.path], cell.op
+    local = LOCAL_BY.get(cell.local)
+    target = TARGET_BY[cell.target]
+    kind = RMA_OP[op].kind if op in RMA_OP else "word"
+    if local is not None and kind != "word" and op in RMA_OP:
+        if local.name == "numpy-strided" and SIZES[cell.size] > 1:   # 0 or 1 element: contiguous
+            return Refusal("TypeError", "contiguous",
+                           "non-contiguous local buffers wait for the VIS family (issue 22)")
+        if local.readonly and kind == "get":
+            return Refusal("TypeError", "writable", "a get needs a writable destination")
+    if op.startswith("coll_"):
+        if op.endswith("_pair"):
+            return Refusal("StateError", "TM-pair", "collectives are not defined on a TM-pair "
+                                                     "(GASNet-EX)")
+        return None
+    if op.endswith("_MULT"):
+        return Refusal("ArgumentError", "collective",
+                       "GASNet-EX has MULT atomics; gexmk keeps OP_MULT for reductions")
+    rma_path = expected_path(path, target, cell.local)
+    if rma_path == "pvm" and (op in ("put_signal_add", "signal_op_add", "signal_op_set")
+                              or op.startswith("amo_")
+                              or op in ("atomic_nb", "atomic_nbi")):
+        return Refusal("UnsupportedError", "pvm", "process_vm_* has no atomics")
+    if path.gpu:
+        return _expect_gpu(path, op, local, target, rma_path, gpus, cell.size)
+    return None
+
+
+_ON_STREAM = ("put_on_stream", "get_on_stream", "put_signal_on_stream")
+
+
+def _expect_gpu(path, op, local, target, route, gpus, cell_size):
+    """The refusals of the GPU paths."""
+    if op.startswith("peer_view"):
+        if target.cls != "device":
+            return Refusal("UnsupportedError", "not device memory", "a host segment has no device view")
+        if route not in ("self", "nbrhd") or path.staged_maps:
+            return Refusal("UnsupportedError", "peer_view",
+                           "no mapping of the peer's device memory for this process's GPU")
+        if op == "peer_view_store" and route == "nbrhd" and target.name == "vmm" and gpus > 1:
+            return Refusal("UnsupportedError", "from_dlpack",
+                           "CuPy would copy a view of another GPU's memory (stores lost): "
+                           "the interface refuses and names from_dlpack")
+        return None
+    dev_local = local is not None and local.cls == "device"
+    dev_ep = local is not None and local.segment == "vmm"     # the initiating EP is device-bound
+    if dev_local and not local.segment and op in RMA_OP and SIZES[cell_size] > 0:
+        return Refusal("ArgumentError", "outside",
+                       "local device memory must lie in the endpoint's device segment "
+                       "(GASNet-EX's rule; issue 20 lifts it)")
+    if op in _ON_STREAM:
+        if route in ("pvm", "ofi", "ofi-staged"):
+            return Refusal("UnsupportedError", "stream", "this path cannot order on a CUDA stream")
+        if route == "nbrhd-landed" and not dev_ep:
+            return Refusal("UnsupportedError", "device kind",
+                           "a landing zone is driven from the stream by host functions of the "
+                           "initiating endpoint's device kind")
+        if op == "put_signal_on_stream":
+            if target.cls != "device":
+                return Refusal("UnsupportedError", "put_signal_on_stream",
+                               "a signal is ordered on a stream only into device memory")
+            if (route.endswith("-staged") or path.staged_maps) and route != "nbrhd-landed":
+                return Refusal("UnsupportedError", "host-staged",
+                               "the signal would need the segment's GPU to follow the stream")
+        if target.cls != "device" and not dev_ep:
+            return Refusal("UnsupportedError", "device segment",
+                           "stream-ordered RMA to host memory runs on the initiating endpoint's "
+                           "device kind")
+    if dev_local and route == "pvm" and SIZES[cell_size] > 0:
+        return Refusal("UnsupportedError", "device", "process_vm copies host memory only")
+    return None
+
+
+def amo_cells(path, target):
+    out = []
+    for dt, code in DTS.items():
+        for name in AMO:
+            if name in BITWISE and dt in ("FLT", "DBL"):
+                continue
+            out.append(Cell(path, f"amo_{dt}_{name}", target))
+    return out
+
+
+def path_targets(path):
+    """Target memories a path serves in its jobs."""
+    return [t.name for t in TARGET if t.cls in path.expect and (path.gpu or not t.gpu)]
+
+
+def path_locals(path):
+    return [m.name for m in LOCAL if path.gpu or not m.gpu]
+
+
+def cells(full=False, gpu=False):
+    """Every cell of the matrix (``gpu``: the GPU paths' cells instead of the CPU ones)."""
+    sizes = tuple(SIZES) if full else FAST_SIZES
+    out = []
+    for p in PATHS:
+        if p.gpu != gpu:
+            continue
+        for t in path_targets(p):
+            for o in RMA_OPS:
+                if o.gpu and not p.gpu:
+                    continue
+                if o.name == "put_signal_wait" and TARGET_BY[t].cls == "device":
+                    continue    # a host wait_until on a device word is not built (the GPU
+                                # waits with signal_wait_until_on_stream); refused at the target
+                for loc in (o.locals or path_locals(p)):
+                    for s in o.sizes:
+                        if s in sizes or o.locals:
+                            out.append(Cell(p.name, o.name, t, loc, s))
+            out += amo_cells(p.name, t)
+            out += [Cell(p.name, w, t) for w in WORD_OPS]
+        out += [Cell(p.name, f"coll_{c}_{team}", path_targets(p)[0])
+                for c in COLLECTIVES for team in TEAMS]
+    return out
