@@ -116,10 +116,9 @@ REGRESSIONS = [
     # valid operations in flight fail (OFIError), or wait until GEXMK_TIMEOUT
     pytest.param(7, "ofi-tcp", STALE, id="ofi-tcp-7-stale-access-breaks-connection",
                  marks=_flaky("stale access over tcp;ofi_rxm")),
-    # found here, the ep.destroy() form of issue 19 item 4: the event of an NB op
-    # (put_signal_nb) whose endpoint was then destroyed waits GEXMK_TIMEOUT
-    pytest.param(303, "ofi-tcp", KNOWN, id="ofi-tcp-303-event-after-ep-destroy",
-                 marks=_slow("an NB op's event after its endpoint's destroy (issue 19 item 4)")),
+    # fixed on main (issue 19 item 4, its ep.destroy() form found here): the event of
+    # an NB op (put_signal_nb) whose endpoint was then destroyed waited GEXMK_TIMEOUT
+    pytest.param(303, "ofi-tcp", KNOWN, id="ofi-tcp-303-event-after-ep-destroy"),
     # found here: over ofi shm with GEXMK_OFI_STAGE=all, one rank leaves a checked
     # barrier whose arrival the others never see (they time out waiting for it)
     pytest.param(314, "ofi-shm-staged", {}, id="ofi-shm-staged-314-barrier-arrival-lost",
