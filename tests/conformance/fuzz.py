@@ -679,7 +679,10 @@ class Sim:
         if a["h"][0] == "alive" and not self.alive_team:
             return {r: Expect("skip")}
         if not le.live:
-            return {r: raises("StateError", why=f"local endpoint {eps[0]} destroyed")}
+            # an atomic's alignment is checked before the team's state
+            misaligned = a["op"] in AMOS and a["off"] % DTS[a["dt"]][1]
+            return {r: raises("StateError", *(("BoundsError",) if misaligned else ()),
+                              why=f"local endpoint {eps[0]} destroyed")}
         if a.get("src") == "noncontig" and a["n"] > 1:
             # a bad argument: TypeError, unless another check comes first
             return {r: raises("TypeError", "BoundsError", "SegmentError", "PeerDeadError",
