@@ -27,8 +27,10 @@ import pytest
 
 try:
     from . import mp_util
+    from .test_ofi import need          # skip unless libfabric offers the provider
 except ImportError:
     import mp_util
+    from test_ofi import need
 
 gexmk_ofi = pytest.importorskip("gexmk.ofi", reason="gexmk was built without libfabric (gexmk.ofi)")
 pytest.importorskip("gexmk.transports.ofi", reason="gexmk was built without the ofi transport")
@@ -36,14 +38,6 @@ pytest.importorskip("gexmk.transports.ofi", reason="gexmk was built without the 
 PROVIDER_IDS = {"tcp;ofi_rxm": "tcp_rxm", "shm": "shm"}
 
 
-def need(provider):
-    """Skip unless libfabric offers ``provider`` with RDM endpoints and RMA."""
-    try:
-        found = gexmk_ofi.providers(provider)
-    except Exception as e:      # noqa: BLE001 - any probing failure means "not usable here"
-        pytest.skip(f"libfabric provider {provider!r}: probing failed ({type(e).__name__}: {e})")
-    if not found:
-        pytest.skip(f"libfabric provider {provider!r} is not available on this machine")
 
 
 def env_for(provider, **extra):
