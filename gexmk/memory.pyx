@@ -10,7 +10,7 @@ import enum
 import os
 import itertools
 
-from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE,
+from cpython.buffer cimport (PyObject_GetBuffer, PyObject_CheckBuffer, PyBuffer_Release, PyBUF_SIMPLE,
                              PyBUF_WRITABLE, PyBUF_ANY_CONTIGUOUS, PyBUF_FORMAT,
                              PyBUF_ND, PyBUF_STRIDES)
 from libc.string cimport memset
@@ -161,6 +161,43 @@ def mk_create(cls, device=0, context=None):
     runtime = {MKClass.HIP: "HIP (libamdhip64)", MKClass.ZE: "Level Zero (libze_loader)"}[cls]
     raise UnsupportedError(f"{cls.name} memory kind unsupported on this build: "
                            f"gexmk was built without {runtime} support")
+
+
+def pointer_attributes(uintptr_t p):
+    """What the device memory kinds of this build say of the memory at ``p``
+    (``gexmk.kinds.cuda.pointer_attributes``), or None where no kind module
+    or driver is there to ask."""
+    try:
+        from gexmk.kinds import cuda
+    except ImportError:
+        return None
+    try:
+        return cuda.pointer_attributes(p)
+    except UnsupportedError:
+        return None
+
+
+def infer_kind(client, object obj):
+    """The memory kind of a device array or pointer ``obj`` (CUDA array
+    interface, or (pointer, nbytes)) for ``segment_create(buffer=obj)`` with
+    no ``kind=``: None for a PEP 3118 host buffer."""
+    if not (hasattr(obj, "__cuda_array_interface__") or type(obj) is tuple):
+        if hasattr(obj, "__dlpack_device__") and not PyObject_CheckBuffer(obj):
+            dev_type = obj.__dlpack_device__()[0]
+            if dev_type in (2, 13):        # kDLCUDA, kDLCUDAManaged
+                raise UnsupportedError("segment buffer: a DLPack-only device array; pass an "
+                                       "object with __cuda_array_interface__ (CuPy, PyTorch, "
+                                       "Numba) or (pointer, nbytes), or kind=")
+        return None
+    ptr, nbytes = device_range(obj, "segment buffer")
+    mk = client._kind_of_pointer(ptr, type(obj) is not tuple, True)
+    if mk is None and type(obj) is not tuple:
+        info = pointer_attributes(ptr)
+        what = info["memory"] if info else "not device memory"
+        raise ArgumentError(f"segment buffer: the array's memory at 0x{ptr:x} is {what}, which "
+                            "a device segment cannot adopt (managed memory is not taken: "
+                            "allocate device memory)")
+    return mk
 
 
 def device_range(object obj, str what):

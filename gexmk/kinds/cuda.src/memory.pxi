@@ -303,6 +303,33 @@ cdef int _pointer_info(uintptr_t p, unsigned long long* memtype, unsigned long l
                  cydriver.cuPointerGetAttributes(6, attrs, data, <CUdeviceptr>p))
 
 
+def pointer_attributes(ptr) -> dict:
+    """What the driver says of the memory at ``ptr``, with no kind needed:
+    ``{"memory": "device" | "host" | "managed" | "unknown", "device": ordinal
+    or -1, "context": CUcontext as int (0 when none), "pool": bool (stream-
+    ordered pool memory), "legacy_ipc": bool}``.  Host pointers the driver does
+    not know are ``"unknown"``.  Raises UnsupportedError without a driver."""
+    cdef uintptr_t p = _index(ptr, "ptr", 0, _UINTPTR_MAX)
+    cdef unsigned long long memtype = 0, ordinal = 0, ctx = 0, managed = 0, pool = 0, ipc = 0
+    cdef CUresult rc
+    driver_version()                 # UnsupportedError where there is no driver
+    with nogil:
+        rc = cydriver.cuInit(0)
+        if rc == CUDA_SUCCESS:
+            _pointer_info(p, &memtype, &ordinal, &ctx, &managed, &pool, &ipc)
+    check("cuInit", rc)
+    if managed:
+        mem = "managed"
+    elif memtype == cydriver.CU_MEMORYTYPE_DEVICE:
+        mem = "device"
+    elif memtype == cydriver.CU_MEMORYTYPE_HOST:
+        mem = "host"
+    else:
+        mem = "unknown"
+    return {"memory": mem, "device": <int>ordinal if mem in ("device", "managed") else -1,
+            "context": <uintptr_t>ctx, "pool": bool(pool), "legacy_ipc": bool(ipc)}
+
+
 cdef int _mapping_range(uintptr_t p, uintptr_t* base, size_t* size) except -1 nogil:
     """The VMM mapping (one cuMemMap) that holds p: the pointer attributes
     MAPPING_BASE_ADDR/MAPPING_SIZE where the driver knows them, else
