@@ -21,6 +21,8 @@
  *   kernel8_us        a one-thread kernel copying 8 B local -> imported + sync
  *   sync_us           a bare cuStreamSynchronize of an idle stream
  *   dtod64m_imported_GBps  64 MiB cuMemcpyDtoDAsync into the imported mapping + sync
+ *   dtod64m_imported_pipe_GBps  PIPE (20) such copies back to back, one synchronise
+ *   htod64m_pinned_imported_pipe_GBps  the same from cuMemHostAlloc'd memory
  *   dtod64m_local_GBps     the same between two allocations of this process
  *   htod64m_pageable_GBps  64 MiB cuMemcpyHtoD from malloc'd (touched) memory
  *   htod64m_pinned_GBps    the same from cuMemHostAlloc'd memory
@@ -46,6 +48,7 @@
     exit(2); } } while (0)
 
 #define SEG (64u << 20)
+#define PIPE 20                 /* copies per pipelined stream */
 
 static double now_us(void)
 {
@@ -261,6 +264,17 @@ static int importer(int sock, int device, int odev, int iters)
     printf(", \"dtod8_issue_us\": %.3f", median(t, iters));
     TIME(big, { CK(cuMemcpyDtoDAsync(peer, mine, SEG, s)); CK(cuStreamSynchronize(s)); });
     printf(", \"dtod64m_imported_GBps\": %.2f", SEG / median(t, big) * 1e-3);
+    /* streams: PIPE copies issued back to back, one synchronise (what NB/NBI
+     * puts and put_on_stream must reach) */
+    {
+        int pipe = big < 5 ? 5 : big, k;
+        TIME(pipe, { for (k = 0; k < PIPE; k++) CK(cuMemcpyDtoDAsync(peer, mine, SEG, s));
+                     CK(cuStreamSynchronize(s)); });
+        printf(", \"dtod64m_imported_pipe_GBps\": %.2f", (double)PIPE * SEG / median(t, pipe) * 1e-3);
+        TIME(pipe, { for (k = 0; k < PIPE; k++) CK(cuMemcpyHtoDAsync(peer, pinned_big, SEG, s));
+                     CK(cuStreamSynchronize(s)); });
+        printf(", \"htod64m_pinned_imported_pipe_GBps\": %.2f", (double)PIPE * SEG / median(t, pipe) * 1e-3);
+    }
     TIME(big, { CK(cuMemcpyDtoDAsync(mine2, mine, SEG, s)); CK(cuStreamSynchronize(s)); });
     printf(", \"dtod64m_local_GBps\": %.2f", SEG / median(t, big) * 1e-3);
     TIME(big, { CK(cuMemcpyHtoD(mine2, pageable, SEG)); });
