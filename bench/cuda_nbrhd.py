@@ -89,7 +89,7 @@ def streams(cu, mine, hostep, dseg, hseg, view, stream, dst, n):
         def run():
             for _ in range(PIPE):
                 tm.put_nbi(1, dst, s, lc=lc)
-            tm.nbi_wait()
+            gexmk.nbi_wait()
         return run
 
     def nb(tm, s):

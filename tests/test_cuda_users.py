@@ -112,7 +112,7 @@ def test_any_cupy_array_as_local_side_of_every_form(client, cupy, nbytes):
                     tm.put_nb(0, base[tgt], src, lc=gexmk.LC_DEFER).wait()
                 else:
                     tm.put_nbi(0, base[tgt], src, lc=gexmk.LC_GROUP)
-                    tm.nbi_wait()
+                    gexmk.nbi_wait()
                 back = np.zeros(nbytes, np.uint8)
                 reader[tgt].get(back, 0, base[tgt])
                 assert (back == data).all(), (who, tgt, form, "put")
@@ -123,7 +123,7 @@ def test_any_cupy_array_as_local_side_of_every_form(client, cupy, nbytes):
                     tm.get_nb(dst, 0, base[tgt]).wait()
                 else:
                     tm.get_nbi(dst, 0, base[tgt])
-                    tm.nbi_wait()
+                    gexmk.nbi_wait()
                 assert (dst.get() == data).all(), (who, tgt, form, "get")
 
 

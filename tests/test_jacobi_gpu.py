@@ -62,13 +62,13 @@ def test_serial_reference_is_periodic_and_converges():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAVE_GPU, reason="no NVIDIA driver or device on this machine")
-@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("ranks, dtype", [(1, "float32"), (2, "float32"), (2, "float64")])
 @pytest.mark.timeout(180)
-def test_jacobi_gpu_matches_serial(tmp_path, ranks):
+def test_jacobi_gpu_matches_serial(tmp_path, ranks, dtype):
     pytest.importorskip("cupy")
     out = tmp_path / "jacobi.json"
     cmd = [sys.executable, "-P", "-m", "gexmk.run", "-n", str(ranks), "--timeout", "150", _jacobi(),
-           "--nx", "96", "--ny", "130", "--iters", "40", "--warmup", "3", "--check",
+           "--nx", "96", "--ny", "130", "--iters", "40", "--warmup", "3", "--check", "--dtype", dtype,
            "--json", str(out)]
     res = mp_util.run_command(cmd, timeout=170, env=mp_util.child_env({"GEXMK_TIMEOUT": 60}),
                               cwd=str(tmp_path), script="jacobi_gpu.py")
@@ -76,5 +76,5 @@ def test_jacobi_gpu_matches_serial(tmp_path, ranks):
     r = json.loads(out.read_text())
     assert r["ok"] is True and r["ranks"] == ranks and r["iters"] == 40, r
     assert "equal to serial numpy" in res.stdout
-    ref = _module().serial(96, 130, 43)[1]
+    ref = _module().serial(96, 130, 43, np.dtype(dtype))[1]
     assert abs(r["norm"] - ref) <= 1e-9 * ref, (r["norm"], ref)
