@@ -142,7 +142,7 @@ def main(argv=None):
         hostep = c.ep(0).pair(1)
         if tm.rank == 0:
             print(f"paths to rank 1: device EP {mine.paths(1)}, host EP {hostep.paths(1)}", flush=True)
-            view = mine.peer_view(1).__cuda_array_interface__["data"][0]
+            view = mine.peer_view(1).address             # the mapping's address in this process
             _ok(cu.cuCtxPushCurrent(mk.impl.context))
             stream = _ok(cu.cuStreamCreate(1))
             pinned = _ok(cu.cuMemHostAlloc(8, 0))

@@ -50,20 +50,21 @@ extern "C" __global__ void jacobi(const REAL* __restrict__ a, REAL* __restrict__
 {
     const int iy = blockIdx.y * blockDim.y + threadIdx.y + iy_start;
     const int ix = blockIdx.x * blockDim.x + threadIdx.x + 1;
-    double d = 0.0;
+    REAL d = 0;
     if (iy < iy_end && ix < nx - 1) {
-        const long row = (long)iy * nx;
+        const IDX row = (IDX)iy * nx;
         const REAL v = (REAL)0.25 * (a[row + ix + 1] + a[row + ix - 1] + a[row + nx + ix] + a[row - nx + ix]);
         a_new[row + ix] = v;
         if (calc_norm) {
-            const double r = (double)v - (double)a[row + ix];
+            const REAL r = v - a[row + ix];
             d = r * r;
         }
     }
     if (!calc_norm)
         return;
-    /* the block's sum: within warps by shuffles, across them through shared memory */
-    __shared__ double part[32];
+    /* the block's sum: within warps by shuffles, across them through shared
+       memory; the blocks' sums add up in double */
+    __shared__ REAL part[32];
     const int t = threadIdx.y * blockDim.x + threadIdx.x;
     for (int o = 16; o > 0; o >>= 1)
         d += __shfl_down_sync(0xffffffffu, d, o);
@@ -72,11 +73,11 @@ extern "C" __global__ void jacobi(const REAL* __restrict__ a, REAL* __restrict__
     __syncthreads();
     if (t < 32) {
         const int nw = (blockDim.x * blockDim.y + 31) >> 5;
-        d = t < nw ? part[t] : 0.0;
+        d = t < nw ? part[t] : (REAL)0;
         for (int o = 16; o > 0; o >>= 1)
             d += __shfl_down_sync(0xffffffffu, d, o);
         if (t == 0)
-            atomicAdd(l2, d);
+            atomicAdd(l2, (double)d);
     }
 }
 """
@@ -137,6 +138,8 @@ def parse(argv=None):
                          "summed in float64 either way)")
     ap.add_argument("--nccheck", type=int, default=1,
                     help="residual norm every this many iterations (default 1)")
+    ap.add_argument("--no-overlap", action="store_true",
+                    help="compute the whole band, then exchange (no second stream)")
     ap.add_argument("--check", action="store_true",
                     help="compare every band with a serial numpy run (small grids)")
     ap.add_argument("--gpus", type=int, default=0,
@@ -191,9 +194,23 @@ class Jacobi:
         self.l2_np = np.frombuffer(self.l2_host, np.float64, 2)
         self.l2_done = [cp.cuda.Event(block=False, disable_timing=True) for _ in range(2)]
         self.stream = cp.cuda.Stream(non_blocking=True)
+        # the boundary rows and the halo exchange on a stream of their own, of
+        # higher priority, overlapping the interior's kernel (three rows at least)
+        self.overlap = self.rows >= 3 and not args.no_overlap
+        try:
+            self.bstream = cp.cuda.Stream(non_blocking=True, priority=-1)
+        except TypeError:           # a CuPy without stream priorities
+            self.bstream = cp.cuda.Stream(non_blocking=True)
+        self.ev_int = cp.cuda.Event(block=False, disable_timing=True)   # interior kernel done
+        self.ev_bnd = cp.cuda.Event(block=False, disable_timing=True)   # boundary kernels done
+        self.ev_int.record(self.stream)
+        self.ev_bnd.record(self.bstream)
         real = "float" if self.dtype == np.float32 else "double"
-        self.kernel = cp.RawKernel(KERNEL.replace("REAL", real), "jacobi")
-        self.grid = ((nx - 2 + BLOCK[0] - 1) // BLOCK[0], (self.rows + BLOCK[1] - 1) // BLOCK[1])
+        idx = "int" if self.stride_rows * nx < 2 ** 31 else "long long"
+        self.kernel = cp.RawKernel(KERNEL.replace("REAL", real).replace("IDX", idx), "jacobi")
+        inner = self.rows - 2 if self.overlap else self.rows
+        self.grid = ((nx - 2 + BLOCK[0] - 1) // BLOCK[0], (inner + BLOCK[1] - 1) // BLOCK[1])
+        self.bgrid = ((nx - 2 + 1023) // 1024, 1)
         cp.cuda.runtime.deviceSynchronize()
         tm.barrier()
 
@@ -209,30 +226,53 @@ class Jacobi:
                 self.row_bytes)
 
     def enqueue(self, it, cur, norm):
-        """Iteration ``it`` (1-based) from copy ``cur`` into the other, on the stream;
-        on a norm iteration, its norm lands in slot ``it % 2``."""
+        """Iteration ``it`` (1-based) from copy ``cur`` into the other; on a norm
+        iteration, its norm lands in slot ``it % 2``.  With overlap: the band's
+        first and last rows are computed and sent on the boundary stream while
+        the interior's kernel runs on the compute stream."""
         cp, tm, s, nx = self.cp, self.team, self.stream, self.args.nx
+        b = self.bstream if self.overlap else s
         new = 1 - cur
         slot = it % 2
         l2 = self.l2[slot:slot + 1]
+        flag = np.int32(1 if norm else 0)
         if norm:
             l2.data.memset_async(0, 8, s)
-        self.kernel(self.grid, BLOCK, (self.copies[cur], self.copies[new], l2,
-                                       np.int32(1), np.int32(self.rows + 1), np.int32(nx),
-                                       np.int32(1 if norm else 0)), stream=s)
+        src, dst = self.copies[cur], self.copies[new]
+        if self.overlap:
+            # the rows the boundary kernels write were read by the last interior
+            # kernel, and the norm word was just zeroed on s
+            b.wait_event(self.ev_int_after(s))
+            for row in (1, self.rows):
+                self.kernel(self.bgrid, (1024, 1), (src, dst, l2, np.int32(row), np.int32(row + 1),
+                                                    np.int32(nx), flag), stream=b)
+            self.ev_bnd.record(b)
+            self.kernel(self.grid, BLOCK, (src, dst, l2, np.int32(2), np.int32(self.rows),
+                                           np.int32(nx), flag), stream=s)
+            # what follows on s (the norm's copy, the next interior kernel) reads
+            # the boundary rows; the halos are the next boundary kernels' (on b)
+            s.wait_event(self.ev_bnd)
+        else:
+            self.kernel(self.grid, BLOCK, (src, dst, l2, np.int32(1), np.int32(self.rows + 1),
+                                           np.int32(nx), flag), stream=s)
         # my first row -> the bottom halo of the rank above; my last -> the top halo below
         tm.put_signal_on_stream(self.up, self.halo(self.up, new, self.up_halo), self.row(new, 1),
-                                self.sig(self.up, 1), it, gexmk.SIGNAL_SET, s)
+                                self.sig(self.up, 1), it, gexmk.SIGNAL_SET, b)
         tm.put_signal_on_stream(self.down, self.halo(self.down, new, 0), self.row(new, self.rows),
-                                self.sig(self.down, 0), it, gexmk.SIGNAL_SET, s)
+                                self.sig(self.down, 0), it, gexmk.SIGNAL_SET, b)
         me = self.seg.address
-        tm.signal_wait_until_on_stream(me, gexmk.CMP_GE, it, s)
-        tm.signal_wait_until_on_stream(me + 8, gexmk.CMP_GE, it, s)
+        tm.signal_wait_until_on_stream(me, gexmk.CMP_GE, it, b)
+        tm.signal_wait_until_on_stream(me + 8, gexmk.CMP_GE, it, b)
         if norm:
             cp.cuda.runtime.memcpyAsync(self.l2_np.ctypes.data + 8 * slot, l2.data.ptr, 8,
                                         cp.cuda.runtime.memcpyDeviceToHost, s.ptr)
             self.l2_done[slot].record(s)
         return new
+
+    def ev_int_after(self, s):
+        """An event recorded now on the compute stream (its work so far)."""
+        self.ev_int.record(s)
+        return self.ev_int
 
     def residual(self, it):
         """The team's residual norm of norm iteration ``it``, once the GPU got there."""
@@ -258,6 +298,7 @@ class Jacobi:
         if pending is not None:
             norm = self.residual(pending)
         self.stream.synchronize()
+        self.bstream.synchronize()
         return cur, norm
 
 

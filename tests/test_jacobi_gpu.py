@@ -62,14 +62,16 @@ def test_serial_reference_is_periodic_and_converges():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAVE_GPU, reason="no NVIDIA driver or device on this machine")
-@pytest.mark.parametrize("ranks, dtype", [(1, "float32"), (2, "float32"), (2, "float64")])
+@pytest.mark.parametrize("ranks, dtype, flags", [(1, "float32", []), (2, "float32", []),
+                                                 (2, "float64", ["--no-overlap"]),
+                                                 (3, "float32", [])])
 @pytest.mark.timeout(180)
-def test_jacobi_gpu_matches_serial(tmp_path, ranks, dtype):
+def test_jacobi_gpu_matches_serial(tmp_path, ranks, dtype, flags):
     pytest.importorskip("cupy")
     out = tmp_path / "jacobi.json"
     cmd = [sys.executable, "-P", "-m", "gexmk.run", "-n", str(ranks), "--timeout", "150", _jacobi(),
            "--nx", "96", "--ny", "130", "--iters", "40", "--warmup", "3", "--check", "--dtype", dtype,
-           "--json", str(out)]
+           "--json", str(out), *flags]
     res = mp_util.run_command(cmd, timeout=170, env=mp_util.child_env({"GEXMK_TIMEOUT": 60}),
                               cwd=str(tmp_path), script="jacobi_gpu.py")
     res.check()
