@@ -79,4 +79,5 @@ def test_jacobi_gpu_matches_serial(tmp_path, ranks, dtype, flags):
     assert r["ok"] is True and r["ranks"] == ranks and r["iters"] == 40, r
     assert "equal to serial numpy" in res.stdout
     ref = _module().serial(96, 130, 43, np.dtype(dtype))[1]
-    assert abs(r["norm"] - ref) <= 1e-9 * ref, (r["norm"], ref)
+    # the blocks sum in float32 for float32 grids (as the baseline), then in float64
+    assert abs(r["norm"] - ref) <= (1e-7 if dtype == "float32" else 1e-12) * ref, (r["norm"], ref)
