@@ -35,7 +35,6 @@ the time per iteration and, with ``--json``, writes its figures.
 import argparse
 import json
 import math
-import os
 import sys
 import time
 
