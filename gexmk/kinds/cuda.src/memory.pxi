@@ -94,6 +94,11 @@ cdef int _home_device(uintptr_t addr) noexcept nogil:
     return home
 
 
+# GEXMK_CUDA_GRANT_HOME=0 leaves imported mappings with access for the importer's
+# GPU only (CuPy views of another GPU's memory are then refused, not granted)
+cdef bint _grant_home = os.environ.get("GEXMK_CUDA_GRANT_HOME", "1") != "0"
+
+
 cdef int _grant_home_device(CudaCtx* k, uintptr_t addr, size_t size) except -1 nogil:
     """Give an imported mapping access for the GPU its memory lives on too, where
     that is another device of this process: array libraries that read pointer
@@ -101,8 +106,11 @@ cdef int _grant_home_device(CudaCtx* k, uintptr_t addr, size_t size) except -1 n
     device without access faults on a context nobody synchronises.  The mapping
     exists only where the two GPUs have peer access, so the driver grants it; if
     it does not, nothing changes (cuda_array_interface refuses such views)."""
-    cdef int home = _home_device(addr)
+    cdef int home
     cdef CUmemAccessDesc desc
+    if not _grant_home:
+        return 0
+    home = _home_device(addr)
     if home < 0 or home == k.ordinal:
         return 0
     memset(&desc, 0, sizeof(desc))
