@@ -182,13 +182,9 @@ def infer_kind(client, object obj):
     interface, or (pointer, nbytes)) for ``segment_create(buffer=obj)`` with
     no ``kind=``: None for a PEP 3118 host buffer."""
     if not (hasattr(obj, "__cuda_array_interface__") or type(obj) is tuple):
-        if hasattr(obj, "__dlpack_device__") and not PyObject_CheckBuffer(obj):
-            dev_type = obj.__dlpack_device__()[0]
-            if dev_type in (2, 13):        # kDLCUDA, kDLCUDAManaged
-                raise UnsupportedError("segment buffer: a DLPack-only device array; pass an "
-                                       "object with __cuda_array_interface__ (CuPy, PyTorch, "
-                                       "Numba) or (pointer, nbytes), or kind=")
-        return None
+        if not (hasattr(obj, "__dlpack_device__") and not PyObject_CheckBuffer(obj)
+                and obj.__dlpack_device__()[0] in (2, 13)):     # kDLCUDA, kDLCUDAManaged
+            return None
     ptr, nbytes = device_range(obj, "segment buffer")
     mk = client._kind_of_pointer(ptr, type(obj) is not tuple, True)
     if mk is None and type(obj) is not tuple:
@@ -227,10 +223,17 @@ def device_range(object obj, str what):
         if cai["data"][1]:
             raise ArgumentError(f"{what}: the device array is read-only")
         return ptr, n
-    if hasattr(obj, "__dlpack__"):
-        raise UnsupportedError(f"{what}: DLPack-only objects are not taken yet; pass an object "
-                               "with __cuda_array_interface__ (CuPy, PyTorch, Numba) or "
-                               "(pointer, nbytes)")
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        if obj.__dlpack_device__()[0] not in (2, 13):      # kDLCUDA, kDLCUDAManaged
+            raise ArgumentError(f"{what}: a DLPack array on device {obj.__dlpack_device__()} is not "
+                                "CUDA memory")
+        try:
+            from gexmk.kinds import cuda
+        except ImportError as e:
+            raise UnsupportedError(f"{what}: a DLPack CUDA array, and this build has no CUDA "
+                                   f"kind: {e}") from None
+        ptr, n, _, _ = cuda.dlpack_range(obj)
+        return ptr, n
     raise TypeError(f"{what}: expected a device array (__cuda_array_interface__) or "
                     f"(pointer, nbytes), got {type(obj).__name__}")
 

@@ -184,3 +184,30 @@ def test_cupy_array_on_another_gpu(client, cupy):
         dst = cupy.zeros(MiB, cupy.uint8)
     ep1.pair(1).get(dst, 0, dseg.address)
     assert int(dst.sum()) == 3 * MiB
+
+
+class _DLPackOnly:
+    """A device array seen only through DLPack (as JAX arrays are)."""
+
+    def __init__(self, arr):
+        self._arr = arr
+
+    def __dlpack__(self, stream=None):
+        return self._arr.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._arr.__dlpack_device__()
+
+
+@gpu
+@needs_gpu
+def test_dlpack_only_arrays_as_local_side_and_segment(client, cupy):
+    mk, hseg, ep1, dseg = _host_and_device_eps(client)
+    src = cupy.arange(4096, dtype=cupy.uint8)
+    cupy.cuda.runtime.deviceSynchronize()
+    ep1.pair(0).put(0, hseg.address, _DLPackOnly(src))
+    assert (np.asarray(hseg)[:4096] == np.arange(4096, dtype=np.uint8)).all()
+    seg = client.segment_create(buffer=_DLPackOnly(cupy.zeros(1 << 21, cupy.uint8)))
+    assert seg.kind is mk and seg.size == 1 << 21
+    with pytest.raises(E.ArgumentError, match="contiguous"):
+        ep1.pair(0).put(0, hseg.address, _DLPackOnly(cupy.zeros((64, 64), cupy.uint8)[:, ::2]))

@@ -66,20 +66,30 @@ cdef inline int _take(object obj, Py_buffer* view, _Local* loc, bint writable, s
             _device_local(loc, sig, what, tm, writable, False)
         return 0
     if not PyObject_CheckBuffer(obj):
-        if hasattr(obj, "__cuda_array_interface__"):
+        if _is_device_array(obj):
             return _take_device(obj, loc, sig, what, tm, writable)
         _not_local(obj, sig, what, writable)
     try:
         host_buffer(obj, view, writable, what)
     except (TypeError, GexmkError):
         # device arrays may have the buffer slot and refuse it (CuPy)
-        if hasattr(obj, "__cuda_array_interface__"):
+        if _is_device_array(obj):
             return _take_device(obj, loc, sig, what, tm, writable)
         raise
     loc.p = view.buf
     loc.n = <size_t>view.len
     loc.held = True
     return 0
+
+
+cdef bint _is_device_array(object obj) except -1:
+    """A CUDA array interface, or a DLPack array on a CUDA device (JAX, and
+    every DLPack producer without the interface)."""
+    if hasattr(obj, "__cuda_array_interface__"):
+        return True
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        return obj.__dlpack_device__()[0] in (2, 13)      # kDLCUDA, kDLCUDAManaged
+    return False
 
 
 # Set once this process has a device memory kind: from then on a local
