@@ -211,3 +211,18 @@ def test_dlpack_only_arrays_as_local_side_and_segment(client, cupy):
     assert seg.kind is mk and seg.size == 1 << 21
     with pytest.raises(E.ArgumentError, match="contiguous"):
         ep1.pair(0).put(0, hseg.address, _DLPackOnly(cupy.zeros((64, 64), cupy.uint8)[:, ::2]))
+
+
+@gpu
+@needs_gpu
+def test_atomic_result_into_a_cupy_array(client, cupy):
+    mk, hseg, ep1, dseg = _host_and_device_eps(client)
+    for tm, addr in ((ep1.pair(0), hseg.address), (ep1.pair(1), dseg.address)):
+        ad = tm.ad_create(gexmk.DT_U64, gexmk.OP_FADD | gexmk.OP_SET)
+        ad.op(0, addr, gexmk.OP_SET, 40)
+        res = cupy.zeros(1, cupy.uint64)
+        ad.op_nbi(0, addr, gexmk.OP_FADD, 2, result=res)
+        assert int(res[0]) == 40
+        assert ad.op(0, addr, gexmk.OP_FADD, 0) == 42
+        with pytest.raises(E.ArgumentError, match="at least 8 bytes"):
+            ad.op_nbi(0, addr, gexmk.OP_FADD, 1, result=cupy.zeros(4, cupy.uint8))
