@@ -19,6 +19,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--precreate", action="store_true")
+    ap.add_argument("--c", action="store_true", help="then the C program's import of 1 GiB")
     args = ap.parse_args()
     with gexmk.init() as c:
         tm = c.tm
@@ -45,6 +46,15 @@ def main():
                   + (f"; kind on GPU 1 made first: {t_other * 1e3:.2f} ms" if t_other else "")
                   + "; publication of a " + f"{args.gib:g} GiB device segment each: "
                   + ", ".join(f"{f * 1e3:.2f} ms" for f in figures), flush=True)
+        rank = tm.rank
+    if rank == 0 and args.c:
+        import os
+        import sys
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+        import cuda_baseline
+        r = cuda_baseline.run_c(200, device=0, owner_device=1)
+        print("C, three fresh 1 GiB allocations of GPU 1 imported on GPU 0, [import, reserve + "
+              "map, set access] ms:", r.get("import_1GiB_ms", r.get("skip")), flush=True)
 
 
 if __name__ == "__main__":
