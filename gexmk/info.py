@@ -9,7 +9,7 @@ register CUDA memory; the CUDA driver and devices; and the kernel features
 the intra-node transport relies on (Yama ptrace scope for
 ``process_vm_readv``, ``memfd_create``, ``pidfd_getfd``).
 
-Nothing here needs a working transport: the compiled probes (``gexmk.ofi``,
+Nothing here needs a working transport: the compiled probes (``gexmk.fabric_probe``,
 ``gexmk.kinds.cuda``) are imported lazily and a failure to import or run one is
 reported as text in its section, never raised.
 """
@@ -91,9 +91,9 @@ def _hmem_cuda(ofi, names, cuda_info):
 
 def _libfabric(cuda_info):
     try:
-        ofi = importlib.import_module("gexmk.ofi")
+        ofi = importlib.import_module("gexmk.fabric_probe")
     except Exception as exc:
-        return {"error": f"gexmk.ofi did not import: {_error(exc)}", "providers": [],
+        return {"error": f"gexmk.fabric_probe did not import: {_error(exc)}", "providers": [],
                 "hmem_cuda": {}}
     out = {"version": None, "header_version": ofi.HEADER_VERSION, "providers": [],
            "hmem_cuda": {}}
@@ -209,8 +209,8 @@ def report() -> dict:
 
     Keys: ``gexmk``, ``python``, ``platform``, ``numpy`` (version strings);
     ``libfabric`` (``version``, ``header_version``, ``providers`` as from
-    :func:`gexmk.ofi.providers`, ``hmem_cuda``: provider name -> result of
-    :func:`gexmk.ofi.hmem_cuda_registration`, and ``error`` where libfabric
+    :func:`gexmk.fabric_probe.providers`, ``hmem_cuda``: provider name -> result of
+    :func:`gexmk.fabric_probe.hmem_cuda_registration`, and ``error`` where libfabric
     could not be probed); ``cuda`` (:func:`gexmk.kinds.cuda.probe`, or ``error``);
     ``ptrace_scope``, ``memfd``, ``pidfd_getfd`` and ``cpus``.  Never raises.
     """
