@@ -92,7 +92,7 @@ def get_string(rank, key, int timeout):
     try:
         if val.type != PMIX_STRING or val.data.string == NULL:
             raise BootstrapError(f"PMIx key {key!r} has type {val.type}, not a string")
-        return val.data.string.decode()
+        return val.data.string.decode(errors="replace")
     finally:
         PMIX_VALUE_RELEASE(val)
 
@@ -103,7 +103,8 @@ def put_string(key, value):
     cdef const char* s = v
     cdef pmix_value_t val
     val.type = 0
-    _check(b"PMIx_Value_load", PMIx_Value_load(&val, &s, PMIX_STRING), "")
+    # A string is loaded from the char* itself (other types from a pointer to the value).
+    _check(b"PMIx_Value_load", PMIx_Value_load(&val, s, PMIX_STRING), "")
     try:
         _check(b"PMIx_Put", PMIx_Put(PMIX_GLOBAL, k, &val), f" for key {key!r}")
     finally:
