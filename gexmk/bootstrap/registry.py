@@ -47,7 +47,8 @@ def _mpi4py_missing() -> str | None:
 def explain(environ=None, comm=None) -> dict:
     """Which plug-in a process with ``environ`` (default ``os.environ``) would use, and
     why: ``{"name", "reason", "considered": [(name, verdict), ...]}``; ``name`` is
-    None where the environment is inconsistent (``reason`` says how).  Imports
+    None where the environment is inconsistent or its plug-in cannot run here
+    (``reason`` says how; ``blocked``: that plug-in).  Imports
     nothing heavy and starts nothing."""
     environ = os.environ if environ is None else environ
     seen = []
@@ -62,7 +63,7 @@ def explain(environ=None, comm=None) -> dict:
         why = _available(forced) if forced != "mpi" else _mpi4py_missing()
         if why:
             return {"name": None, "reason": f"GEXMK_BOOTSTRAP_KIND={forced}, but {why}",
-                    "considered": seen}
+                    "considered": seen, "blocked": forced}
         return {"name": forced, "reason": f"GEXMK_BOOTSTRAP_KIND={forced}", "considered": seen}
     from gexmk.bootstrap import mpi
     for name in ORDER:
@@ -81,7 +82,8 @@ def explain(environ=None, comm=None) -> dict:
         if missing is None:
             return {"name": name, "reason": why, "considered": seen}
         if name in ("torchrun",):  # nothing else can stand in for its store
-            return {"name": None, "reason": f"{why}, but {missing}", "considered": seen}
+            return {"name": None, "reason": f"{why}, but {missing}", "considered": seen,
+                    "blocked": name}
         seen.append((name, f"{why}, but {missing}"))
     raise AssertionError("the single plug-in always applies")  # pragma: no cover
 
@@ -94,6 +96,10 @@ def from_environment(comm=None):
     choice = explain(os.environ)
     name = choice["name"]
     if name is None:
+        if choice.get("blocked") and choice["blocked"] != "mpi":
+            # The plug-in checks its variables first, then raises for what is missing,
+            # so an inconsistent environment is named either way.
+            plugin(choice["blocked"]).create(os.environ)
         raise BootstrapError(f"cannot set up the job: {choice['reason']}")
     if name == "single":
         # An MPI launcher's environment without mpi4py (nor PMIx) was the one case that

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import secrets
+import threading
 
 from gexmk.bootstrap import hosted
 from gexmk.bootstrap.wire import default_timeout
@@ -45,10 +46,39 @@ def detect(environ) -> str | None:
 
 def available() -> str | None:
     """None when torch is installed (found, not imported: that is slow), else why not."""
-    if importlib.util.find_spec("torch") is None:
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # torch blocked (sys.modules["torch"] = None)
+        found = False
+    if not found:
         return ("torch is not importable; the store at MASTER_ADDR:MASTER_PORT speaks "
                 "torch's own protocol, spoken here only through torch.distributed.TCPStore")
     return None
+
+
+def _bounded(fn, timeout):
+    """``fn()``, or TimeoutError after ``timeout`` seconds (and a little).
+
+    torch's TCPStore does not bound its handshake: against a listener that accepts
+    and never answers its constructor waits forever, whatever its timeout.  The call
+    runs in a daemon thread, which is abandoned if it never returns.
+    """
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=run, name="gexmk-torch-store", daemon=True)
+    t.start()
+    t.join(timeout + 1.0)
+    if t.is_alive():
+        raise TimeoutError(f"no answer within {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def create(environ, comm=None):
@@ -80,8 +110,9 @@ def create(environ, comm=None):
     timeout = default_timeout()
     agent = environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     try:
-        store = TCPStore(addr, port, is_master=(rank == 0 and not agent),
-                         timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
+        store = _bounded(lambda: TCPStore(addr, port, is_master=(rank == 0 and not agent),
+                                          timeout=datetime.timedelta(seconds=timeout),
+                                          wait_for_workers=False), timeout)
     except Exception as exc:  # torch raises RuntimeError/DistNetworkError/DistStoreError
         raise BootstrapError(f"cannot reach the job's store at {where} within {timeout:g} s "
                              f"(GEXMK_TIMEOUT): {type(exc).__name__}: {exc}") from None
@@ -99,7 +130,8 @@ def create(environ, comm=None):
             store.set("rendezvous", f"{address} {secret}")
         else:
             try:
-                address, secret = store.get("rendezvous").decode().split()
+                address, secret = _bounded(lambda: store.get("rendezvous"),
+                                           timeout).decode().split()
             except Exception as exc:
                 raise BootstrapError(
                     f"rank 0 did not publish gexmk's rendezvous in the job's store at {where} "
@@ -109,7 +141,6 @@ def create(environ, comm=None):
         if server is not None:
             server.close()
         raise
-    # The store is needed only to find rank 0; the job's own keeps serving torch.
-    del store
+    # The store was needed only to find rank 0 (the job's own keeps serving torch).
     return hosted.join(NAME, rank, size, address, secret, server=server, timeout=timeout,
                        hint=f"rank 0 published it in the store at {where}; is rank 0 running?")
