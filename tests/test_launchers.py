@@ -49,7 +49,8 @@ with gexmk.init() as c:
     assert parts == [f"rank {r}".encode() for r in range(tm.size)], parts
     info = {"size": tm.size, "kind": b.kind, "reason": b.reason, "local": b.local_ranks,
             "nodes": b.nodes, "mpi4py": "mpi4py" in sys.modules, "pid": os.getpid(),
-            "transports": [tm.transport(r) for r in range(tm.size)]}
+            "transports": [tm.transport(r) for r in range(tm.size)],
+            "launcher_local": getattr(b, "launcher_local_ranks", None)}
     tm.barrier()
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"ok.{tm.rank}"), "w") as f:
     json.dump(info, f)
@@ -177,6 +178,8 @@ def test_openmpi_mpirun_uses_pmix(tmp_path):
                                script], timeout=110, env=clean_env(), cwd=str(tmp_path))
     reports = check_job(tmp_path, res, 4, "pmix")
     assert "PMIX_NAMESPACE" in reports[0]["reason"], reports[0]
+    # PMIx's own view of the node (PMIX_LOCAL_PEERS) is the rendezvous's
+    assert all(r["launcher_local"] == r["local"] for r in reports.values()), reports
 
 
 # -- torchrun --------------------------------------------------------------------------------
@@ -344,6 +347,51 @@ def test_srun(tmp_path, slurm, mpi, kind):
         print(slurm.logs())
     reports = check_job(tmp_path, res, 4, kind)
     assert ("SLURM_STEP_ID" if kind == "slurm" else "PMIX_NAMESPACE") in reports[0]["reason"]
+
+
+DEATH = r'''
+import json, os, threading
+import gexmk
+
+c = gexmk.init()
+b = c.bootstrap
+heard = threading.Event()
+b.on_peer_death(lambda r: r == 3 and heard.set())
+b.barrier()
+if c.rank == 3:
+    os._exit(7)                      # dies without a word to anyone
+assert heard.wait(30), "rank 3's death was not reported"
+assert 3 in b.dead_ranks(), b.dead_ranks()
+try:
+    c.tm.barrier(timeout=30)
+except gexmk.PeerDeadError as e:
+    assert e.rank == 3, e
+else:
+    raise AssertionError("a barrier with a dead member did not raise PeerDeadError")
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"ok.{c.rank}"), "w") as f:
+    json.dump({"kind": b.kind}, f)
+c.finalize()                         # skips its barrier: a peer died
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mpi, kind", [("none", "slurm"), ("pmix", "pmix")])
+def test_srun_task_death_is_reported(tmp_path, slurm, mpi, kind):
+    """A task of an srun step dies (Slurm leaves the others running): the others hear of
+    it (on_peer_death, dead_ranks) and a team barrier raises PeerDeadError naming it."""
+    if kind == "pmix":
+        need_plugin("pmix")
+    script = mp_util.write_worker(tmp_path, DEATH, prelude=False)
+    res = mp_util.run_command(["srun", f"--mpi={mpi}", "-n", "4", "--time=2", "--kill-on-bad-exit=0",
+                               sys.executable, script], timeout=100, env=slurm.env,
+                              cwd=str(tmp_path))
+    assert not res.timed_out, res.report()
+    assert res.returncode != 0, res.report()           # task 3 failed, and srun says so
+    for r in range(3):
+        path = tmp_path / f"ok.{r}"
+        assert path.exists(), f"rank {r} did not finish\n{res.report()}"
+        assert json.loads(path.read_text())["kind"] == kind
+    assert not (tmp_path / "ok.3").exists()
 
 
 # -- across two network namespaces ----------------------------------------------------------

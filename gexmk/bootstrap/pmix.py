@@ -54,6 +54,7 @@ def create(environ, comm=None):
     try:
         size = px.job_size(wait)
         hosted.check_rank(rank, size, "PMIx's rank (PMIX_RANK)", "PMIX_JOB_SIZE")
+        local = px.local_peers(wait)
         if rank == 0:
             secret = secrets.token_hex(16)
             server = hosted.serve(size, host=hosted.listen_host(environ), tokens=[secret] * size)
@@ -73,6 +74,9 @@ def create(environ, comm=None):
         raise
     boot = hosted.join(NAME, rank, size, address, secret, server=server, timeout=timeout,
                        hint=f"rank 0 of PMIx namespace {nspace!r} published it; is it running?")
+    #: The node's ranks as PMIx sees them (a host; gexmk's nodes also tell network
+    #: namespaces apart, so local_ranks may be a subset).
+    boot.launcher_local_ranks = local
     try:
         px.on_death(lambda r: boot._on_message(["dead", int(r)]))
     except Exception:

@@ -84,6 +84,23 @@ def job_size(int timeout):
         PMIX_VALUE_RELEASE(val)
 
 
+def local_peers(int timeout):
+    """The job ranks on this node, from PMIx (PMIX_LOCAL_PEERS), in rank order."""
+    cdef pmix_value_t* val = _get(PMIX_RANK_WILDCARD, PMIX_LOCAL_PEERS, timeout)
+    try:
+        if val.type != PMIX_STRING or val.data.string == NULL:
+            raise BootstrapError(f"PMIx's {PMIX_LOCAL_PEERS.decode()} has type {val.type}, "
+                                 f"not a string")
+        text = val.data.string.decode(errors="replace")
+    finally:
+        PMIX_VALUE_RELEASE(val)
+    try:
+        return sorted(int(r) for r in text.split(",") if r.strip())
+    except ValueError:
+        raise BootstrapError(f"PMIx's {PMIX_LOCAL_PEERS.decode()} is {text!r}, not a list of "
+                             f"ranks") from None
+
+
 def get_string(rank, key, int timeout):
     """The string ``key`` published by ``rank`` (None: of the job, PMIX_RANK_WILDCARD)."""
     cdef bytes k = key.encode()

@@ -183,11 +183,14 @@ class _Rendezvous:
             return
         st = self.keys.get(key)
         if st is None:
-            # A key nobody contributed to yet cannot complete if a member is gone.
-            for r in members:
-                if r in self.gone:
-                    self._fail(key, [peer], self.gone[r], r, _gone_text(r, self.gone[r], key))
-                    return
+            # A key nobody contributed to yet cannot complete if a member is gone.  A dead
+            # member is named before one that left: the others that left may have done
+            # so because of that death.
+            gone = sorted((self.gone[r] != "dead", r) for r in set(members) if r in self.gone)
+            if gone:
+                r = gone[0][1]
+                self._fail(key, [peer], self.gone[r], r, _gone_text(r, self.gone[r], key))
+                return
             st = self.keys[key] = _KeyState(members)
         elif st.members != members:
             del self.keys[key]
