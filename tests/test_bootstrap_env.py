@@ -119,12 +119,23 @@ BAD = [
     ({**SLURM_STEP, "GEXMK_SLURM_PORT": "70000"}, r"GEXMK_SLURM_PORT='70000'"),
     ({**SLURM_STEP, "SLURM_STEP_NUM_TASKS": "0", "SLURM_PROCID": "0"},
      r"SLURM_STEP_NUM_TASKS=0: a job needs at least one rank"),
+    ({**SLURM_STEP, "SLURM_PROCID": "0", "SLURMD_NODENAME": "elsewhere"},
+     r"Slurm placed rank 0 on elsewhere, not on the step's first node localhost"),
     ({**TORCHRUN, "RANK": "2"}, r"RANK=2 is outside 0\.\.WORLD_SIZE-1"),
     ({**TORCHRUN, "LOCAL_RANK": "2"}, r"LOCAL_RANK=2 is outside 0\.\.LOCAL_WORLD_SIZE-1"),
     ({**{k: v for k, v in TORCHRUN.items() if k != "MASTER_PORT"}},
      r"TORCHELASTIC_RUN_ID is set\), but MASTER_PORT is not set"),
     ({**TORCHRUN, "WORLD_SIZE": "two"}, r"WORLD_SIZE is 'two', not an integer"),
 ]
+
+
+@pytest.mark.parametrize("nodelist, first", [
+    ("n[07-09,12],gpu1", "n07"), ("a,b", "a"), ("node[001-004]", "node001"),
+    ("rack[1-2]-n[3-4],x", "rack1-n3"), ("10.0.0.1,10.0.0.2", "10.0.0.1"), ("solo", "solo"),
+])
+def test_first_host_of_a_slurm_node_list(nodelist, first):
+    from gexmk.bootstrap import slurm
+    assert slurm.first_host(nodelist) == first
 
 
 @pytest.mark.parametrize("env, pattern", BAD)

@@ -102,6 +102,14 @@ def create(environ, comm=None):
     timeout = default_timeout()
     server = None
     if rank == 0:
+        # Block and cyclic distributions put task 0 on the step's first node, where the
+        # others look for it; an arbitrary one may not, and the others would wait.
+        here = environ.get("SLURMD_NODENAME")
+        if here and here != host:
+            raise BootstrapError(f"Slurm placed rank 0 on {here}, not on the step's first node "
+                                 f"{host} ({list_var}={nodelist}), where the other tasks look "
+                                 f"for its rendezvous; use a block or cyclic distribution, or "
+                                 f"srun --mpi=pmix")
         try:
             server = hosted.serve(size, host=hosted.listen_host(environ), port=number,
                                   tokens=[secret] * size)
