@@ -44,7 +44,8 @@ without) the core.
 
 from __future__ import annotations
 
-from gexmk.bootstrap.client import Bootstrap, _connect_socket, _LoopbackTransport  # noqa: F401
+from gexmk.bootstrap.channel import _connect_socket, _LoopbackTransport  # noqa: F401
+from gexmk.bootstrap.client import Bootstrap
 from gexmk.bootstrap.registry import ORDER, explain
 from gexmk.bootstrap.server import RendezvousServer
 from gexmk.bootstrap.wire import (  # noqa: F401

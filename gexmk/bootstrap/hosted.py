@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import socket
 
-from gexmk.bootstrap.client import Bootstrap, _connect_socket
+from gexmk.bootstrap.channel import _connect_socket
+from gexmk.bootstrap.client import Bootstrap
 from gexmk.bootstrap.server import RendezvousServer
 from gexmk.bootstrap.wire import default_timeout
 from gexmk.errors import BootstrapError

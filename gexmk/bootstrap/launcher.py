@@ -5,7 +5,8 @@ launcher put in its environment (GEXMK_BOOTSTRAP_TOKEN)."""
 
 from __future__ import annotations
 
-from gexmk.bootstrap.client import Bootstrap, _connect_socket
+from gexmk.bootstrap.channel import _connect_socket
+from gexmk.bootstrap.client import Bootstrap
 from gexmk.bootstrap.wire import default_timeout
 from gexmk.errors import BootstrapError
 

@@ -3,7 +3,8 @@ default); exchanges between its threads stay in-process."""
 
 from __future__ import annotations
 
-from gexmk.bootstrap.client import Bootstrap, _LoopbackTransport
+from gexmk.bootstrap.channel import _LoopbackTransport
+from gexmk.bootstrap.client import Bootstrap
 from gexmk.bootstrap.wire import default_timeout
 
 NAME = "single"
