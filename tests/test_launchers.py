@@ -394,6 +394,42 @@ def test_srun_task_death_is_reported(tmp_path, slurm, mpi, kind):
     assert not (tmp_path / "ok.3").exists()
 
 
+LATE = r'''
+import os, sys, time
+rank = int(os.environ.get("SLURM_PROCID", os.environ.get("OMPI_COMM_WORLD_RANK", "-1")))
+if rank == 3:
+    time.sleep(float(os.environ["GEXMK_TIMEOUT"]) + 8)   # never reaches the bootstrap in time
+    sys.exit(0)
+t = time.monotonic()
+from gexmk import bootstrap as B, errors as E
+try:
+    B.from_environment()
+except E.BootstrapError as e:
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"err.{rank}"), "w") as f:
+        f.write(f"{time.monotonic() - t:.2f} {e}")
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mpi, words", [("none", "ranks that never reached the rendezvous: 3"),
+                                        ("pmix", "PMIx_Fence failed")])
+def test_srun_rank_never_arrives(tmp_path, slurm, mpi, words):
+    """Task 3 of a step never reaches the bootstrap: the others raise BootstrapError
+    after GEXMK_TIMEOUT (the rendezvous's wait for every rank, or PMIx's fence)."""
+    if mpi == "pmix":
+        need_plugin("pmix")
+    script = mp_util.write_worker(tmp_path, LATE, prelude=False)
+    env = dict(slurm.env, GEXMK_TIMEOUT="5")
+    res = mp_util.run_command(["srun", f"--mpi={mpi}", "-n", "4", "--time=2", sys.executable,
+                               script], timeout=100, env=env, cwd=str(tmp_path))
+    assert not res.timed_out, res.report()
+    for r in range(3):
+        path = tmp_path / f"err.{r}"
+        assert path.exists(), f"rank {r} did not raise BootstrapError\n{res.report()}"
+        took, text = path.read_text().split(" ", 1)
+        assert 4.5 < float(took) < 5 + 10 and words in text, (r, took, text)
+
+
 # -- across two network namespaces ----------------------------------------------------------
 
 def need_tcp_provider():

@@ -88,10 +88,26 @@ def join(kind: str, rank: int, size: int, address: str, token: str, *, server=No
             connect=_connect_socket(address, timeout, patience,
                                     hint or f"is rank 0 of this {kind} job still running?"),
             token=token, server_rank=0, where=where or f"rank 0 ({kind} job)"), server)
+    except BootstrapError as exc:
+        if server is None:
+            raise
+        # Rank 0 gives up: the ranks already connected learn why (and who never came)
+        # rather than reading the server's disappearance as rank 0's death.
+        missing = server.missing()
+        text = f"rank 0 gave up on the job: {exc}"
+        if missing:
+            text += f"; ranks that never reached the rendezvous: {_ranks(missing)}"
+        server.abort(text)
+        raise BootstrapError(text) from None
     except BaseException:
         if server is not None:
             server.close()
         raise
+
+
+def _ranks(ranks, most=16):
+    shown = ", ".join(map(str, ranks[:most]))
+    return shown + (f" and {len(ranks) - most} more" if len(ranks) > most else "")
 
 
 def _attach(bootstrap, server):

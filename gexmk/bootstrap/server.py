@@ -227,6 +227,20 @@ class RendezvousServer:
         is dead, so it comes before any failure that this news causes."""
         return self._lost_at.get(rank)
 
+    def missing(self) -> list:
+        """Ranks that have neither connected nor been seen to exit (a snapshot)."""
+        return sorted(set(range(self.size)) - set(self._rdv.arrived))
+
+    def abort(self, text: str) -> None:
+        """Send every connected rank ``text`` as a fatal error, then :meth:`close`: the
+        host (rank 0) gives up on the job, and says why instead of vanishing."""
+        def run():
+            for peer in list(self._rdv.peers.values()):
+                self._send(peer, ("error", text))
+        if self._thread is not None and not self._closed:
+            self._call(run)
+        self.close()
+
     @property
     def stopped(self) -> bool:
         """True once the server thread has ended (closed, or finished by itself)."""
