@@ -200,6 +200,59 @@ def test_torchrun_standalone(tmp_path):
     check_job(tmp_path, res, 4, "torchrun")
 
 
+DEVICE = r'''
+import json, os, sys
+import numpy as np
+import gexmk
+
+with gexmk.init() as c:
+    b, tm = c.bootstrap, c.tm
+    mk = c.mk_create(gexmk.CUDA_UVA, device=0)
+    seg = c.segment_create(1 << 20, kind=mk)
+    ep = c.ep_create()
+    ep.bind_segment(seg)
+    tm.publish_bound_segment([ep])
+    dev = c.ep(0).pair(ep.index)               # host endpoint 0 -> every rank's device segment
+    right, left = (tm.rank + 1) % tm.size, (tm.rank - 1) % tm.size
+    dev.put(right, dev.addr(right, 4096), np.full(65536, tm.rank + 1, np.uint8))
+    tm.barrier()
+    got = np.zeros(65536, np.uint8)
+    dev.get(got, tm.rank, dev.addr(tm.rank, 4096))
+    assert (got == left + 1).all(), got[:8]
+    info = {"size": tm.size, "kind": b.kind, "reason": b.reason, "local": b.local_ranks,
+            "nodes": b.nodes, "mpi4py": "mpi4py" in sys.modules, "pid": os.getpid(),
+            "transports": [dev.transport(r) for r in range(tm.size)], "launcher_local": None}
+    tm.barrier()
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"ok.{tm.rank}"), "w") as f:
+    json.dump(info, f)
+'''
+
+
+def _have_gpu():
+    try:
+        from gexmk.kinds import cuda
+        probe = cuda.probe()
+    except Exception:
+        return False
+    return bool(probe.get("driver_loaded") and probe.get("device_count"))
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(240)
+def test_torchrun_device_segments(tmp_path):
+    """Device segments (CUDA_UVA, one GPU shared by the ranks) under torchrun: host
+    data put into the right neighbour's device segment, read back from one's own."""
+    cmd = torchrun_cmd()
+    if not _have_gpu():
+        pytest.skip("no NVIDIA driver or device on this machine")
+    script = mp_util.write_worker(tmp_path, DEVICE, prelude=False)
+    res = mp_util.run_command([*cmd, "--standalone", "--nproc-per-node", "2", script],
+                              timeout=220, env=clean_env({"OMP_NUM_THREADS": 1}),
+                              cwd=str(tmp_path))
+    reports = check_job(tmp_path, res, 2, "torchrun")
+    assert reports[0]["transports"][1] == "nbrhd", reports[0]
+
+
 # -- Slurm: munge + slurmctld + slurmd on this machine ------------------------------------------
 
 def _free_ports(n):
