@@ -46,7 +46,9 @@ class Bootstrap:
       ``nodes``), in rank order, this one among them.
     - ``kind``: name of the plug-in that made it (``"single"``, ``"launcher"``,
       ``"mpi"``, ``"pmix"``, ``"slurm"``, ``"torchrun"``; see
-      :mod:`gexmk.bootstrap.registry`), ``reason``: why it was chosen.
+      :mod:`gexmk.bootstrap.registry`), ``reason``: why it was chosen;
+      ``launcher_local_ranks``: the node's ranks as the launcher reports them
+      (PMIx's PMIX_LOCAL_PEERS), or None where it reports none.
     - ``timeout``: default timeout of blocking calls, in seconds (GEXMK_TIMEOUT).
 
     Every plug-in hands the same interface: those attributes, :meth:`exchange`
@@ -74,6 +76,7 @@ class Bootstrap:
         self.size = size
         self.kind = kind
         self.reason = ""
+        self.launcher_local_ranks = None
         self.timeout = timeout
         self._server_rank = server_rank
         self._where = where

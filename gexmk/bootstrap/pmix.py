@@ -74,8 +74,8 @@ def create(environ, comm=None):
         raise
     boot = hosted.join(NAME, rank, size, address, secret, server=server, timeout=timeout,
                        hint=f"rank 0 of PMIx namespace {nspace!r} published it; is it running?")
-    #: The node's ranks as PMIx sees them (a host; gexmk's nodes also tell network
-    #: namespaces apart, so local_ranks may be a subset).
+    # The node's ranks as PMIx sees them (a host; gexmk's nodes also tell network
+    # namespaces apart, so local_ranks may be a subset).
     boot.launcher_local_ranks = local
     try:
         px.on_death(lambda r: boot._on_message(["dead", int(r)]))

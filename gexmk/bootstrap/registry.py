@@ -92,7 +92,9 @@ def from_environment(comm=None):
     """Find this process's job and return its Bootstrap (collective over the job);
     see :func:`gexmk.bootstrap.from_environment`."""
     if comm is not None:
-        return plugin("mpi").from_comm(comm)
+        boot = plugin("mpi").from_comm(comm)
+        boot.reason = explain(comm=comm)["reason"]
+        return boot
     choice = explain(os.environ)
     name = choice["name"]
     if name is None:
