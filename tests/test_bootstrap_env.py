@@ -148,6 +148,25 @@ def test_bad_environment_names_the_variable(bare_env, env, pattern):
     assert time.monotonic() - t0 < 2, "a check of the environment must not wait"
 
 
+@pytest.mark.parametrize("size, raises", [("4", True), ("1", False)])
+def test_mpi_launcher_without_mpi4py(bare_env, size, raises):
+    """Hydra's environment and mpi4py blocked: a job of several raises, naming PMI_SIZE,
+    rather than running as that many jobs of one; a job of one warns and runs."""
+    bare_env.setenv("PMI_RANK", "0")
+    bare_env.setenv("PMI_SIZE", size)
+    bare_env.setitem(sys.modules, "mpi4py", None)
+    assert B.explain()["name"] == "single"
+    if raises:
+        with pytest.raises(BootstrapError, match=r"PMI_SIZE=4: an MPI launcher .* mpi4py is not "
+                                                 r"importable"):
+            B.from_environment()
+    else:
+        with pytest.warns(RuntimeWarning, match="mpi4py is not importable"):
+            boot = B.from_environment()
+        assert (boot.kind, boot.size) == ("single", 1)
+        boot.close()
+
+
 def test_torchrun_without_torch_names_it(bare_env):
     """torch blocked: the store cannot be reached, said so; not a job of one."""
     for k, v in TORCHRUN.items():

@@ -39,9 +39,15 @@ def _available(name: str) -> str | None:
 
 
 def _mpi4py_missing() -> str | None:
-    if importlib.util.find_spec("mpi4py") is None:
-        return "mpi4py is not importable"
-    return None
+    try:
+        found = importlib.util.find_spec("mpi4py") is not None
+    except (ImportError, ValueError):  # blocked (sys.modules["mpi4py"] = None)
+        found = False
+    return None if found else "mpi4py is not importable"
+
+
+#: Variables in which MPI launchers give the job's size.
+_MPI_SIZES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 
 
 def explain(environ=None, comm=None) -> dict:
@@ -104,10 +110,20 @@ def from_environment(comm=None):
             plugin(choice["blocked"]).create(os.environ)
         raise BootstrapError(f"cannot set up the job: {choice['reason']}")
     if name == "single":
-        # An MPI launcher's environment without mpi4py (nor PMIx) was the one case that
-        # ran as a job of one process before plug-ins; it still does, loudly.
+        # An MPI launcher's environment without mpi4py (nor PMIx): a job of one process
+        # where the launcher says so or says nothing, loudly; an error where it says the
+        # job has several, which would otherwise run as that many jobs of one.
         mpi_note = dict(choice["considered"]).get("mpi")
         if mpi_note and "but" in mpi_note:
+            for var in _MPI_SIZES:
+                text = os.environ.get(var, "").strip()
+                if text.isdigit() and int(text) > 1:
+                    raise BootstrapError(
+                        f"{var}={text}: an MPI launcher started this process as one of a job of "
+                        f"{text}, but no bootstrap can join it ({mpi_note}; "
+                        + "; ".join(f"{n}: {v}" for n, v in choice["considered"]
+                                    if v != "its environment is absent" and n != "mpi")
+                        + "); install mpi4py, or build gexmk with pmix.h (libpmix-dev)")
             warnings.warn(f"an MPI launcher environment was found but mpi4py is not importable; "
                           f"this process runs as a single-process gexmk job ({mpi_note})",
                           RuntimeWarning, stacklevel=3)
