@@ -99,9 +99,14 @@ class Bootstrap:
             except OSError as exc:
                 raise BootstrapError(f"lost the rendezvous server at "
                                      f"{self._transport.description} during set-up: {exc}") from exc
+            # the other ranks wait a little longer than the host of the rendezvous, so
+            # that where rank 0 gives up first, its reason (and who never came) is what
+            # they report rather than a timeout of their own
+            grace = 0.0 if rank == server_rank else min(2.0, 0.25 * timeout)
             with self._cond:
                 if not self._cond.wait_for(
-                        lambda: self.pids is not None or self._fatal or self._lost, timeout):
+                        lambda: self.pids is not None or self._fatal or self._lost,
+                        timeout + grace):
                     raise BootstrapError(
                         f"timed out after {timeout:g} s waiting for all {size} ranks to reach the "
                         f"rendezvous server at {self._transport.description} (set GEXMK_TIMEOUT "
