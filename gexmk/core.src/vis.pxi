@@ -326,8 +326,8 @@ cdef int _local_list(_VisReq q, object lst, Py_ssize_t n, str sig, str name, Py_
         for i, item in enumerate(lst):
             if i >= n:
                 break
-            if fixed >= 0 and type(item) is not tuple and not PyObject_CheckBuffer(item) \
-                    and not hasattr(item, "__cuda_array_interface__"):
+            # an address: an int, or any integer (numpy integers export buffers too)
+            if fixed >= 0 and (type(item) is int or isinstance(item, numbers.Integral)):
                 q.la[i] = _as_addr(item, sig, f"{name}[{i}]", ArgumentError)
                 q.ln[i] = <size_t>fixed
                 continue
