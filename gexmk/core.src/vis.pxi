@@ -646,32 +646,39 @@ cdef _VisReq _array_req(Team tm, int rank, uintptr_t addr, object obj, bint is_p
 
 # ---- running a checked request ------------------------------------------------------------
 
+cdef int _vis_go(const gx_team* tm, int rank, bint is_put, const gx_vis* v, int mode,
+                 int lkind, int ldev, _Multi** mp) except -1 nogil:
+    """Move checked blocks: a memcpy loop on a CPU-mapped target (complete), else
+    the route's path (GX_NB ops left pending in *mp; GX_BLOCKING waits for them)."""
+    cdef gx_route* r = tm.routes[rank]
+    cdef _Multi* w
+    cdef gx_val res
+    cdef int cnt = GX_CNT_PUT if is_put else GX_CNT_GET
+    if v.total == 0:
+        return 0
+    if r.local_base != NULL and not r.dead and lkind == GX_MK_HOST:
+        _vis_mapped(r, v, is_put)
+        gx_count_add(&r.mapped[cnt], v.total)
+        return 0
+    _vis_path(tm, rank, is_put, v, GX_NB if mode <= GX_NB else mode, lkind, ldev, mp)
+    gx_count_add(&r.via[cnt], v.total)
+    if mode == GX_BLOCKING and mp[0] != NULL:
+        w = mp[0]
+        mp[0] = NULL
+        _multi_wait(w, &res)
+    return 0
+
+
 cdef object _vis_run(Team tm, _VisReq q, int rank, bint is_put, int mode):
     """Move a checked request: complete on return (GX_BLOCKING), an Event or
     None when complete at issue (GX_NB), counted on the endpoint (GX_NBI*)."""
-    cdef gx_route* r = tm.c.routes[rank]
     cdef _Multi* m = NULL
-    cdef _Multi* w
-    cdef gx_val res
-    cdef int sub = GX_NB if mode <= GX_NB else mode
-    cdef size_t total = q.v.total
-    cdef int cnt = GX_CNT_PUT if is_put else GX_CNT_GET
-    if total == 0:
+    if q.v.total == 0:
         return None
     tm.client._inflight += 1
     try:
-        if r.local_base != NULL and not r.dead and q.lkind == GX_MK_HOST:
-            with nogil:
-                _vis_mapped(r, &q.v, is_put)
-            gx_count_add(&r.mapped[cnt], total)
-            return None
         with nogil:
-            _vis_path(&tm.c, rank, is_put, &q.v, sub, q.lkind, q.ldev, &m)
-            gx_count_add(&r.via[cnt], total)
-            if mode == GX_BLOCKING and m != NULL:
-                w = m
-                m = NULL
-                _multi_wait(w, &res)
+            _vis_go(&tm.c, rank, is_put, &q.v, mode, q.lkind, q.ldev, &m)
     finally:
         tm.client._inflight -= 1
     if m != NULL:
@@ -679,6 +686,66 @@ cdef object _vis_run(Team tm, _VisReq q, int rank, bint is_put, int mode):
     if mode == GX_NBI:              # held until the endpoint's next sync of its category
         (tm.ep._keep_put if is_put else tm.ep._keep_get).append(q)
     return None
+
+
+# ---- the C API (gexmk/rma.pxd): blocking and implicit forms, no GIL --------------------
+
+cdef int _vis_c_error(const gx_team* tm, int rank, const gx_vis* v, size_t i, int rc,
+                      bint is_put) except -1 with gil:
+    what = "put" if is_put else "get"
+    if rc == GX_ERANK:
+        return _raise_rc(tm, rank, 0, 0, rc, what)
+    if rc == GX_EOP:
+        raise ArgumentError(f"{what} (VIS): {'no more than ' + str(GX_VIS_MAXDIM) + ' dimensions, ' if v.ndim else ''}"
+                            "counts, strides and the element size must be positive")
+    if rc == -100:
+        raise ArgumentError(f"{what} (VIS): local blocks both in the endpoint's device segment "
+                            "and in host memory; one call's local blocks are of one memory")
+    if v.ndim:
+        return _raise_rc(tm, rank, v.rbase, v.elem, rc, f"{what} (strided)")
+    return _raise_rc(tm, rank, v.frags[i].remote, v.frags[i].n, rc, f"{what} (VIS): block {i}")
+
+
+cdef int vis_c(const gx_team* tm, int rank, bint is_put, gx_vis* v, int mode) except -1 nogil:
+    """Check and move the blocks of ``v`` (fragments, or a strided shape with
+    ndim > 0): GX_BLOCKING complete on return, GX_NBI / GX_NBI_LCNOW counted
+    on the endpoint.  Every remote block is checked before a byte moves."""
+    cdef _Multi* m = NULL
+    cdef char* p
+    cdef gx_route* r
+    cdef size_t i, ndev = 0
+    cdef ptrdiff_t lo, hi
+    cdef int rc, d, lkind = GX_MK_HOST, ldev = -1
+    if <unsigned>rank >= <unsigned>tm.size:
+        return _vis_c_error(tm, rank, v, 0, GX_ERANK, is_put)
+    if v.ndim:
+        if v.ndim > GX_VIS_MAXDIM or v.elem == 0:
+            return _vis_c_error(tm, rank, v, 0, GX_EOP, is_put)
+        for d in range(v.ndim):
+            if v.count[d] == 0 or v.lstride[d] <= 0 or v.rstride[d] <= 0:
+                return _vis_c_error(tm, rank, v, 0, GX_EOP, is_put)
+        v.total = gx_vis_elems(v) * v.elem
+        _vis_extent(v, True, &lo, &hi)
+        rc = gx_locate(tm, rank, v.rbase + <uintptr_t>lo, <size_t>(hi - lo), &p, &r)
+        if rc != GX_OK and rc != GX_NOT_MAPPED:
+            return _vis_c_error(tm, rank, v, 0, rc, is_put)
+        _vis_extent(v, False, &lo, &hi)
+        ndev = gx_in_dev(tm, v.lbase + lo, <size_t>(hi - lo))
+    else:
+        v.total = 0
+        for i in range(v.nfrags):
+            rc = gx_locate(tm, rank, v.frags[i].remote, v.frags[i].n, &p, &r)
+            if rc != GX_OK and rc != GX_NOT_MAPPED:
+                return _vis_c_error(tm, rank, v, i, rc, is_put)
+            v.total += v.frags[i].n
+            ndev += gx_in_dev(tm, v.frags[i].local, v.frags[i].n)
+        if ndev and ndev != v.nfrags:
+            return _vis_c_error(tm, rank, v, 0, -100, is_put)
+    if ndev:
+        lkind = tm.ep.seg_kind
+        ldev = tm.ep.seg_device
+    _vis_go(tm, rank, is_put, v, mode, lkind, ldev, &m)
+    return 0
 
 
 cdef object _vis_complete(Team tm, _VisReq q, int rank, bint is_put, int mode, object lc,
