@@ -17,6 +17,7 @@
 # are not looked for.
 
 from libc.stdlib cimport malloc, realloc
+from libc.string cimport memcpy
 from cpython.exc cimport PyErr_NoMemory
 from libc.stddef cimport ptrdiff_t
 from cpython.buffer cimport PyObject_GetBuffer, PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES, \
@@ -122,6 +123,54 @@ cdef int _vis_issue(_raw_xfer_fn fn, gx_xfer* x, const gx_tr_ops* ops, _Multi** 
     return 0
 
 
+cdef enum:
+    _VIS_PACK_AVG = 2048       # fragments this small (on average) are packed where they run on
+    _VIS_PACK_MAX = 4 << 20    # bytes per packed transfer, at most
+
+
+cdef size_t _vis_run_end(const gx_frag* f, size_t i, size_t k) noexcept nogil:
+    """End of the run of fragments from i that are contiguous at the target and
+    small enough to pack (i + 1 when there is none)."""
+    cdef size_t j = i + 1, nbytes = f[i].n
+    while j < k and f[j].remote == f[j - 1].remote + f[j - 1].n \
+            and nbytes + f[j].n <= _VIS_PACK_MAX:
+        nbytes += f[j].n
+        j += 1
+    if j - i < 2 or nbytes > _VIS_PACK_AVG * (j - i):
+        return i + 1
+    return j
+
+
+cdef int _vis_packed(gx_route* r, bint is_put, const gx_frag* f, size_t n,
+                     _raw_xfer_fn one) noexcept nogil:
+    """Host fragments contiguous at the target, through one blocking transfer of
+    a buffer packed (put) or unpacked (get) here: -1 with an exception set."""
+    cdef size_t i, nbytes = 0, off = 0
+    cdef char* buf
+    cdef gx_xfer x
+    for i in range(n):
+        nbytes += f[i].n
+    buf = <char*>malloc(nbytes or 1)
+    if buf == NULL:
+        with gil:
+            PyErr_NoMemory()
+        return -1
+    if is_put:
+        for i in range(n):
+            memcpy(buf + off, f[i].local, f[i].n)
+            off += f[i].n
+    _xfer_init(&x, &r.rma, r.t, f[0].remote, buf, nbytes, GX_BLOCKING)
+    if one(&x) < 0:
+        free(buf)
+        return -1
+    if not is_put:
+        for i in range(n):
+            memcpy(f[i].local, buf + off, f[i].n)
+            off += f[i].n
+    free(buf)
+    return 0
+
+
 cdef int _vis_path(const gx_team* tm, int rank, bint is_put, const gx_vis* v, int mode,
                    int lkind, int ldev, _Multi** mp) except -1 nogil:
     """Through the route's transport, GX_VIS_CHUNK fragments at a time.  GX_NB
@@ -135,7 +184,7 @@ cdef int _vis_path(const gx_team* tm, int rank, bint is_put, const gx_vis* v, in
     cdef gx_vis cv
     cdef gx_xfer x
     cdef int rc = 0
-    cdef size_t start = 0, k, i, total = gx_vis_elems(v) if v.ndim else v.nfrags
+    cdef size_t start = 0, k, i, j, total = gx_vis_elems(v) if v.ndim else v.nfrags
     if v.ndim:
         buf = <gx_frag*>malloc(GX_VIS_CHUNK * sizeof(gx_frag))
         if buf == NULL:
@@ -166,15 +215,20 @@ cdef int _vis_path(const gx_team* tm, int rank, bint is_put, const gx_vis* v, in
             x.local_device = ldev
             rc = _vis_issue(fn, &x, r.rma.ops, mp)
         else:
-            for i in range(k):
-                if f[i].n == 0:
+            i = 0
+            while i < k and rc == 0:
+                j = _vis_run_end(f, i, k) if lkind == GX_MK_HOST else i + 1
+                if j - i > 1:
+                    # small blocks contiguous at the target: packed here, one transfer
+                    rc = _vis_packed(r, is_put, f + i, j - i, one)
+                    i = j
                     continue
-                _xfer_init(&x, &r.rma, r.t, f[i].remote, f[i].local, f[i].n, mode)
-                x.local_kind = lkind
-                x.local_device = ldev
-                rc = _vis_issue(one, &x, r.rma.ops, mp)
-                if rc < 0:
-                    break
+                if f[i].n:
+                    _xfer_init(&x, &r.rma, r.t, f[i].remote, f[i].local, f[i].n, mode)
+                    x.local_kind = lkind
+                    x.local_device = ldev
+                    rc = _vis_issue(one, &x, r.rma.ops, mp)
+                i += 1
         start += k
     free(buf)
     if rc < 0:

@@ -38,7 +38,7 @@ from gexmk.transports import fdpass
 
 from libc.errno cimport errno, EPERM, ESRCH, EFAULT
 from libc.stdint cimport uintptr_t, uint64_t
-from libc.stdlib cimport calloc, free
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 from posix.stdlib cimport posix_memalign
 from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED
@@ -505,6 +505,8 @@ _fill(&_NBRHD_DEV, b"nbrhd", _dev_put, _dev_get, _dev_atomic, _dev_put_signal)
 _SELF_DEV.test = _NBRHD_DEV.test = _dev_test       # NB device copies: events
 _SELF_DEV.wait = _NBRHD_DEV.wait = _dev_wait
 _SELF_DEV.orphan = _NBRHD_DEV.orphan = _dev_orphan
+_SELF_DEV.put_vis = _NBRHD_DEV.put_vis = _dev_put_vis     # 2-D/3-D and batched copies
+_SELF_DEV.get_vis = _NBRHD_DEV.get_vis = _dev_get_vis
 _fill(&_SELF_STAGED, b"self-staged", _staged_put, _staged_get, _dev_atomic, _staged_put_signal)
 _fill(&_NBRHD_STAGED, b"nbrhd-staged", _staged_put, _staged_get, _dev_atomic, _staged_put_signal)
 _fill(&_NBRHD_LANDED, b"nbrhd-landed", _landed_put, _landed_get, _landed_atomic, _landed_put_signal)
