@@ -77,8 +77,8 @@ cdef int _multi_step(void* mv, gx_val* result, bint block) noexcept nogil:
     cdef int rc
     cdef _raw_op_fn fn = <_raw_op_fn>(m.ops.wait if block else m.ops.test)
     while m.next < m.n:
-        rc = fn(m.op[m.next], result)
-        if rc == 0:
+        rc = fn(m.op[m.next], result)     # test: 1 done, 0 pending; wait: 0 done
+        if rc == 0 and not block:
             return 0
         m.next += 1                # complete or failed: the path freed it
         if rc < 0:
