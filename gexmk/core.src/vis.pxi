@@ -621,6 +621,43 @@ cdef bint _strided_array(object obj, bint writable) except -1:
     return True
 
 
+cdef tuple _array_layout(object obj, bint writable, str what):
+    """(first element's address, shape, byte strides, itemsize) of a strided array."""
+    cdef Py_buffer view
+    cdef Py_ssize_t d
+    if hasattr(obj, "__cuda_array_interface__") and not PyObject_CheckBuffer(obj):
+        return _cai_strided(obj, writable, what)
+    try:
+        PyObject_GetBuffer(obj, &view, PyBUF_STRIDES | (PyBUF_WRITABLE if writable else 0))
+    except Exception as e:
+        if hasattr(obj, "__cuda_array_interface__"):
+            return _cai_strided(obj, writable, what)
+        raise TypeError(f"{what} must be a {'writable ' if writable else ''}buffer: {e}") from None
+    try:
+        return (<uintptr_t>view.buf, tuple(view.shape[d] for d in range(view.ndim)),
+                tuple(view.strides[d] for d in range(view.ndim)), view.itemsize)
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef uintptr_t _array_first(object obj, bint writable, str what) except? 0:
+    return _array_layout(obj, writable, what)[0]
+
+
+cdef tuple _array_span(object obj, bint writable, str what):
+    """[lo, hi): the bytes a strided array spans, relative to its first element."""
+    _, shape, strides, itemsize = _array_layout(obj, writable, what)
+    lo, hi = 0, itemsize
+    for n, st in zip(shape, strides):
+        if n == 0:
+            return 0, 0
+        if st < 0:
+            lo += (n - 1) * st
+        else:
+            hi += (n - 1) * st
+    return lo, hi
+
+
 cdef _VisReq _array_req(Team tm, int rank, uintptr_t addr, object obj, bint is_put, str sig):
     """The strided request of put/get with a non-contiguous local array: its
     elements, in C order, to/from [addr, addr + nbytes) of the target."""
@@ -899,17 +936,27 @@ cdef object _strided(Team tm, bint is_put, int mode, object rank, object dest, o
             _refuse_device(&loc, sig, lname.encode(), &tm.c)
     else:
         if _take(local, &view, &loc, not is_put, sig, lname.encode(), &tm.c, True) == 1:
-            raise TypeError(f"{_fn(sig)}: {lname} is not contiguous; pass its address, or "
-                            "pass the array to put/get, which moves it strided")
-        _drop(&view, &loc)
-        if lo < 0 or <size_t>hi > loc.n:
-            raise ArgumentError(f"{_fn(sig)}: the strided {lname} spans bytes [{lo}, {hi}) of a "
-                                f"buffer of {loc.n} bytes")
+            # a non-contiguous array: the shape starts at its first element and
+            # must lie within the bytes the array spans
+            alo, ahi = _array_span(local, not is_put, f"{_fn(sig)}: {lname}")
+            if lo < alo or hi > ahi:
+                raise ArgumentError(f"{_fn(sig)}: the strided {lname} spans bytes [{lo}, {hi}) "
+                                    f"from its first element; the array spans [{alo}, {ahi})")
+            loc.p = <void*><uintptr_t>_array_first(local, not is_put, f"{_fn(sig)}: {lname}")
+        else:
+            _drop(&view, &loc)
+            if lo < 0 or <size_t>hi > loc.n:
+                raise ArgumentError(f"{_fn(sig)}: the strided {lname} spans bytes [{lo}, {hi}) "
+                                    f"of a buffer of {loc.n} bytes")
         v.lbase = <char*>loc.p
         q.keep.append(local)
     if gx_in_dev(&tm.c, v.lbase + lo, <size_t>(hi - lo)):
         q.lkind = tm.ep.seg_kind
         q.ldev = tm.ep.seg_device
+    elif hasattr(local, "__cuda_array_interface__") and not PyObject_CheckBuffer(local):
+        loc.p = v.lbase + lo
+        loc.n = <size_t>(hi - lo)
+        _refuse_device(&loc, sig, lname.encode(), &tm.c, True)
     n = gx_vis_elems(v) * v.elem
     v.total = n
     _check_strided(v, &tm.c, r, sig, "dest" if is_put else "src")
