@@ -34,7 +34,10 @@ cdef int _cu_copy_batch(void* kctx, void* stream, const uintptr_t* dst, const ui
         elif _batch_state == 0 and (rc == cydriver.CUDA_ERROR_NOT_FOUND or
                                     rc == cydriver.CUDA_ERROR_NOT_SUPPORTED):
             _batch_state = -1          # an older driver: the loop below from now on
-    if _batch_state < 0 or count == 1:
+    if rc != CUDA_SUCCESS or _batch_state < 0 or count == 1:
+        # the loop: older drivers, one copy, or a batch the driver refused (an operand
+        # it will not take in stream order, e.g. pageable host memory): copies are
+        # idempotent, so whatever part of the batch ran is simply done again
         rc = CUDA_SUCCESS
         for i in range(count):
             if n[i]:
@@ -44,7 +47,7 @@ cdef int _cu_copy_batch(void* kctx, void* stream, const uintptr_t* dst, const ui
     if rc == CUDA_SUCCESS and stream == NULL:
         rc = cydriver.cuStreamSynchronize(s)
     _pop(k)
-    return check("cuMemcpyBatchAsync" if _batch_state > 0 else "cuMemcpyAsync", rc)
+    return check("cuMemcpyAsync/cuMemcpyBatchAsync", rc)
 
 
 cdef CUresult _cu_2d(CUstream s, uintptr_t dst, size_t dpitch, uintptr_t src, size_t spitch,
