@@ -290,3 +290,23 @@ def test_lists_longer_than_the_limit_are_refused(env):
             return 1 << 40
     with pytest.raises(ArgumentError, match="at most"):
         tm.put_vector(0, Huge(), [])
+
+
+def test_stream_forms_refuse_a_bad_stream_and_need_a_device_kind(env):
+    """Without a GPU: the _on_stream forms check their stream argument, and a host
+    target on a stream needs a device segment bound to the initiating endpoint
+    (the copy engine orders it), as the contiguous put_on_stream does."""
+    tm, mem = env
+    col = np.arange(64.0).reshape(8, 8)[:, 2]
+    with pytest.raises(TypeError, match="stream"):
+        tm.put_strided_on_stream(0, tm.addr(0, 0), [8], col, [64], 8, [8], "s")
+    with pytest.raises(gexmk.ArgumentError, match="default stream"):
+        tm.put_vector_on_stream(0, [(tm.addr(0, 0), 8)], [col[:1].copy()], 0)
+    for call in (lambda: tm.put_on_stream(0, tm.addr(0, 0), col, 12345),
+                 lambda: tm.put_indexed_on_stream(0, [tm.addr(0, 0)], 8, [col.ctypes.data], 8,
+                                                  12345),
+                 lambda: tm.get_strided_on_stream(np.zeros(8), [8], 0, tm.addr(0, 0), [8], 8, [8],
+                                                  12345)):
+        with pytest.raises(gexmk.UnsupportedError, match="device segment"):
+            call()
+    assert not mem.any()

@@ -113,3 +113,28 @@ def test_a_cupy_view_outside_the_segment_is_refused(dev):
     other = cp.zeros((16, 16))
     with pytest.raises(gexmk.ArgumentError, match="outside"):
         tm.put(0, tm.addr(0, 0), other[:, 3])
+
+
+def test_stream_forms_follow_the_stream(dev):
+    """*_on_stream: enqueued behind the kernel that wrote the sources, no host wait;
+    complete once the stream is synchronised."""
+    tm, cp, arr, seg = dev
+    s = cp.cuda.Stream(non_blocking=True)
+    blk, n = 4096, 32
+    soff = np.arange(n) * blk + 2 * MiB
+    doff = np.arange(n)[::-1] * blk
+    with s:
+        arr[2 * MiB:2 * MiB + n * blk] = 7                   # a kernel on the stream
+    tm.put_indexed_on_stream(0, (doff + tm.addr(0, 0)).astype(np.uint64), blk,
+                             (soff + seg.address).astype(np.uint64), blk, s)
+    mat = arr[MiB:MiB + 64 * 64 * 8].view(cp.float64).reshape(64, 64)
+    with s:
+        mat[...] = 3.0
+    tm.put_on_stream(0, tm.addr(0, 3 * MiB), mat[:, 1], s)   # a column, strided on the stream
+    tm.put_strided_on_stream(0, tm.addr(0, 3 * MiB + 4096), [8, 512], mat, [16, 512], 8, [4, 8], s)
+    s.synchronize()
+    host = cp.asnumpy(arr)
+    assert (host[:n * blk] == 7).all()
+    assert (host[3 * MiB:3 * MiB + 512].view(np.float64) == 3.0).all()
+    assert (host[3 * MiB + 4096:3 * MiB + 4096 + 8 * 512].view(np.float64).reshape(8, 64)[:, :4]
+            == 3.0).all()

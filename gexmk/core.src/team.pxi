@@ -772,6 +772,42 @@ cdef class Team:
                  count, None, "get_strided_nbi(dest, dest_strides, rank, src, src_strides, "
                  "elemsz, count)")
 
+    def put_vector_on_stream(self, rank, dsts, srcs, stream):
+        """:meth:`put_vector` enqueued on a CUDA ``stream`` (as :meth:`put_on_stream`:
+        no host synchronisation; buffers valid until the stream has run it)."""
+        _vector(self, True, GX_NBI, rank, dsts, srcs, None,
+                "put_vector_on_stream(rank, dsts, srcs, stream)", stream)
+
+    def get_vector_on_stream(self, dsts, rank, srcs, stream):
+        """:meth:`get_vector` enqueued on a CUDA ``stream``."""
+        _vector(self, False, GX_NBI, rank, dsts, srcs, None,
+                "get_vector_on_stream(dsts, rank, srcs, stream)", stream)
+
+    def put_indexed_on_stream(self, rank, dsts, dstlen, srcs, srclen, stream):
+        """:meth:`put_indexed` enqueued on a CUDA ``stream`` (the KV-cache shape
+        from a kernel's output without a host wait)."""
+        _indexed(self, True, GX_NBI, rank, dsts, dstlen, srcs, srclen, None,
+                 "put_indexed_on_stream(rank, dsts, dstlen, srcs, srclen, stream)", stream)
+
+    def get_indexed_on_stream(self, dsts, dstlen, rank, srcs, srclen, stream):
+        """:meth:`get_indexed` enqueued on a CUDA ``stream``."""
+        _indexed(self, False, GX_NBI, rank, dsts, dstlen, srcs, srclen, None,
+                 "get_indexed_on_stream(dsts, dstlen, rank, srcs, srclen, stream)", stream)
+
+    def put_strided_on_stream(self, rank, dest, dest_strides, src, src_strides, elemsz, count,
+                              stream):
+        """:meth:`put_strided` enqueued on a CUDA ``stream``."""
+        _strided(self, True, GX_NBI, rank, dest, dest_strides, src, src_strides, elemsz, count,
+                 None, "put_strided_on_stream(rank, dest, dest_strides, src, src_strides, "
+                 "elemsz, count, stream)", stream)
+
+    def get_strided_on_stream(self, dest, dest_strides, rank, src, src_strides, elemsz, count,
+                              stream):
+        """:meth:`get_strided` enqueued on a CUDA ``stream``."""
+        _strided(self, False, GX_NBI, rank, dest, dest_strides, src, src_strides, elemsz, count,
+                 None, "get_strided_on_stream(dest, dest_strides, rank, src, src_strides, "
+                 "elemsz, count, stream)", stream)
+
     # -- stream-ordered RMA (NVSHMEM *_on_stream) --
 
     def put_on_stream(self, rank, dest, src, stream):
@@ -797,7 +833,10 @@ cdef class Team:
         cdef int r = _as_rank(rank, sig, &self.c)
         cdef uintptr_t a = _as_addr(addr, sig, "dest" if is_put else "src")
         cdef void* s = <void*>_stream_handle(stream)
-        _take(buf, &view, &loc, not is_put, sig, b"src" if is_put else b"dest", &self.c)
+        if _take(buf, &view, &loc, not is_put, sig, b"src" if is_put else b"dest", &self.c, True):
+            # non-contiguous: a strided transfer on the stream (core.src/vis.pxi)
+            _array_xfer(self, is_put, GX_NBI, r, a, buf, None, sig, stream)
+            return
         try:
             with nogil:
                 _rma_on_stream(&self.c, r, is_put, a, loc.p, loc.n, s)

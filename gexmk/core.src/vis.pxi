@@ -172,10 +172,11 @@ cdef int _vis_packed(gx_route* r, bint is_put, const gx_frag* f, size_t n,
 
 
 cdef int _vis_path(const gx_team* tm, int rank, bint is_put, const gx_vis* v, int mode,
-                   int lkind, int ldev, _Multi** mp) except -1 nogil:
+                   int lkind, int ldev, _Multi** mp, void* stream) except -1 nogil:
     """Through the route's transport, GX_VIS_CHUNK fragments at a time.  GX_NB
     ops left pending go to *mp (the caller waits or hands them to an Event);
-    on an error those already issued are orphaned."""
+    on an error those already issued are orphaned.  ``stream``: enqueued on
+    that CUDA stream (GX_NBI, nothing packed by the CPU), else NULL."""
     cdef gx_route* r = tm.routes[rank]
     cdef _raw_xfer_fn fn = <_raw_xfer_fn>(r.rma.ops.put_vis if is_put else r.rma.ops.get_vis)
     cdef _raw_xfer_fn one = <_raw_xfer_fn>(r.rma.ops.put if is_put else r.rma.ops.get)
@@ -191,7 +192,7 @@ cdef int _vis_path(const gx_team* tm, int rank, bint is_put, const gx_vis* v, in
             with gil:
                 PyErr_NoMemory()
             return -1
-    if mode >= GX_NBI:
+    if mode >= GX_NBI and stream == NULL:
         _mark_unsynced(tm.ep)
     while start < total and rc == 0:
         if v.ndim:
@@ -211,13 +212,14 @@ cdef int _vis_path(const gx_team* tm, int rank, bint is_put, const gx_vis* v, in
                 cv.ndim = 0          # the shape only where one chunk holds all of it
             _xfer_init(&x, &r.rma, r.t, 0, NULL, cv.total, mode)
             x.vis = &cv
+            x.stream = stream
             x.local_kind = lkind
             x.local_device = ldev
             rc = _vis_issue(fn, &x, r.rma.ops, mp)
         else:
             i = 0
             while i < k and rc == 0:
-                j = _vis_run_end(f, i, k) if lkind == GX_MK_HOST else i + 1
+                j = _vis_run_end(f, i, k) if lkind == GX_MK_HOST and stream == NULL else i + 1
                 if j - i > 1:
                     # small blocks contiguous at the target: packed here, one transfer
                     rc = _vis_packed(r, is_put, f + i, j - i, one)
@@ -225,6 +227,7 @@ cdef int _vis_path(const gx_team* tm, int rank, bint is_put, const gx_vis* v, in
                     continue
                 if f[i].n:
                     _xfer_init(&x, &r.rma, r.t, f[i].remote, f[i].local, f[i].n, mode)
+                    x.stream = stream
                     x.local_kind = lkind
                     x.local_device = ldev
                     rc = _vis_issue(one, &x, r.rma.ops, mp)
@@ -738,20 +741,21 @@ cdef _VisReq _array_req(Team tm, int rank, uintptr_t addr, object obj, bint is_p
 # ---- running a checked request ------------------------------------------------------------
 
 cdef int _vis_go(const gx_team* tm, int rank, bint is_put, const gx_vis* v, int mode,
-                 int lkind, int ldev, _Multi** mp) except -1 nogil:
+                 int lkind, int ldev, _Multi** mp, void* stream=NULL) except -1 nogil:
     """Move checked blocks: a memcpy loop on a CPU-mapped target (complete), else
-    the route's path (GX_NB ops left pending in *mp; GX_BLOCKING waits for them)."""
+    the route's path (GX_NB ops left pending in *mp; GX_BLOCKING waits for them);
+    with a ``stream``, always the route's path, enqueued on it (GX_NBI)."""
     cdef gx_route* r = tm.routes[rank]
     cdef _Multi* w
     cdef gx_val res
     cdef int cnt = GX_CNT_PUT if is_put else GX_CNT_GET
     if v.total == 0:
         return 0
-    if r.local_base != NULL and not r.dead and lkind == GX_MK_HOST:
+    if r.local_base != NULL and not r.dead and lkind == GX_MK_HOST and stream == NULL:
         _vis_mapped(r, v, is_put)
         gx_count_add(&r.mapped[cnt], v.total)
         return 0
-    _vis_path(tm, rank, is_put, v, GX_NB if mode <= GX_NB else mode, lkind, ldev, mp)
+    _vis_path(tm, rank, is_put, v, GX_NB if mode <= GX_NB else mode, lkind, ldev, mp, stream)
     gx_count_add(&r.via[cnt], v.total)
     if mode == GX_BLOCKING and mp[0] != NULL:
         w = mp[0]
@@ -839,10 +843,30 @@ cdef int vis_c(const gx_team* tm, int rank, bint is_put, gx_vis* v, int mode) ex
     return 0
 
 
+cdef int _vis_stream(Team tm, _VisReq q, int rank, bint is_put, object stream) except -1:
+    """The *_on_stream forms: enqueued on a CUDA stream (NVSHMEM *_on_stream),
+    no host synchronisation; the buffers must stay valid until the stream has
+    run it.  Paths that cannot order on a stream raise UnsupportedError."""
+    cdef _Multi* m = NULL
+    cdef void* s = <void*>_stream_handle(stream)
+    if q.v.total == 0:
+        return 0
+    tm.client._inflight += 1
+    try:
+        with nogil:
+            _vis_go(&tm.c, rank, is_put, &q.v, GX_NBI, q.lkind, q.ldev, &m, s)
+    finally:
+        tm.client._inflight -= 1
+    return 0
+
+
 cdef object _vis_complete(Team tm, _VisReq q, int rank, bint is_put, int mode, object lc,
-                          str fn):
-    """The blocking / _nb / _nbi forms of one checked request (lc as for put_nb)."""
+                          str fn, object stream=None):
+    """The blocking / _nb / _nbi forms of one checked request (lc as for put_nb);
+    with a stream, the _on_stream form."""
     cdef int now
+    if stream is not None:
+        return _vis_stream(tm, q, rank, is_put, stream)
     if mode == GX_BLOCKING or not is_put:
         ev = _vis_run(tm, q, rank, is_put, mode)
         if mode == GX_NB:
@@ -892,24 +916,24 @@ cdef Py_ssize_t _block_size(object n, str sig, str name) except -1:
 
 
 cdef object _vector(Team tm, bint is_put, int mode, object rank, object dsts, object srcs,
-                    object lc, str sig):
+                    object lc, str sig, object stream=None):
     cdef int r
     q = _vector_req(tm, rank, dsts, srcs, is_put, -1, -1, sig, &r)
-    return _vis_complete(tm, q, r, is_put, mode, lc, _fn(sig))
+    return _vis_complete(tm, q, r, is_put, mode, lc, _fn(sig), stream)
 
 
 cdef object _indexed(Team tm, bint is_put, int mode, object rank, object dsts, object dstlen,
-                     object srcs, object srclen, object lc, str sig):
+                     object srcs, object srclen, object lc, str sig, object stream=None):
     cdef int r
     cdef Py_ssize_t dl = _block_size(dstlen, sig, "dstlen")
     cdef Py_ssize_t sl = _block_size(srclen, sig, "srclen")
     q = _vector_req(tm, rank, dsts, srcs, is_put, dl, sl, sig, &r)
-    return _vis_complete(tm, q, r, is_put, mode, lc, _fn(sig))
+    return _vis_complete(tm, q, r, is_put, mode, lc, _fn(sig), stream)
 
 
 cdef object _strided(Team tm, bint is_put, int mode, object rank, object dest, object dstrides,
                      object src, object sstrides, object elemsz, object count, object lc,
-                     str sig):
+                     str sig, object stream=None):
     """put_strided / get_strided: the remote base is an address, the local base
     an address or a buffer (then the shape must lie inside it)."""
     cdef _VisReq q = _VisReq.__new__(_VisReq)
@@ -965,11 +989,11 @@ cdef object _strided(Team tm, bint is_put, int mode, object rank, object dest, o
         v.ndim = 1
         v.count[0] = 1
         v.lstride[0] = v.rstride[0] = <ptrdiff_t>v.elem
-    return _vis_complete(tm, q, r, is_put, mode, lc, _fn(sig))
+    return _vis_complete(tm, q, r, is_put, mode, lc, _fn(sig), stream)
 
 
 cdef object _array_xfer(Team tm, bint is_put, int mode, int rank, uintptr_t addr, object obj,
-                        object lc, str sig):
-    """put/get (and their _nb/_nbi forms) whose local array is not contiguous."""
+                        object lc, str sig, object stream=None):
+    """put/get (their _nb/_nbi/_on_stream forms) whose local array is not contiguous."""
     q = _array_req(tm, rank, addr, obj, is_put, sig)
-    return _vis_complete(tm, q, rank, is_put, mode, lc, _fn(sig))
+    return _vis_complete(tm, q, rank, is_put, mode, lc, _fn(sig), stream)

@@ -288,11 +288,10 @@ def expect(cell, gpus=1):
     target = TARGET_BY[cell.target]
     kind = RMA_OP[op].kind if op in RMA_OP else "word"
     if local is not None and kind != "word" and op in RMA_OP:
-        if local.name.endswith("-strided") and SIZES[cell.size] > 1 \
-                and (kind == "signal" or op in _ON_STREAM):
+        if local.name.endswith("-strided") and SIZES[cell.size] > 1 and kind == "signal":
             return Refusal("TypeError" if local.cls == "host" else "ArgumentError", "contiguous",
-                           "put_signal and the stream forms take contiguous buffers (a "
-                           "non-contiguous array: put, then signal_op)")
+                           "put_signal takes contiguous buffers (a non-contiguous array: put, "
+                           "then signal_op)")
         if local.readonly and kind == "get":
             return Refusal("TypeError", "writable", "a get needs a writable destination")
     if op.startswith("coll_"):
