@@ -138,3 +138,33 @@ def test_stream_forms_follow_the_stream(dev):
     assert (host[3 * MiB:3 * MiB + 512].view(np.float64) == 3.0).all()
     assert (host[3 * MiB + 4096:3 * MiB + 4096 + 8 * 512].view(np.float64).reshape(8, 64)[:, :4]
             == 3.0).all()
+
+
+@pytest.mark.parametrize("mode", ["blocking", "nb", "nbi"])
+def test_device_blocks_to_a_host_segment(dev, mode):
+    """Device blocks (the endpoint's device segment) into a host segment mapped
+    here, one batched copy through the endpoint's kind (KV offload to host)."""
+    tm, cp, arr, seg = dev
+    client = tm.client
+    ep2 = client.ep_create()
+    host = client.segment_attach(1 * MiB, ep=ep2)
+    rng = np.random.default_rng(11)
+    n, blk = 16, 4096
+    arr[2 * MiB:2 * MiB + n * blk] = cp.asarray(rng.integers(0, 256, n * blk, dtype=np.uint8))
+    cp.cuda.runtime.deviceSynchronize()
+    la = (np.arange(n) * blk + seg.address + 2 * MiB).astype(np.uint64)
+    ra = (rng.permutation(n) * blk + host.address).astype(np.uint64)
+    tm3 = client.ep(0).pair(ep2.index)                 # from the device-bound EP 0 to ep2
+    ra3 = (ra - host.address + tm3.addr(0, 0)).astype(np.uint64)
+    if mode == "blocking":
+        tm3.put_indexed(0, ra3, blk, la, blk)
+    elif mode == "nb":
+        tm3.put_indexed_nb(0, ra3, blk, la, blk).wait()
+    else:
+        tm3.put_indexed_nbi(0, ra3, blk, la, blk)
+        gexmk.nbi_wait(gexmk.EC_PUT)
+    h = np.asarray(host).view(np.uint8)
+    src = cp.asnumpy(arr[2 * MiB:2 * MiB + n * blk])
+    for i in range(n):
+        d0 = int(ra[i] - host.address)
+        assert bytes(h[d0:d0 + blk]) == bytes(src[i * blk:(i + 1) * blk]), f"block {i}"

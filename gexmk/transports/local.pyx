@@ -497,6 +497,10 @@ cdef void _fill(gx_tr_ops* t, const char* name, gx_tr_xfer_fn put, gx_tr_xfer_fn
 
 _fill(&_SELF, b"self", _mapped_put, _mapped_get, _mapped_atomic, _mapped_put_signal)
 _fill(&_NBRHD, b"nbrhd", _mapped_put, _mapped_get, _mapped_atomic, _mapped_put_signal)
+# VIS on the mappings: the core copies host blocks itself; what reaches these slots
+# has device blocks or a stream (the endpoint's device kind copies)
+_SELF.put_vis = _NBRHD.put_vis = _mapped_put_vis
+_SELF.get_vis = _NBRHD.get_vis = _mapped_get_vis
 _fill(&_PVM, b"pvm", _pvm_put, _pvm_get, _pvm_atomic, _pvm_put_signal)
 _PVM.put_vis = _pvm_put_vis            # iovecs; the other tables leave VIS to the core's loop
 _PVM.get_vis = _pvm_get_vis
