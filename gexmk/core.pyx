@@ -32,6 +32,8 @@ import weakref
 from collections import namedtuple
 
 from cpython.buffer cimport PyBuffer_Release
+from cpython.bytearray cimport PyByteArray_AS_STRING
+from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
 from cpython.long cimport PyLong_AsUnsignedLongLongMask
 from libc.stdint cimport uintptr_t, int32_t, uint32_t, int64_t, uint64_t
 from libc.math cimport isinf
@@ -46,7 +48,8 @@ from gexmk.kinds.kind cimport gx_kind_ops, GX_WAITV_GEQ, GX_WAITV_EQ
 from cpython.pycapsule cimport PyCapsule_GetPointer
 
 from gexmk.memory import (HOST, mk_create as _mk_create, describe_kind as _describe_kind,
-                          device_range as _device_range)
+                          device_range as _device_range,
+                          pointer_attributes as _pointer_attributes_raw, infer_kind as _infer_kind)
 from gexmk.errors import (ArgumentError, BoundsError, RankError, StateError, SegmentError,
                           UnsupportedError, PeerDeadError, GexmkError)
 

@@ -9,7 +9,7 @@ register CUDA memory; the CUDA driver and devices; and the kernel features
 the intra-node transport relies on (Yama ptrace scope for
 ``process_vm_readv``, ``memfd_create``, ``pidfd_getfd``).
 
-Nothing here needs a working transport: the compiled probes (``gexmk.ofi``,
+Nothing here needs a working transport: the compiled probes (``gexmk.fabric_probe``,
 ``gexmk.kinds.cuda``) are imported lazily and a failure to import or run one is
 reported as text in its section, never raised.
 """
@@ -91,9 +91,9 @@ def _hmem_cuda(ofi, names, cuda_info):
 
 def _libfabric(cuda_info):
     try:
-        ofi = importlib.import_module("gexmk.ofi")
+        ofi = importlib.import_module("gexmk.fabric_probe")
     except Exception as exc:
-        return {"error": f"gexmk.ofi did not import: {_error(exc)}", "providers": [],
+        return {"error": f"gexmk.fabric_probe did not import: {_error(exc)}", "providers": [],
                 "hmem_cuda": {}}
     out = {"version": None, "header_version": ofi.HEADER_VERSION, "providers": [],
            "hmem_cuda": {}}
@@ -196,6 +196,30 @@ def _pidfd_getfd():
         os.close(pidfd)
 
 
+def _bootstrap():
+    """Which bootstrap plug-in this process would use and why, and which plug-ins
+    this installation offers (the PMIx client is absent where pmix.h was not found)."""
+    try:
+        from gexmk.bootstrap import registry
+        out = registry.explain()
+        out["considered"] = [list(c) for c in out["considered"]]
+        plugins = {}
+        for name in registry.ORDER:
+            why = registry._available(name) if name != "mpi" else registry._mpi4py_missing()
+            plugins[name] = {"available": why is None, "reason": why or ""}
+        if plugins["pmix"]["available"]:
+            try:
+                plugins["pmix"]["reason"] = importlib.import_module(
+                    "gexmk.bootstrap.pmix_client").VERSION
+            except Exception as exc:
+                plugins["pmix"] = {"available": False, "reason": f"did not import: {_error(exc)}"}
+        out["plugins"] = plugins
+        return out
+    except Exception as exc:
+        return {"name": None, "reason": f"the bootstrap registry failed: {_error(exc)}",
+                "considered": [], "plugins": {}}
+
+
 def _cpus():
     try:
         usable = len(os.sched_getaffinity(0))
@@ -209,10 +233,13 @@ def report() -> dict:
 
     Keys: ``gexmk``, ``python``, ``platform``, ``numpy`` (version strings);
     ``libfabric`` (``version``, ``header_version``, ``providers`` as from
-    :func:`gexmk.ofi.providers`, ``hmem_cuda``: provider name -> result of
-    :func:`gexmk.ofi.hmem_cuda_registration`, and ``error`` where libfabric
+    :func:`gexmk.fabric_probe.providers`, ``hmem_cuda``: provider name -> result of
+    :func:`gexmk.fabric_probe.hmem_cuda_registration`, and ``error`` where libfabric
     could not be probed); ``cuda`` (:func:`gexmk.kinds.cuda.probe`, or ``error``);
-    ``ptrace_scope``, ``memfd``, ``pidfd_getfd`` and ``cpus``.  Never raises.
+    ``ptrace_scope``, ``memfd``, ``pidfd_getfd`` and ``cpus``; ``bootstrap``
+    (:func:`gexmk.bootstrap.explain`: ``name`` and ``reason`` of the plug-in this
+    process would use, ``considered``: the ones passed over and why, and
+    ``plugins``: name -> ``available``, ``reason``).  Never raises.
     """
     cuda_info = _cuda()
     return {
@@ -226,6 +253,7 @@ def report() -> dict:
         "memfd": _memfd(),
         "pidfd_getfd": _pidfd_getfd(),
         "cpus": _cpus(),
+        "bootstrap": _bootstrap(),
     }
 
 
@@ -327,6 +355,22 @@ def _format(rep):
         for name, res in lf["hmem_cuda"].items():
             lines.append(f"    {name:<14} {_yes(res.get('supported')):<4} {res.get('reason', '')}")
 
+    bs = rep["bootstrap"]
+    lines.append("")
+    lines.append("Bootstrap (how this process would find its job)")
+    if bs["name"]:
+        lines.append(f"  would use: {bs['name']}: {bs['reason']}")
+    else:
+        lines.append(f"  cannot start: {bs['reason']}")
+    for name, why in bs["considered"]:
+        if why != "its environment is absent":
+            lines.append(f"  passed over: {name}: {why}")
+    if bs["plugins"]:
+        lines.append("  plug-ins here: " + ", ".join(
+            f"{name} ({'yes' if p['available'] else 'absent'}"
+            + (f": {p['reason']}" if p["reason"] else "") + ")"
+            for name, p in bs["plugins"].items()))
+
     cu = rep["cuda"]
     lines.append("")
     lines.append("CUDA")
@@ -362,7 +406,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m gexmk.info",
         description="Report what this machine supports for gexmk: libfabric providers, "
-                    "FI_HMEM_CUDA registration, CUDA devices, kernel features.")
+                    "FI_HMEM_CUDA registration, CUDA devices, kernel features, and which "
+                    "bootstrap (launcher) this process would use and why.")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     rep = report()

@@ -10,7 +10,7 @@ import enum
 import os
 import itertools
 
-from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE,
+from cpython.buffer cimport (PyObject_GetBuffer, PyObject_CheckBuffer, PyBuffer_Release, PyBUF_SIMPLE,
                              PyBUF_WRITABLE, PyBUF_ANY_CONTIGUOUS, PyBUF_FORMAT,
                              PyBUF_ND, PyBUF_STRIDES)
 from libc.string cimport memset
@@ -163,6 +163,39 @@ def mk_create(cls, device=0, context=None):
                            f"gexmk was built without {runtime} support")
 
 
+def pointer_attributes(uintptr_t p):
+    """What the device memory kinds of this build say of the memory at ``p``
+    (``gexmk.kinds.cuda.pointer_attributes``), or None where no kind module
+    or driver is there to ask."""
+    try:
+        from gexmk.kinds import cuda
+    except ImportError:
+        return None
+    try:
+        return cuda.pointer_attributes(p)
+    except UnsupportedError:
+        return None
+
+
+def infer_kind(client, object obj):
+    """The memory kind of a device array or pointer ``obj`` (CUDA array
+    interface, or (pointer, nbytes)) for ``segment_create(buffer=obj)`` with
+    no ``kind=``: None for a PEP 3118 host buffer."""
+    if not (hasattr(obj, "__cuda_array_interface__") or type(obj) is tuple):
+        if not (hasattr(obj, "__dlpack_device__") and not PyObject_CheckBuffer(obj)
+                and obj.__dlpack_device__()[0] in (2, 13)):     # kDLCUDA, kDLCUDAManaged
+            return None
+    ptr, nbytes = device_range(obj, "segment buffer")
+    mk = client._kind_of_pointer(ptr, type(obj) is not tuple, True)
+    if mk is None and type(obj) is not tuple:
+        info = pointer_attributes(ptr)
+        what = info["memory"] if info else "not device memory"
+        raise ArgumentError(f"segment buffer: the array's memory at 0x{ptr:x} is {what}, which "
+                            "a device segment cannot adopt (managed memory is not taken: "
+                            "allocate device memory)")
+    return mk
+
+
 def device_range(object obj, str what):
     """(pointer, nbytes) of a contiguous device array: a CUDA array interface
     (v2/v3) or DLPack object, or a (pointer, nbytes) tuple."""
@@ -190,10 +223,17 @@ def device_range(object obj, str what):
         if cai["data"][1]:
             raise ArgumentError(f"{what}: the device array is read-only")
         return ptr, n
-    if hasattr(obj, "__dlpack__"):
-        raise UnsupportedError(f"{what}: DLPack-only objects are not taken yet; pass an object "
-                               "with __cuda_array_interface__ (CuPy, PyTorch, Numba) or "
-                               "(pointer, nbytes)")
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        if obj.__dlpack_device__()[0] not in (2, 13):      # kDLCUDA, kDLCUDAManaged
+            raise ArgumentError(f"{what}: a DLPack array on device {obj.__dlpack_device__()} is not "
+                                "CUDA memory")
+        try:
+            from gexmk.kinds import cuda
+        except ImportError as e:
+            raise UnsupportedError(f"{what}: a DLPack CUDA array, and this build has no CUDA "
+                                   f"kind: {e}") from None
+        ptr, n, _, _ = cuda.dlpack_range(obj)
+        return ptr, n
     raise TypeError(f"{what}: expected a device array (__cuda_array_interface__) or "
                     f"(pointer, nbytes), got {type(obj).__name__}")
 

@@ -27,7 +27,7 @@ def test_bench_runs_every_piece_from_the_install(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-P", "-m", "gexmk.bench", "--sizes", "8,4K", "--iters", "5",
            "--batch-us", "20", "--heat-grids", "34", "--heat-ranks", "2", "--heat-iters", "4",
-           "--timeout", "120", "--json", str(out)]
+           "--jacobi-n", "130", "--jacobi-iters", "20", "--timeout", "120", "--json", str(out)]
     res = mp_util.run_command(cmd, timeout=380, env=mp_util.child_env(), cwd=str(tmp_path),
                               script="python -m gexmk.bench")
     res.check()
@@ -38,6 +38,14 @@ def test_bench_runs_every_piece_from_the_install(tmp_path):
     assert "put8" in g["nogil"] and g["nogil"]["put8"]["median_us"] > 0, g.get("nogil_note")
     heat = r["heat"]
     assert "skipped" not in heat, heat
+    jac = r["jacobi"]
+    if "skipped" in jac:                # a machine without a GPU says so
+        assert "CUDA" in jac["skipped"] or "CuPy" in jac["skipped"], jac
+    else:
+        single, multi = jac["runs"]
+        assert single["ranks"] == 1 and multi["ranks"] >= 2, jac
+        assert abs(single["norm"] - multi["norm"]) <= 1e-6 * single["norm"], jac
+        assert "GPU Jacobi" in res.stdout
     (run,) = heat["runs"]
     assert (run["ranks"], run["grid"], run["iters"]) == (2, 34, 4)
     for who in ("gexmk", "mpi4py"):
@@ -51,9 +59,10 @@ def test_bench_runs_every_piece_from_the_install(tmp_path):
 
 
 def test_heat_iterations_scale_with_the_grid():
-    from gexmk import bench
-    args = bench._parser().parse_args([])
+    from gexmk.bench import driver, workloads
+    args = driver._parser().parse_args([])
     assert (args.heat_grids, args.heat_ranks, args.heat_iters) == ([256, 4096], [2, 4], 100)
-    assert bench.heat_iters(args, 256) == 100 and bench.heat_iters(args, 4096) == 10
+    assert workloads.heat_iters(args, 256) == 100 and workloads.heat_iters(args, 4096) == 10
+    assert (args.jacobi_n, args.jacobi_iters, args.no_jacobi) == (16384, 1000, False)
     with pytest.raises(SystemExit):
-        bench._parser().parse_args(["--heat-ranks", "0"])
+        driver._parser().parse_args(["--heat-ranks", "0"])

@@ -30,8 +30,8 @@ NO_SWITCHES = {"GEXMK_BOOTSTRAP": None, **{name: None for name in PSM_BACKTRACE_
 
 SEGV_AFTER_OFI = r'''
 import os, signal, sys
-import gexmk, gexmk.ofi
-assert gexmk.ofi.providers(), "libfabric reported no provider"   # loads every provider
+import gexmk, gexmk.fabric_probe
+assert gexmk.fabric_probe.providers(), "libfabric reported no provider"   # loads every provider
 os.write(1, ("switches " + " ".join(os.environ.get(n, "-") for n in sys.argv[2:]) + "\n").encode())
 os.kill(os.getpid(), signal.SIGSEGV)
 '''

@@ -440,12 +440,14 @@ def test_put_on_stream_after_a_kernel_and_in_a_graph(client):
     to_host.get_on_stream(dst, 0, hseg.address + 64, s)
     s.synchronize()
     assert int(dst.sum()) == 10 * 4096
-    # refusals: a device array outside the endpoint's segment, stream 0, not a stream
-    stray = cupy.zeros(16, dtype=cupy.uint8)
-    with pytest.raises(E.ArgumentError, match="outside the device segment"):
-        from_d2.put_on_stream(0, d1.address, stray, s)
-    with pytest.raises(E.ArgumentError, match="outside the device segment"):
-        from_d2.put(0, d1.address, (stray.data.ptr, 16))
+    # a device array outside the endpoint's segment, on its GPU: the same copy engine
+    stray = cupy.full(16, 4, dtype=cupy.uint8)
+    from_d2.put_on_stream(0, d1.address, stray, s)
+    s.synchronize()
+    from_d2.put(0, d1.address + 16, (stray.data.ptr, 16))
+    client.ep(0).pair(1).get(back[:32], 0, d1.address)
+    assert (back[:32] == 4).all()
+    # refusals: stream 0, not a stream
     with pytest.raises(E.ArgumentError, match="legacy default stream"):
         from_d2.put_on_stream(0, d1.address, src, 0)
     with pytest.raises(TypeError, match="stream"):

@@ -1,5 +1,5 @@
 """The preflight probes: libfabric providers and FI_HMEM_CUDA registration
-(gexmk.ofi), the CUDA driver (gexmk.kinds.cuda), and ``python -m gexmk.info``."""
+(gexmk.fabric_probe), the CUDA driver (gexmk.kinds.cuda), and ``python -m gexmk.info``."""
 import errno
 import json
 import os
@@ -23,10 +23,10 @@ def _libfabric_dev_installed():
 
 
 try:
-    from gexmk import ofi
+    from gexmk import fabric_probe as ofi
 except ImportError:
     # Only a machine without libfabric's headers may lack the module; where
-    # it could have been built, a missing gexmk.ofi must fail loudly.
+    # it could have been built, a missing gexmk.fabric_probe must fail loudly.
     if _libfabric_dev_installed():
         raise
     ofi = None
@@ -39,7 +39,7 @@ needs_gpu = pytest.mark.skipif(not CUDA["available"], reason=str(CUDA.get("reaso
 
 
 # ---------------------------------------------------------------------------
-# gexmk.ofi
+# gexmk.fabric_probe
 # ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def providers():
@@ -221,7 +221,7 @@ def test_info_text_cli():
 
 
 def test_report_survives_a_module_that_does_not_import(monkeypatch):
-    monkeypatch.setitem(sys.modules, "gexmk.ofi", None)   # import now fails
+    monkeypatch.setitem(sys.modules, "gexmk.fabric_probe", None)   # import now fails
     monkeypatch.setitem(sys.modules, "gexmk.kinds.cuda", None)
     rep = info.report()
     assert "did not import" in rep["libfabric"]["error"]

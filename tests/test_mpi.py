@@ -103,6 +103,7 @@ def test_init_detects_mpi(tmp_path, transport):
     src = textwrap.dedent(r'''
     c = gexmk.init()                            # finds mpiexec's environment by itself
     assert c.bootstrap.kind == "mpi", c.bootstrap.kind
+    assert "MPI launcher" in c.bootstrap.reason, c.bootstrap.reason   # the registry's why
     from mpi4py import MPI
     assert (c.rank, c.size) == (MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
     if peer_transport() == "pvm":
@@ -129,6 +130,7 @@ def test_init_with_comm_world(tmp_path):
     src = textwrap.dedent(r'''
     from mpi4py import MPI
     c = gexmk.init(comm=MPI.COMM_WORLD)
+    assert "mpi4py communicator" in c.bootstrap.reason, c.bootstrap.reason
     assert (c.rank, c.size) == (MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
     # the caller's communicator is still usable and untouched by gexmk's traffic
     # (a buffer Allreduce releases the GIL; for the object allreduce see the test below)

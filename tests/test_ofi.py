@@ -1,5 +1,5 @@
 """The libfabric (``ofi``) transport, forced between processes of one node
-with GEXMK_TRANSPORT=ofi, for each provider that gexmk.ofi.providers() finds
+with GEXMK_TRANSPORT=ofi, for each provider that gexmk.fabric_probe.providers() finds
 ('tcp;ofi_rxm' and 'shm'; a missing one is skipped, saying so).
 
 1. Conformance over ofi: the TM-pair worker of test_tmpair (2 and 4 ranks,
@@ -41,7 +41,7 @@ except ImportError:
     import mp_util
     import test_tmpair
 
-gexmk_ofi = pytest.importorskip("gexmk.ofi", reason="gexmk was built without libfabric (gexmk.ofi)")
+gexmk_ofi = pytest.importorskip("gexmk.fabric_probe", reason="gexmk was built without libfabric (gexmk.fabric_probe)")
 pytest.importorskip("gexmk.transports.ofi", reason="gexmk was built without the ofi transport")
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -59,7 +59,7 @@ def need(provider):
         pytest.skip(f"libfabric provider {provider!r}: probing failed ({type(e).__name__}: {e})")
     if not found:
         pytest.skip(f"libfabric provider {provider!r} is not available on this machine "
-                    f"(gexmk.ofi.providers({provider!r}) is empty)")
+                    f"(gexmk.fabric_probe.providers({provider!r}) is empty)")
 
 
 def ofi_env(provider):

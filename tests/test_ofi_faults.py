@@ -32,7 +32,7 @@ except ImportError:
     import mp_util
     from test_ofi import need
 
-gexmk_ofi = pytest.importorskip("gexmk.ofi", reason="gexmk was built without libfabric (gexmk.ofi)")
+gexmk_ofi = pytest.importorskip("gexmk.fabric_probe", reason="gexmk was built without libfabric (gexmk.fabric_probe)")
 pytest.importorskip("gexmk.transports.ofi", reason="gexmk was built without the ofi transport")
 
 PROVIDER_IDS = {"tcp;ofi_rxm": "tcp_rxm", "shm": "shm"}

@@ -171,7 +171,7 @@ c.finalize()
 
 
 def _need_ofi(provider):
-    ofi = pytest.importorskip("gexmk.ofi", reason="gexmk was built without libfabric")
+    ofi = pytest.importorskip("gexmk.fabric_probe", reason="gexmk was built without libfabric")
     pytest.importorskip("gexmk.transports.ofi", reason="no ofi transport in this build")
     try:
         found = ofi.providers(provider)

@@ -149,7 +149,7 @@ def test_counts_across_processes(tmp_path, transport, path, atomics):
 
 @pytest.mark.timeout(120)
 def test_counts_over_ofi_tcp(tmp_path):
-    ofi = pytest.importorskip("gexmk.ofi", reason="gexmk was built without libfabric")
+    ofi = pytest.importorskip("gexmk.fabric_probe", reason="gexmk was built without libfabric")
     try:
         found = ofi.providers("tcp;ofi_rxm")
     except Exception as e:      # noqa: BLE001 - probing failed: not usable here

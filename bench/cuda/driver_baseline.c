@@ -11,6 +11,8 @@
  * cuMemSetAccess on its own device only: with two GPUs the copies below run
  * over NVLink from the importer's GPU, as gexmk's do) and times, each the median of
  * `iters` (the 64 MiB copies: of iters / 20, at least 5):
+ *   import_1GiB_ms    3 fresh 1 GiB allocations of the owner imported one after the
+ *                     other: [import, reserve + map, set access] in ms, each
  *   dtod8_us          8 B cuMemcpyDtoDAsync (local VMM -> imported) + cuStreamSynchronize
  *   dtod8_generic_us  the same by cuMemcpyAsync (UVA: the driver tells the kinds apart)
  *   dtod8_generic_pushpop_us  ... between cuCtxPushCurrent and cuCtxPopCurrent (as gexmk's kind)
@@ -21,6 +23,8 @@
  *   kernel8_us        a one-thread kernel copying 8 B local -> imported + sync
  *   sync_us           a bare cuStreamSynchronize of an idle stream
  *   dtod64m_imported_GBps  64 MiB cuMemcpyDtoDAsync into the imported mapping + sync
+ *   dtod64m_imported_pipe_GBps  PIPE (20) such copies back to back, one synchronise
+ *   htod64m_pinned_imported_pipe_GBps  the same from cuMemHostAlloc'd memory
  *   dtod64m_local_GBps     the same between two allocations of this process
  *   htod64m_pageable_GBps  64 MiB cuMemcpyHtoD from malloc'd (touched) memory
  *   htod64m_pinned_GBps    the same from cuMemHostAlloc'd memory
@@ -46,6 +50,9 @@
     exit(2); } } while (0)
 
 #define SEG (64u << 20)
+#define PIPE 20                 /* copies per pipelined stream */
+#define BIG ((size_t)1 << 30)   /* the large allocations whose import is timed */
+#define BIGN 3
 
 static double now_us(void)
 {
@@ -163,8 +170,28 @@ static int owner(int sock, int device)
         return 2;
     }
     close(fd);
+    /* BIGN fresh 1 GiB allocations, exported one after the other: the
+     * importer times the import of each (first-import cost across GPUs) */
+    CUmemGenericAllocationHandle bh[BIGN];
+    CUdeviceptr bb[BIGN];
+    for (int b = 0; b < BIGN; b++) {
+        CK(cuMemCreate(&bh[b], BIG, &p, 0));
+        bb[b] = map_handle(bh[b], BIG, device);
+        CK(cuMemsetD8(bb[b], 0, BIG));
+        CK(cuMemExportToShareableHandle(&fd, bh[b], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        if (send_fd(sock, fd) != 0) {
+            perror("driver_baseline: sendmsg");
+            return 2;
+        }
+        close(fd);
+    }
     if (read(sock, &done, 1) != 1)      /* the importer has finished */
         done = 0;
+    for (int b = 0; b < BIGN; b++) {
+        CK(cuMemUnmap(bb[b], BIG));
+        CK(cuMemAddressFree(bb[b], BIG));
+        CK(cuMemRelease(bh[b]));
+    }
     CK(cuMemUnmap(base, size));
     CK(cuMemAddressFree(base, size));
     CK(cuMemRelease(h));
@@ -198,6 +225,35 @@ static int importer(int sock, int device, int odev, int iters)
     CUdeviceptr peer = map_handle(h, psize, device);
     double import_ms = (now_us() - t0) * 1e-3;
     close(fd);
+    /* the owner's 1 GiB allocations: import, reserve + map, set access, each timed */
+    double big_ms[BIGN][3];
+    CUdeviceptr bigp[BIGN];
+    CUmemGenericAllocationHandle bigh[BIGN];
+    for (int b = 0; b < BIGN; b++) {
+        int bfd = recv_fd(sock);
+        CUmemAccessDesc acc;
+        if (bfd < 0) {
+            fprintf(stderr, "driver_baseline: no FD for 1 GiB allocation %d\n", b);
+            return 2;
+        }
+        double a = now_us();
+        CK(cuMemImportFromShareableHandle(&bigh[b], (void *)(uintptr_t)bfd,
+                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+        double m = now_us();
+        CK(cuMemAddressReserve(&bigp[b], BIG, 0, 0, 0));
+        CK(cuMemMap(bigp[b], BIG, 0, bigh[b], 0));
+        double x = now_us();
+        memset(&acc, 0, sizeof acc);
+        acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        acc.location.id = device;
+        acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        CK(cuMemSetAccess(bigp[b], BIG, &acc, 1));
+        double e = now_us();
+        big_ms[b][0] = (m - a) * 1e-3;
+        big_ms[b][1] = (x - m) * 1e-3;
+        big_ms[b][2] = (e - x) * 1e-3;
+        close(bfd);
+    }
     CUmemAllocationProp p = prop_for(device);
     CK(cuMemCreate(&mine_h, size, &p, 0));
     CUdeviceptr mine = map_handle(mine_h, size, device);
@@ -217,6 +273,15 @@ static int importer(int sock, int device, int odev, int iters)
 
     printf("{\"iters\": %d, \"device\": %d, \"owner_device\": %d, \"import_map_64MiB_ms\": %.4f",
            iters, device, odev, import_ms);
+    printf(", \"import_1GiB_ms\": [");
+    for (int b = 0; b < BIGN; b++)
+        printf("%s[%.3f, %.3f, %.3f]", b ? ", " : "", big_ms[b][0], big_ms[b][1], big_ms[b][2]);
+    printf("]");
+    for (int b = 0; b < BIGN; b++) {
+        CK(cuMemUnmap(bigp[b], BIG));
+        CK(cuMemAddressFree(bigp[b], BIG));
+        CK(cuMemRelease(bigh[b]));
+    }
     TIME(iters, { CK(cuMemcpyDtoDAsync(peer, mine, 8, s)); CK(cuStreamSynchronize(s)); });
     printf(", \"dtod8_us\": %.3f", median(t, iters));
     TIME(iters, { CK(cuMemcpyAsync(peer, mine, 8, s)); CK(cuStreamSynchronize(s)); });
@@ -261,6 +326,17 @@ static int importer(int sock, int device, int odev, int iters)
     printf(", \"dtod8_issue_us\": %.3f", median(t, iters));
     TIME(big, { CK(cuMemcpyDtoDAsync(peer, mine, SEG, s)); CK(cuStreamSynchronize(s)); });
     printf(", \"dtod64m_imported_GBps\": %.2f", SEG / median(t, big) * 1e-3);
+    /* streams: PIPE copies issued back to back, one synchronise (what NB/NBI
+     * puts and put_on_stream must reach) */
+    {
+        int pipe = big < 5 ? 5 : big, k;
+        TIME(pipe, { for (k = 0; k < PIPE; k++) CK(cuMemcpyDtoDAsync(peer, mine, SEG, s));
+                     CK(cuStreamSynchronize(s)); });
+        printf(", \"dtod64m_imported_pipe_GBps\": %.2f", (double)PIPE * SEG / median(t, pipe) * 1e-3);
+        TIME(pipe, { for (k = 0; k < PIPE; k++) CK(cuMemcpyHtoDAsync(peer, pinned_big, SEG, s));
+                     CK(cuStreamSynchronize(s)); });
+        printf(", \"htod64m_pinned_imported_pipe_GBps\": %.2f", (double)PIPE * SEG / median(t, pipe) * 1e-3);
+    }
     TIME(big, { CK(cuMemcpyDtoDAsync(mine2, mine, SEG, s)); CK(cuStreamSynchronize(s)); });
     printf(", \"dtod64m_local_GBps\": %.2f", SEG / median(t, big) * 1e-3);
     TIME(big, { CK(cuMemcpyHtoD(mine2, pageable, SEG)); });

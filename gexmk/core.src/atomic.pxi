@@ -135,6 +135,7 @@ cdef class AtomicDomain:
         old value into ``result`` (a writable buffer of the domain's type size)."""
         sig = "AtomicDomain.op_nbi(rank, addr, op, operand1=None, operand2=None, result=None)"
         mv = None
+        dev = None
         if self.destroyed:
             raise StateError("the atomic domain has been destroyed")
         op = _as_op(op, sig, self.ops)
@@ -142,17 +143,38 @@ cdef class AtomicDomain:
             if result is None:
                 raise ArgumentError("a fetching op issued NBI needs a result= buffer")
             # check the result buffer before the op runs: never lose a fetched value
-            try:
-                mv = memoryview(result).cast("B")
-            except (TypeError, ValueError) as e:
-                raise TypeError(f"result must be a writable contiguous buffer: {e}") from None
-            if mv.readonly or mv.nbytes < gx_dt_size(self.dt):
-                raise ArgumentError(f"result must be a writable buffer of at least "
-                                    f"{gx_dt_size(self.dt)} bytes")
+            if not PyObject_CheckBuffer(result) and _is_device_array(result):
+                dev = _device_result(result, gx_dt_size(self.dt), sig)
+            else:
+                try:
+                    mv = memoryview(result).cast("B")
+                except (TypeError, ValueError) as e:
+                    raise TypeError(f"result must be a writable contiguous buffer: {e}") from None
+                if mv.readonly or mv.nbytes < gx_dt_size(self.dt):
+                    raise ArgumentError(f"result must be a writable buffer of at least "
+                                        f"{gx_dt_size(self.dt)} bytes")
         # fetching ops complete here (the value must land in result); others are implicit
-        v = self._do(sig, rank, addr, op, operand1, operand2, GX_BLOCKING if mv is not None else GX_NBI)
+        v = self._do(sig, rank, addr, op, operand1, operand2,
+                     GX_BLOCKING if (mv is not None or dev is not None) else GX_NBI)
         if mv is not None:
             struct.pack_into(_DT_FORMATS[self.dt], mv, 0, v)
+        elif dev is not None:
+            word = bytearray(gx_dt_size(self.dt))
+            struct.pack_into(_DT_FORMATS[self.dt], word, 0, v)
+            (<MemoryKind>dev[0]).impl.copy(dev[1], <uintptr_t>PyByteArray_AS_STRING(word), len(word))
+
+
+cdef tuple _device_result(object result, size_t size, str sig):
+    """(kind, address) of a device array given as an atomic's result buffer
+    (a CuPy array, a torch tensor): the fetched value is copied there."""
+    p, n = _device_range(result, f"{_fn(sig)}: result")
+    if n < size:
+        raise ArgumentError(f"result must be a writable buffer of at least {size} bytes")
+    mk = (<Client>_client)._kind_of_pointer(p, True) if _client is not None else None
+    if mk is None:
+        raise ArgumentError(f"{_fn(sig)}: result was given as device memory but is host memory; "
+                            "pass it as a host buffer")
+    return (mk, p)
 
 
 cdef int _bit_index(int op) noexcept:

@@ -364,6 +364,36 @@ cdef class Client:
             _device_kinds = True
         return mk
 
+    def _kind_of_pointer(self, uintptr_t p, bint known=False, bint ask=False):
+        """The memory kind of this process that device memory at ``p`` belongs
+        to, or None for host memory (pinned, pageable or managed: the CPU
+        reaches it).  A kind of the process for that device is reused; with
+        none, one is created on the device's primary context (as mk_create
+        would), so that a CuPy array or torch tensor needs no set-up.
+        ``known``: the caller was told it is device memory; then a pointer the
+        driver does not know is an error rather than host memory.  The driver
+        is asked when ``known`` or ``ask``, or once the process has a device
+        kind (before, a raw pointer is taken for host memory)."""
+        for mk in self._kinds:
+            if (<MemoryKind>mk).impl is None:
+                continue
+            cls, dev = (<MemoryKind>mk).impl.classify(p)
+            if cls != GX_MK_HOST:
+                if dev == (<MemoryKind>mk).device:
+                    return mk
+                break            # device memory of another GPU: its own kind
+        info = _pointer_attributes_raw(p) if (known or ask or _device_kinds) else None
+        if info is None or info["memory"] != "device":
+            if known and (info is None or info["memory"] == "unknown"):
+                raise ArgumentError(f"0x{p:x} was given as device memory (CUDA array "
+                                    "interface) but the CUDA driver does not know it (freed, or "
+                                    "another process's pointer?)")
+            return None
+        for mk in self._kinds:
+            if (<MemoryKind>mk).cls == GX_MK_CUDA_UVA and (<MemoryKind>mk).device == info["device"]:
+                return mk
+        return self.mk_create(GX_MK_CUDA_UVA, info["device"])
+
     def segment_create(self, size=None, *, buffer=None, kind=None, reserve=None):
         """Create a segment (GASNet-EX ``gex_Segment_Create``), not yet bound.
 
@@ -375,11 +405,16 @@ cdef class Client:
         ``kind=`` a device kind (``client.mk_create(gexmk.CUDA_UVA, device)``):
         library-allocated device memory (``reserve``: bytes of address space
         kept for ``seg.grow``), or ``buffer=`` a device array of that kind
-        (CUDA array interface, or (pointer, nbytes)).
+        (CUDA array interface, or (pointer, nbytes)).  Without ``kind=``, a
+        device array's kind is inferred from what the driver says of its
+        pointer (device ordinal, context): the process's kind for that device,
+        created on first use; a given ``kind=`` is checked against it.
         """
         self.check_alive()
         if kind is not None and not isinstance(kind, MemoryKind):
             raise TypeError(f"kind must be a gexmk.MemoryKind, got {type(kind).__name__}")
+        if kind is None and buffer is not None and size is None:
+            kind = _infer_kind(self, buffer)
         if (size is None) == (buffer is None):
             raise ArgumentError("give exactly one of size (library-allocated) or buffer= (client-allocated)")
         if size is not None:

@@ -4,6 +4,10 @@ cdef struct _Local:
     void* p
     size_t n
     bint held           # view holds a buffer to release
+    int kind            # GX_MK_* of device memory outside the endpoint's segment that the
+    int device          # route's path copies itself (the endpoint's own kind); else HOST, -1
+    PyObject* bounce    # owned: (host buffer, MemoryKind, device address) when p is a host
+                        # bounce of device memory of another kind (_device_local)
 
 
 cdef int _not_local(object obj, str sig, const char* what, bint writable) except -1:
@@ -46,6 +50,9 @@ cdef inline int _take(object obj, Py_buffer* view, _Local* loc, bint writable, s
     With ``strided``, a non-contiguous array returns 1 (nothing taken): the
     caller moves it as a strided transfer (core.src/vis.pxi)."""
     cdef long long a, n
+    loc.kind = GX_MK_HOST
+    loc.device = -1
+    loc.bounce = NULL
     if type(obj) is tuple:
         if len(<tuple>obj) == 2 and type((<tuple>obj)[0]) is int and type((<tuple>obj)[1]) is int:
             if _exact_int_ll((<tuple>obj)[0], &a) and _exact_int_ll((<tuple>obj)[1], &n) \
@@ -53,23 +60,23 @@ cdef inline int _take(object obj, Py_buffer* view, _Local* loc, bint writable, s
                 loc.p = <void*><uintptr_t>a
                 loc.n = <size_t>n
                 loc.held = False
-                if _device_kinds and not gx_in_dev(tm, loc.p, loc.n):
-                    _refuse_device(loc, sig, what, tm)
+                if _device_kinds and loc.n and not gx_in_dev(tm, loc.p, loc.n):
+                    _device_local(loc, sig, what, tm, writable, False)
                 return 0
         _take_tuple(<tuple>obj, loc, sig, what)
-        if _device_kinds and not gx_in_dev(tm, loc.p, loc.n):
-            _refuse_device(loc, sig, what, tm)
+        if _device_kinds and loc.n and not gx_in_dev(tm, loc.p, loc.n):
+            _device_local(loc, sig, what, tm, writable, False)
         return 0
     if not PyObject_CheckBuffer(obj):
-        if hasattr(obj, "__cuda_array_interface__"):
-            return _take_device(obj, loc, sig, what, tm, strided)
+        if _is_device_array(obj):
+            return _take_device(obj, loc, sig, what, tm, writable, strided)
         _not_local(obj, sig, what, writable)
     try:
         host_buffer(obj, view, writable, what)
     except (TypeError, GexmkError):
         # device arrays may have the buffer slot and refuse it (CuPy)
-        if hasattr(obj, "__cuda_array_interface__"):
-            return _take_device(obj, loc, sig, what, tm, strided)
+        if _is_device_array(obj):
+            return _take_device(obj, loc, sig, what, tm, writable, strided)
         if strided and _strided_array(obj, writable):
             return 1
         raise
@@ -79,6 +86,16 @@ cdef inline int _take(object obj, Py_buffer* view, _Local* loc, bint writable, s
     return 0
 
 
+cdef bint _is_device_array(object obj) except -1:
+    """A CUDA array interface, or a DLPack array on a CUDA device (JAX, and
+    every DLPack producer without the interface)."""
+    if hasattr(obj, "__cuda_array_interface__"):
+        return True
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        return obj.__dlpack_device__()[0] in (2, 13)      # kDLCUDA, kDLCUDAManaged
+    return False
+
+
 # Set once this process has a device memory kind: from then on a local
 # (address, nbytes) outside the endpoint's device segment is classified, so
 # that a device pointer never reaches a CPU memcpy.
@@ -86,7 +103,7 @@ cdef bint _device_kinds = False
 
 
 cdef int _take_device(object obj, _Local* loc, str sig, const char* what,
-                      const gx_team* tm, bint strided=False) except -1:
+                      const gx_team* tm, bint writable, bint strided=False) except -1:
     try:
         p, n = _device_range(obj, f"{_fn(sig)}: {what.decode()}")
     except ArgumentError:
@@ -96,36 +113,81 @@ cdef int _take_device(object obj, _Local* loc, str sig, const char* what,
     loc.p = <void*><uintptr_t>p
     loc.n = <size_t>n
     loc.held = False
-    if not gx_in_dev(tm, loc.p, loc.n) and loc.n:
-        _refuse_device(loc, sig, what, tm, True)
+    if loc.n and not gx_in_dev(tm, loc.p, loc.n):
+        _device_local(loc, sig, what, tm, writable, True)
     return 0
 
 
-cdef int _refuse_device(_Local* loc, str sig, const char* what, const gx_team* tm,
-                        bint known=False) except -1:
-    """A local device buffer outside the device segment of the team's
-    endpoint: GASNet-EX's rule (a local device address lies in the initiating
-    endpoint's bound segment), and the only way its kind is known here."""
-    if not known:
-        if loc.n == 0 or _client is None or not _is_device((<Client>_client)._kinds,
-                                                           <uintptr_t>loc.p):
-            return 0
-    raise ArgumentError(f"{_fn(sig)}: {what.decode()} is device memory outside the device "
-                        f"segment bound to the team's endpoint {tm.ep.index}; a local device "
-                        "buffer must lie in the initiating endpoint's bound segment (GASNet-EX)")
+cdef int _device_local(_Local* loc, str sig, const char* what, const gx_team* tm,
+                       bint writable, bint known) except -1:
+    """A local buffer outside the device segment of the team's endpoint, which
+    may be device memory of any kind of this process (a CuPy array, a torch
+    tensor, a cudaMalloc pointer).  Memory of the endpoint's own kind (its
+    device and context) goes to the route's path as device memory, which then
+    copies it with that kind's copy engine as it does the segment's; device
+    memory of another kind (another GPU, or an endpoint with no device
+    segment) moves through a host bounce buffer here, copied in (put) at
+    issue or out (get) by _finish_local.  ``known``: the object said it is
+    device memory (CUDA array interface)."""
+    if _client is None:
+        if known:
+            raise StateError(f"{_fn(sig)}: the client is finalized")
+        return 0
+    mk = (<Client>_client)._kind_of_pointer(<uintptr_t>loc.p, known)
+    if mk is None:
+        return 0                     # host memory after all
+    seg = None
+    if tm.owner != NULL:
+        seg = (<Team>tm.owner).ep.segment
+    if seg is not None and (<Segment>seg).kind is mk:
+        loc.kind = (<MemoryKind>mk).cls
+        loc.device = (<MemoryKind>mk).device
+        return 0
+    if loc.n > _BOUNCE_MAX:
+        raise UnsupportedError(
+            f"{_fn(sig)}: {what.decode()} is {loc.n} bytes of device memory of {mk!r}, not the "
+            f"kind of the device segment bound to endpoint {tm.ep.index}: it would move through "
+            f"a host bounce buffer, which takes at most {_BOUNCE_MAX} bytes per call; bind a "
+            "device segment of that GPU to the endpoint, or split the transfer")
+    cdef bytearray b = bytearray(loc.n)
+    cdef uintptr_t host = <uintptr_t>PyByteArray_AS_STRING(b)
+    cdef uintptr_t dev = <uintptr_t>loc.p
+    if not writable:
+        (<MemoryKind>mk).impl.copy(host, dev, loc.n)
+    keep = (b, mk, dev)
+    Py_INCREF(keep)
+    loc.bounce = <PyObject*>keep
+    loc.p = <void*>host
+    return 0
 
 
-def _is_device(list kinds, uintptr_t p):
-    for mk in kinds:
-        if mk.impl is not None and mk.impl.classify(p)[0] != GX_MK_HOST:
-            return True
-    return False
+# A device buffer of another kind than the endpoint's segment moves through a
+# host bounce buffer of its size (pageable: the driver stages it): a fallback,
+# bounded so that a mistaken 40 GiB tensor is an error, not an OOM.
+cdef size_t _BOUNCE_MAX = 1 << 30
+
+
+cdef int _finish_local(_Local* loc) except -1:
+    """After a get into a bounced device buffer completed: copy the host bounce
+    out to the device memory."""
+    if loc.bounce != NULL:
+        b, mk, dev = <object>loc.bounce
+        (<MemoryKind>mk).impl.copy(dev, <uintptr_t>loc.p, loc.n)
+    return 0
+
+
+cdef inline object _keep_local(_Local* loc, object buf):
+    """What an operation in flight must keep alive: the bounce, or buf."""
+    return buf if loc.bounce == NULL else (<object>loc.bounce, buf)
 
 
 cdef inline void _drop(Py_buffer* view, _Local* loc) noexcept:
     if loc.held:
         loc.held = False
         PyBuffer_Release(view)
+    if loc.bounce != NULL:
+        Py_DECREF(<object>loc.bounce)
+        loc.bounce = NULL
 
 
 # ---- error reports ------------------------------------------------------------
@@ -193,6 +255,14 @@ cdef int _rma(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* 
               int mode, void** handle, void* stream) except -1 nogil:
     """Run a put/get through the route's RMA path.  The caller has checked the
     rank and bounds (gx_locate gave GX_OK or GX_NOT_MAPPED)."""
+    return _rma_k(tm, rank, is_put, remote, local, n, mode, handle, stream, GX_MK_HOST, -1)
+
+
+cdef int _rma_k(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* local, size_t n,
+                int mode, void** handle, void* stream, int lkind, int ldev) except -1 nogil:
+    """_rma with the local buffer's kind: ``lkind``/``ldev`` name device
+    memory of the endpoint's kind outside its segment (_device_local);
+    GX_MK_HOST: host memory, or the segment's kind where it lies inside it."""
     cdef gx_route* r = tm.routes[rank]
     cdef gx_xfer x
     _xfer_init(&x, &r.rma, r.t, remote, local, n, mode)
@@ -200,7 +270,10 @@ cdef int _rma(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* 
     x.stream = stream
     if mode >= GX_NBI and stream == NULL:
         _mark_unsynced(tm.ep)
-    if gx_in_dev(tm, local, n):
+    if lkind != GX_MK_HOST:
+        x.local_kind = lkind
+        x.local_device = ldev
+    elif gx_in_dev(tm, local, n):
         x.local_kind = tm.ep.seg_kind
         x.local_device = tm.ep.seg_device
     if is_put:
@@ -409,7 +482,7 @@ cdef uintptr_t _stream_handle(object stream) except? 0:
 
 
 cdef int _rma_on_stream(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* local,
-                        size_t n, void* stream) except -1 nogil:
+                        size_t n, void* stream, int lkind=GX_MK_HOST, int ldev=-1) except -1 nogil:
     """Enqueue a put/get on ``stream``: it runs when the stream reaches it, after
     the work enqueued before (the kernels that produced the data), with no host
     synchronisation; the route's transport raises where it cannot order on a
@@ -421,4 +494,4 @@ cdef int _rma_on_stream(const gx_team* tm, int rank, bint is_put, uintptr_t remo
         if is_put:
             return _raise_rc(tm, rank, remote, n, rc, "put_on_stream")
         return _raise_rc(tm, rank, remote, n, rc, "get_on_stream")
-    return _rma(tm, rank, is_put, remote, local, n, GX_NBI, NULL, stream)
+    return _rma_k(tm, rank, is_put, remote, local, n, GX_NBI, NULL, stream, lkind, ldev)

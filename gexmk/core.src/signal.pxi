@@ -457,6 +457,14 @@ cdef int _sig_check(const gx_team* tm, int rank, uintptr_t dest, size_t n, uintp
 cdef int put_signal_slow(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n,
                          uintptr_t sig_addr, uint64_t value, int sig_op, int mode,
                          void** handle, const gx_tr_ops** handle_ops, int rc) except -1 nogil:
+    return _put_signal_k(tm, rank, dest, src, n, sig_addr, value, sig_op, mode, handle,
+                         handle_ops, GX_MK_HOST, -1)
+
+
+cdef int _put_signal_k(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n,
+                       uintptr_t sig_addr, uint64_t value, int sig_op, int mode,
+                       void** handle, const gx_tr_ops** handle_ops, int lkind,
+                       int ldev) except -1 nogil:
     """A put_signal the inline path declined (rc): errors reported, else the
     route's transport.  Where RMA and atomics take one transport, its
     put_signal slot orders them; else the put is completed (blocking) before
@@ -477,9 +485,7 @@ cdef int put_signal_slow(const gx_team* tm, int rank, uintptr_t dest, const void
     # (a table without the slot, e.g. a plug-in older than it, gets the composition)
     if r.rma.ops == r.amo.ops and r.rma.peer == r.amo.peer and r.rma.ops.put_signal != NULL:
         _xfer_init(&x, &r.rma, r.t, dest, <void*>src, n, mode)
-        if gx_in_dev(tm, src, n):
-            x.local_kind = tm.ep.seg_kind
-            x.local_device = tm.ep.seg_device
+        _local_kind(&x, tm, src, n, lkind, ldev)
         x.sig_addr = sig_addr
         x.a.u64 = value
         x.b.u64 = 0
@@ -494,7 +500,7 @@ cdef int put_signal_slow(const gx_team* tm, int rank, uintptr_t dest, const void
         gx_count_add(&r.via[GX_CNT_AMO], 8)
         return 0
     # the generic composition: data complete at the target, then the signal
-    _rma(tm, rank, True, dest, <void*>src, n, GX_BLOCKING, NULL, NULL)
+    _rma_k(tm, rank, True, dest, <void*>src, n, GX_BLOCKING, NULL, NULL, lkind, ldev)
     a.u64 = value
     b.u64 = 0
     if handle_ops != NULL:
@@ -503,9 +509,21 @@ cdef int put_signal_slow(const gx_team* tm, int rank, uintptr_t dest, const void
                 a, b, NULL, mode if mode != GX_NBI_LCNOW else GX_NBI, handle, GX_NOT_MAPPED)
 
 
+cdef inline void _local_kind(gx_xfer* x, const gx_team* tm, const void* src, size_t n,
+                             int lkind, int ldev) noexcept nogil:
+    """x's local kind: given (device memory of the endpoint's kind outside its
+    segment), or the segment's where src lies in it."""
+    if lkind != GX_MK_HOST:
+        x.local_kind = lkind
+        x.local_device = ldev
+    elif gx_in_dev(tm, src, n):
+        x.local_kind = tm.ep.seg_kind
+        x.local_device = tm.ep.seg_device
+
+
 cdef int _put_signal_on_stream(const gx_team* tm, int rank, uintptr_t dest, const void* src,
                                size_t n, uintptr_t sig_addr, uint64_t value, int sig_op,
-                               void* stream) except -1 nogil:
+                               void* stream, int lkind=GX_MK_HOST, int ldev=-1) except -1 nogil:
     """put_signal enqueued on a CUDA stream (NVSHMEM putmem_signal_on_stream):
     the data, then the signal, in stream order with no host synchronisation.
     Only where one path serves both and the target is device memory that this
@@ -525,9 +543,7 @@ cdef int _put_signal_on_stream(const gx_team* tm, int rank, uintptr_t dest, cons
                 "order a signal after the data on a stream (it needs a device segment reached by "
                 "one path that copies on the stream)")
     _xfer_init(&x, &r.rma, r.t, dest, <void*>src, n, GX_NBI)
-    if gx_in_dev(tm, src, n):
-        x.local_kind = tm.ep.seg_kind
-        x.local_device = tm.ep.seg_device
+    _local_kind(&x, tm, src, n, lkind, ldev)
     x.stream = stream
     x.sig_addr = sig_addr
     x.a.u64 = value
@@ -619,22 +635,27 @@ cdef object _signal_issue(Team tm, str sig, object rank, object dest, object src
     _to_val(GX_DT_U64, signal, &v, sig, "signal")
     _take(src, &view, &loc, False, sig, b"src", &tm.c)
     try:
-        rc = gx_put_signal(&tm.c, r, d, loc.p, loc.n, sa, v.u64, so) if loc.n < _NOGIL_BYTES \
-            else GX_NOT_MAPPED
-        if rc == GX_OK:
+        if loc.kind != GX_MK_HOST:
+            # device memory outside the segment: never the inline memcpy
+            rc = GX_NOT_MAPPED if loc.n < _NOGIL_BYTES else GX_OK
+        else:
+            rc = gx_put_signal(&tm.c, r, d, loc.p, loc.n, sa, v.u64, so) if loc.n < _NOGIL_BYTES \
+                else GX_NOT_MAPPED
+        if rc == GX_OK and loc.kind == GX_MK_HOST:
             return None
         tm.client._inflight += 1
         try:
             with nogil:
                 if loc.n >= _NOGIL_BYTES:
-                    rc = gx_put_signal(&tm.c, r, d, loc.p, loc.n, sa, v.u64, so)
+                    rc = gx_put_signal(&tm.c, r, d, loc.p, loc.n, sa, v.u64, so) \
+                        if loc.kind == GX_MK_HOST else GX_NOT_MAPPED
                 if rc != GX_OK:
-                    put_signal_slow(&tm.c, r, d, loc.p, loc.n, sa, v.u64, so, mode,
-                                    &op if mode == GX_NB else NULL, &ops, rc)
+                    _put_signal_k(&tm.c, r, d, loc.p, loc.n, sa, v.u64, so, mode,
+                                  &op if mode == GX_NB else NULL, &ops, loc.kind, loc.device)
         finally:
             tm.client._inflight -= 1
         if op != NULL:
-            return _op_event(tm.client, ops, op, (src, tm), -1)
+            return _op_event(tm.client, ops, op, (_keep_local(&loc, src), tm), -1)
         return None
     finally:
         _drop(&view, &loc)
@@ -654,8 +675,14 @@ cdef object _signal_on_stream(Team tm, object rank, object dest, object src, obj
     _to_val(GX_DT_U64, signal, &v, sig, "signal")
     _take(src, &view, &loc, False, sig, b"src", &tm.c)
     try:
+        if loc.bounce != NULL:
+            raise UnsupportedError(
+                f"{_fn(sig)}: src is device memory of another kind than the device segment "
+                "bound to this team's endpoint (another GPU, or no device segment): a "
+                "stream-ordered copy cannot go through the host bounce buffer such memory takes")
         with nogil:
-            _put_signal_on_stream(&tm.c, r, d, loc.p, loc.n, sa, v.u64, so, s)
+            _put_signal_on_stream(&tm.c, r, d, loc.p, loc.n, sa, v.u64, so, s, loc.kind,
+                                  loc.device)
     finally:
         _drop(&view, &loc)
 

@@ -510,9 +510,13 @@ cdef class Team:
         try:
             r = _as_rank(rank, "put(rank, dest, src)", &self.c)
             d = _as_addr(dest, "put(rank, dest, src)", "dest")
-            self._put(r, d, loc.p, loc.n)
+            if loc.kind == GX_MK_HOST:
+                self._put(r, d, loc.p, loc.n)
+            else:
+                _xfer_dev(self, True, r, d, &loc)
         finally:
             _drop(&view, &loc)
+
 
     cdef object _issue(self, bint is_put, int mode, int rank, uintptr_t addr, object buf):
         """Start a put or get of ``buf`` that need not complete on return.
@@ -531,16 +535,23 @@ cdef class Team:
             return _vis_run(self, _array_req(self, rank, addr, buf, is_put, _issue_sig(is_put, mode)),
                             rank, is_put, mode)
         try:
+            if loc.bounce != NULL and not is_put:
+                # a get into device memory of another kind: through the host
+                # bounce, complete on return (then copied out to the device)
+                self._get(loc.p, rank, addr, loc.n)
+                _finish_local(&loc)
+                return None
             rc = gx_locate(&self.c, rank, addr, loc.n, &p, &r)
-            if rc == GX_OK and gx_in_dev(&self.c, loc.p, loc.n):
+            if rc == GX_OK and (loc.kind != GX_MK_HOST or gx_in_dev(&self.c, loc.p, loc.n)):
                 rc = GX_NOT_MAPPED
             if rc == GX_NOT_MAPPED:
                 with nogil:
-                    _rma(&self.c, rank, is_put, addr, loc.p, loc.n, mode, &op, NULL)
+                    _rma_k(&self.c, rank, is_put, addr, loc.p, loc.n, mode, &op, NULL,
+                           loc.kind, loc.device)
                 if op != NULL:
-                    return _op_event(self.client, r.rma.ops, op, (buf, self), -1)
+                    return _op_event(self.client, r.rma.ops, op, (_keep_local(&loc, buf), self), -1)
                 if mode == GX_NBI:       # held until the endpoint's next sync of its category
-                    (self.ep._keep_put if is_put else self.ep._keep_get).append(buf)
+                    (self.ep._keep_put if is_put else self.ep._keep_get).append(_keep_local(&loc, buf))
                 return None
             if is_put:
                 self._put(rank, addr, loc.p, loc.n)
@@ -616,7 +627,11 @@ cdef class Team:
         try:
             r = _as_rank(rank, "get(dest, rank, src)", &self.c)
             s = _as_addr(src, "get(dest, rank, src)", "src")
-            self._get(loc.p, r, s, loc.n)
+            if loc.kind == GX_MK_HOST:
+                self._get(loc.p, r, s, loc.n)
+                _finish_local(&loc)
+            else:
+                _xfer_dev(self, False, r, s, &loc)
         finally:
             _drop(&view, &loc)
 
@@ -838,8 +853,14 @@ cdef class Team:
             _array_xfer(self, is_put, GX_NBI, r, a, buf, None, sig, stream)
             return
         try:
+            if loc.bounce != NULL:
+                raise UnsupportedError(
+                    f"{_fn(sig)}: {'src' if is_put else 'dest'} is device memory of another kind "
+                    "than the device segment bound to this team's endpoint (another GPU, or no "
+                    "device segment): a stream-ordered copy cannot go through the host bounce "
+                    "buffer such memory takes; use a buffer on the endpoint's GPU")
             with nogil:
-                _rma_on_stream(&self.c, r, is_put, a, loc.p, loc.n, s)
+                _rma_on_stream(&self.c, r, is_put, a, loc.p, loc.n, s, loc.kind, loc.device)
         finally:
             _drop(&view, &loc)
 
@@ -1016,3 +1037,20 @@ cdef inline int _put_val(Team tm, str sig, object rank, object dest, object valu
     return tm._put(r, d, &v, n)
 
 
+cdef int _xfer_dev(Team self, bint is_put, int rank, uintptr_t addr, _Local* loc) except -1:
+    """A blocking put/get whose local side is device memory of the
+    endpoint's kind outside its segment: never the inline memcpy, always
+    the route's path (which copies with the kind's copy engine)."""
+    cdef char* p
+    cdef gx_route* r
+    cdef int rc = gx_locate(&self.c, rank, addr, loc.n, &p, &r)
+    if rc != GX_OK and rc != GX_NOT_MAPPED:
+        return _raise_rc(&self.c, rank, addr, loc.n, rc, "put" if is_put else "get")
+    self.client._inflight += 1
+    try:
+        with nogil:
+            _rma_k(&self.c, rank, is_put, addr, loc.p, loc.n, GX_BLOCKING, NULL, NULL,
+                   loc.kind, loc.device)
+    finally:
+        self.client._inflight -= 1
+    return 0

@@ -134,35 +134,66 @@ cdef int _local_list(_VisReq q, object lst, Py_ssize_t n, str sig, str name, Py_
                 q.la[i] = _as_addr(item, sig, f"{name}[{i}]", ArgumentError)
                 q.ln[i] = <size_t>fixed
                 continue
-            if _take(item, &view, &loc, writable, sig, f"{name}[{i}]".encode(), tm) == 1:
+            if _take(item, &view, &loc, writable, sig, f"{name}[{i}]".encode(), tm, True) == 1:
                 raise TypeError(f"{_fn(sig)}: {name}[{i}] is not contiguous; a block of a vector "
                                 "or indexed transfer is one contiguous buffer (pass a "
                                 "non-contiguous array to put/get, or use put_strided)")
+            bounced = loc.bounce != NULL
+            if loc.kind != GX_MK_HOST:
+                q.lkind = loc.kind
+                q.ldev = loc.device
+                ndev += 1
             _drop(&view, &loc)
+            if bounced:
+                raise UnsupportedError(
+                    f"{_fn(sig)}: {name}[{i}] is device memory of another kind than the device "
+                    f"segment bound to endpoint {tm.ep.index}; VIS blocks move without host "
+                    "bounces: bind a device segment of that GPU to the endpoint")
             if fixed >= 0 and loc.n != <size_t>fixed:
                 raise ArgumentError(f"{_fn(sig)}: {name}[{i}] has {loc.n} bytes; every block of "
                                     f"this indexed list has {fixed}")
             q.la[i] = <uintptr_t>loc.p
             q.ln[i] = loc.n
             q.keep.append(item)
+    cdef size_t nseg = 0
     for i in range(n):
         if q.la[i] == 0 and q.ln[i] != 0:
             raise ArgumentError(f"{_fn(sig)}: {name}[{i}] address is NULL")
         if gx_in_dev(tm, <void*>q.la[i], q.ln[i]):
-            ndev += 1
-    if ndev and ndev != <size_t>n:
-        raise ArgumentError(f"{_fn(sig)}: {name} mixes blocks in the endpoint's device segment "
-                            "with host blocks; one call's local blocks are all of one memory")
-    if ndev:
+            nseg += 1
+    if nseg:
         q.lkind = tm.ep.seg_kind
         q.ldev = tm.ep.seg_device
-    elif _device_kinds and fixed >= 0:
-        # addresses given as ints: a device address outside the segment is refused
+    elif ndev == 0 and _device_kinds and fixed >= 0 and n:
+        # addresses given as ints: device memory of the endpoint's kind, or host
         for i in range(n):
-            loc.p = <void*>q.la[i]
-            loc.n = q.ln[i]
-            _refuse_device(&loc, sig, name.encode(), tm)
+            ndev += _vis_local_kind(q, <void*>q.la[i], q.ln[i], sig, f"{name}[{i}]", tm, False)
+    if (nseg + ndev) and nseg + ndev != <size_t>n:
+        raise ArgumentError(f"{_fn(sig)}: {name} mixes device blocks with host blocks; one "
+                            "call's local blocks are all of one memory")
     return 0
+
+
+cdef int _vis_local_kind(_VisReq q, void* p, size_t n, str sig, str name, const gx_team* tm,
+                         bint known) except -1:
+    """Classify local VIS memory outside the endpoint's device segment: 0 host;
+    1 device memory of the endpoint's own kind (the route's path copies it, as
+    for put/get); device memory of another kind raises (put/get move it
+    through a host bounce per call; VIS does not bounce its blocks)."""
+    if n == 0 or _client is None or not (_device_kinds or known):
+        return 0
+    mk = (<Client>_client)._kind_of_pointer(<uintptr_t>p, known)
+    if mk is None:
+        return 0
+    seg = (<Team>tm.owner).ep.segment if tm.owner != NULL else None
+    if seg is not None and (<Segment>seg).kind is mk:
+        q.lkind = (<MemoryKind>mk).cls
+        q.ldev = (<MemoryKind>mk).device
+        return 1
+    raise UnsupportedError(
+        f"{_fn(sig)}: {name} is device memory of {mk!r}, not of the kind of the device segment "
+        f"bound to endpoint {tm.ep.index}; VIS blocks move without host bounces: bind a device "
+        "segment of that GPU to the endpoint (or use put/get, which bounce)")
 
 
 cdef int _check_blocks(_VisReq q, const gx_team* tm, int rank, str sig, str name) except -1:
@@ -408,14 +439,12 @@ cdef object _strided(Team tm, bint is_put, int mode, object rank, object dest, o
     tm.check_alive()
     _vis_extent(v, False, &lo, &hi)
     if type(local) is int or (type(local) is not tuple and not PyObject_CheckBuffer(local)
-                              and not hasattr(local, "__cuda_array_interface__")):
+                              and not _is_device_array(local)):
         v.lbase = <char*>_as_addr(local, sig, lname, ArgumentError)
         if v.lbase == NULL:
             raise ArgumentError(f"{_fn(sig)}: {lname} address is NULL")
-        loc.p = v.lbase + lo
-        loc.n = <size_t>(hi - lo)
-        if not gx_in_dev(&tm.c, loc.p, loc.n) and _device_kinds:
-            _refuse_device(&loc, sig, lname.encode(), &tm.c)
+        if not gx_in_dev(&tm.c, v.lbase + lo, <size_t>(hi - lo)):
+            _vis_local_kind(q, v.lbase + lo, <size_t>(hi - lo), sig, lname, &tm.c, False)
     else:
         if _take(local, &view, &loc, not is_put, sig, lname.encode(), &tm.c, True) == 1:
             # a non-contiguous array: the shape starts at its first element and
@@ -426,6 +455,15 @@ cdef object _strided(Team tm, bint is_put, int mode, object rank, object dest, o
                                     f"from its first element; the array spans [{alo}, {ahi})")
             loc.p = <void*><uintptr_t>_array_first(local, not is_put, f"{_fn(sig)}: {lname}")
         else:
+            if loc.bounce != NULL:         # device memory of another kind: no bounces in VIS
+                _drop(&view, &loc)
+                raise UnsupportedError(
+                    f"{_fn(sig)}: {lname} is device memory of another kind than the device "
+                    f"segment bound to endpoint {tm.ep.index}; VIS moves without host bounces: "
+                    "bind a device segment of that GPU to the endpoint")
+            if loc.kind != GX_MK_HOST:
+                q.lkind = loc.kind
+                q.ldev = loc.device
             _drop(&view, &loc)
             if lo < 0 or <size_t>hi > loc.n:
                 raise ArgumentError(f"{_fn(sig)}: the strided {lname} spans bytes [{lo}, {hi}) "
@@ -435,10 +473,8 @@ cdef object _strided(Team tm, bint is_put, int mode, object rank, object dest, o
     if gx_in_dev(&tm.c, v.lbase + lo, <size_t>(hi - lo)):
         q.lkind = tm.ep.seg_kind
         q.ldev = tm.ep.seg_device
-    elif hasattr(local, "__cuda_array_interface__") and not PyObject_CheckBuffer(local):
-        loc.p = v.lbase + lo
-        loc.n = <size_t>(hi - lo)
-        _refuse_device(&loc, sig, lname.encode(), &tm.c, True)
+    elif q.lkind == GX_MK_HOST and _is_device_array(local) and not PyObject_CheckBuffer(local):
+        _vis_local_kind(q, v.lbase + lo, <size_t>(hi - lo), sig, lname, &tm.c, True)
     n = gx_vis_elems(v) * v.elem
     v.total = n
     _check_strided(v, &tm.c, r, sig, "dest" if is_put else "src")

@@ -139,11 +139,9 @@ cdef _VisReq _array_req(Team tm, int rank, uintptr_t addr, object obj, bint is_p
     if total and gx_in_dev(&tm.c, v.lbase + lo, <size_t>(hi - lo)):
         q.lkind = tm.ep.seg_kind
         q.ldev = tm.ep.seg_device
-    elif total and (hasattr(obj, "__cuda_array_interface__") or _device_kinds):
-        loc.p = v.lbase + lo
-        loc.n = <size_t>(hi - lo)
-        _refuse_device(&loc, sig, b"src" if is_put else b"dest", &tm.c,
-                       hasattr(obj, "__cuda_array_interface__") and not PyObject_CheckBuffer(obj))
+    elif total:
+        _vis_local_kind(q, v.lbase + lo, <size_t>(hi - lo), sig, "src" if is_put else "dest",
+                        &tm.c, _is_device_array(obj) and not PyObject_CheckBuffer(obj))
     q.keep.append(obj)
     if total == 0:
         _check_blocks(q, &tm.c, rank, sig, "dest" if is_put else "src")

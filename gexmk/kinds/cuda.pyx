@@ -64,7 +64,8 @@ import weakref
 from gexmk.errors import CUDAError, ArgumentError, StateError, UnsupportedError
 
 __all__ = ["CudaKind", "Allocation", "cuda_array_interface", "dlpack_capsule", "dlpack_device",
-           "probe", "DeviceBuffer", "driver_version", "atomic_ptx"]
+           "probe", "DeviceBuffer", "driver_version", "atomic_ptx", "pointer_attributes",
+           "dlpack_range"]
 
 
 include "cuda.src/check.pxi"

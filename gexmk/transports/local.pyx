@@ -38,7 +38,7 @@ from gexmk.transports import fdpass
 
 from libc.errno cimport errno, EPERM, ESRCH, EFAULT
 from libc.stdint cimport uintptr_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc
+from libc.stdlib cimport calloc, malloc, free
 from libc.string cimport memcpy, memset
 from posix.stdlib cimport posix_memalign
 from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED
@@ -224,13 +224,44 @@ cdef int _pvm_error(gx_target* t, int err, str what) except -1 with gil:
     raise OSError(err, f"{what}: process_vm_* on job rank {t.jobrank}: {os.strerror(err)}")
 
 
+cdef int _pvm_device(gx_xfer* x, bint write) except -1 nogil:
+    """A pvm put/get whose local side is device memory of the endpoint's kind:
+    through a host buffer (process_vm_* moves host memory only)."""
+    cdef lp_ep* ep = <lp_ep*>x.ep
+    cdef void* dev = x.local
+    cdef void* tmp
+    if ep == NULL or ep.k.ops == NULL:
+        with gil:
+            raise UnsupportedError("pvm: a device buffer needs the initiating endpoint's device "
+                                   "kind to copy it through host memory")
+    tmp = malloc(x.n if x.n else 1)
+    if tmp == NULL:
+        with gil:
+            raise MemoryError(f"pvm: no host bounce buffer of {x.n} bytes for a device buffer")
+    x.local_kind = GX_MK_HOST
+    x.local = tmp
+    try:
+        if write:
+            ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>tmp, <uintptr_t>dev, x.n)
+            _pvm(x, True)
+        else:
+            _pvm(x, False)
+            ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>dev, <uintptr_t>tmp, x.n)
+    finally:
+        x.local = dev
+        free(tmp)
+    return 0
+
+
 cdef int _pvm(gx_xfer* x, bint write) except -1 nogil:
     """Cross-process copy into/out of a peer's segment, by address."""
     cdef iovec liov, riov
-    if x.stream != NULL or x.local_kind != GX_MK_HOST:
+    if x.stream != NULL:
         with gil:
             raise UnsupportedError("pvm: process_vm copies host memory on the calling thread; it "
-                                   "cannot read device buffers or order on a stream")
+                                   "cannot order on a stream")
+    if x.local_kind != GX_MK_HOST:
+        return _pvm_device(x, write)
     cdef ssize_t got
     cdef size_t n = x.n
     cdef char* local = <char*>x.local
@@ -278,8 +309,20 @@ cdef int _pvm_vis(gx_xfer* x) except -1 nogil:
     cdef ssize_t got
     cdef bint write = x.op != 0
     cdef gx_xfer one
-    if x.stream != NULL or x.local_kind != GX_MK_HOST:
+    if x.stream != NULL:
         return _pvm(x, write)          # raises, naming what pvm cannot do
+    if x.local_kind != GX_MK_HOST:     # device blocks: each through _pvm's device bounce
+        one = x[0]
+        one.vis = NULL
+        one.handle = NULL
+        for i in range(v.nfrags):
+            if v.frags[i].n:
+                one.local = v.frags[i].local
+                one.remote = v.frags[i].remote
+                one.n = v.frags[i].n
+                _pvm(&one, write)
+        _done(x)
+        return 0
     while i < v.nfrags:
         k = 0
         want = 0

@@ -107,6 +107,7 @@ class Memory:
     gpu: bool = False
     readonly: bool = False    # cannot be a get's destination
     segment: str = ""         # local memory inside the bound segment of this target memory's EP
+    ep: str = ""              # outside every segment, initiated from this target memory's EP
 
 
 #: Local sides of an operation.
@@ -125,7 +126,10 @@ LOCAL = [
            gpu=True, segment="vmm"),
     Memory("devseg-strided", "device", "a non-contiguous CuPy view (every other byte) of the "
            "initiator's VMM device segment", gpu=True, segment="vmm"),
-    Memory("cupy", "device", "a CuPy array outside every segment (cudaMalloc)", gpu=True),
+    Memory("cupy", "device", "a CuPy array outside every segment (cudaMalloc), from an EP with a "
+           "host segment (a host bounce)", gpu=True),
+    Memory("cupy-devep", "device", "a CuPy array outside every segment, from the EP bound to the "
+           "VMM device segment of its GPU (that kind's copy engine)", gpu=True, ep="vmm"),
     Memory("pool", "device", "stream-ordered pool memory (cuMemAllocAsync) outside every segment",
            gpu=True),
     Memory("torch", "device", "a PyTorch tensor (expandable segments) outside every segment",
@@ -273,7 +277,11 @@ class Refusal:
 def expected_path(path, target, local):
     """The path name ``tm.paths`` must give: by (target, local memory) where the table
     distinguishes them (a device-bound initiating endpoint may take another path), else
-    by target memory, else by its class."""
+    by target memory, else by its class.  Device memory outside the segment of a
+    device-bound endpoint takes that endpoint's paths, as its segment does."""
+    mem = LOCAL_BY.get(local)
+    if mem is not None and mem.cls == "device" and mem.ep:
+        local = next(m.name for m in LOCAL if m.segment == mem.ep)
     for key in ((target.name, local), target.name, (target.cls, local), target.cls):
         if key in path.expect:
             return path.expect[key]
@@ -329,11 +337,12 @@ def _expect_gpu(path, op, local, target, route, gpus, cell_size):
                            "the interface refuses and names from_dlpack")
         return None
     dev_local = local is not None and local.cls == "device"
-    dev_ep = local is not None and local.segment == "vmm"     # the initiating EP is device-bound
-    if dev_local and not local.segment and op in RMA_OP and SIZES[cell_size] > 0:
-        return Refusal("ArgumentError", "outside",
-                       "local device memory must lie in the endpoint's device segment "
-                       "(GASNet-EX's rule; issue 20 lifts it)")
+    # the initiating EP is device-bound
+    dev_ep = local is not None and "vmm" in (local.segment, local.ep)
+    if dev_local and not dev_ep and op in _ON_STREAM and SIZES[cell_size] > 0:
+        return Refusal("UnsupportedError", "bounce",
+                       "device memory of another kind than the EP's segment moves through a host "
+                       "bounce buffer, which a stream cannot order")
     if op in _ON_STREAM:
         if route in ("pvm", "ofi", "ofi-staged"):
             return Refusal("UnsupportedError", "stream", "this path cannot order on a CUDA stream")
@@ -352,8 +361,6 @@ def _expect_gpu(path, op, local, target, route, gpus, cell_size):
             return Refusal("UnsupportedError", "device segment",
                            "stream-ordered RMA to host memory runs on the initiating endpoint's "
                            "device kind")
-    if dev_local and route == "pvm" and SIZES[cell_size] > 0:
-        return Refusal("UnsupportedError", "device", "process_vm copies host memory only")
     return None
 
 

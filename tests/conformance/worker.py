@@ -159,7 +159,7 @@ class Local:
             v[base:base + len(full)] = full
             self.host = v[base:base + len(full)]
             self.obj = self.host[g:g + n]
-        elif name in ("devseg", "devseg-strided", "cupy", "pool", "torch"):
+        elif name in ("devseg", "devseg-strided", "cupy", "cupy-devep", "pool", "torch"):
             gpu = job.gpu
             cp = gpu.cp
             if name == "devseg-strided":
@@ -174,7 +174,7 @@ class Local:
                 tgt.write(T.REGION, full)
                 self.dev = tgt.view()[T.REGION:T.REGION + len(full)]
                 self.obj = (tgt.seg.address + T.REGION + g, n)
-            elif name == "cupy":
+            elif name in ("cupy", "cupy-devep"):
                 self.dev = cp.asarray(full)
                 self.obj = self.dev[g:g + n]
             elif name == "pool":
@@ -305,7 +305,8 @@ class Job:
         is_init = self.me == self.init_rank
         is_target = self.me == self.target_rank
         lmem = T.LOCAL_BY.get(cell["local"])
-        local_ep = T.TARGET_EP[lmem.segment] if lmem is not None and lmem.segment else 0
+        local_ep = T.TARGET_EP[lmem.segment or lmem.ep] if lmem is not None \
+            and (lmem.segment or lmem.ep) else 0
         tm = self.team(local_ep, tname)
         peer = self.target_rank
         # the target's region before: canary for puts, known data for gets

@@ -130,3 +130,28 @@ def dlpack_capsule(addr, nbytes, device, owner):
     except BaseException:
         _dl_deleter(&h.t)
         raise
+
+
+def dlpack_range(obj) -> tuple:
+    """``(pointer, nbytes, device_type, device_id)`` of a C-contiguous DLPack
+    array (``obj.__dlpack__()``'s "dltensor" capsule, read and given back
+    unconsumed: its deleter runs when the capsule goes).  Its memory stays
+    valid while ``obj`` lives.  ArgumentError for a non-contiguous array."""
+    capsule = obj.__dlpack__()
+    if not PyCapsule_IsValid(capsule, b"dltensor"):
+        raise ArgumentError(f"{type(obj).__name__}.__dlpack__() did not return a 'dltensor' capsule")
+    cdef DLManagedTensor* m = <DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
+    cdef DLTensor* t = &m.dl_tensor
+    cdef int i
+    cdef int64_t expect
+    cdef size_t item = (<size_t>t.dtype.bits * t.dtype.lanes + 7) // 8
+    cdef size_t n = item
+    for i in range(t.ndim):
+        n *= <size_t>t.shape[i]
+    if t.strides != NULL and n:
+        expect = 1
+        for i in range(t.ndim - 1, -1, -1):
+            if t.shape[i] > 1 and t.strides[i] != expect:
+                raise ArgumentError(f"{type(obj).__name__}: the DLPack array is not C-contiguous")
+            expect *= t.shape[i]
+    return (<uintptr_t>t.data + t.byte_offset, n, t.device.device_type, t.device.device_id)

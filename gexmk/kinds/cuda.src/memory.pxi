@@ -94,6 +94,11 @@ cdef int _home_device(uintptr_t addr) noexcept nogil:
     return home
 
 
+# GEXMK_CUDA_GRANT_HOME=0 leaves imported mappings with access for the importer's
+# GPU only (CuPy views of another GPU's memory are then refused, not granted)
+cdef bint _grant_home = os.environ.get("GEXMK_CUDA_GRANT_HOME", "1") != "0"
+
+
 cdef int _grant_home_device(CudaCtx* k, uintptr_t addr, size_t size) except -1 nogil:
     """Give an imported mapping access for the GPU its memory lives on too, where
     that is another device of this process: array libraries that read pointer
@@ -101,8 +106,11 @@ cdef int _grant_home_device(CudaCtx* k, uintptr_t addr, size_t size) except -1 n
     device without access faults on a context nobody synchronises.  The mapping
     exists only where the two GPUs have peer access, so the driver grants it; if
     it does not, nothing changes (cuda_array_interface refuses such views)."""
-    cdef int home = _home_device(addr)
+    cdef int home
     cdef CUmemAccessDesc desc
+    if not _grant_home:
+        return 0
+    home = _home_device(addr)
     if home < 0 or home == k.ordinal:
         return 0
     memset(&desc, 0, sizeof(desc))
@@ -301,6 +309,33 @@ cdef int _pointer_info(uintptr_t p, unsigned long long* memtype, unsigned long l
     attrs[5] = cydriver.CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE; data[5] = ipc
     return check("cuPointerGetAttributes",
                  cydriver.cuPointerGetAttributes(6, attrs, data, <CUdeviceptr>p))
+
+
+def pointer_attributes(ptr) -> dict:
+    """What the driver says of the memory at ``ptr``, with no kind needed:
+    ``{"memory": "device" | "host" | "managed" | "unknown", "device": ordinal
+    or -1, "context": CUcontext as int (0 when none), "pool": bool (stream-
+    ordered pool memory), "legacy_ipc": bool}``.  Host pointers the driver does
+    not know are ``"unknown"``.  Raises UnsupportedError without a driver."""
+    cdef uintptr_t p = _index(ptr, "ptr", 0, _UINTPTR_MAX)
+    cdef unsigned long long memtype = 0, ordinal = 0, ctx = 0, managed = 0, pool = 0, ipc = 0
+    cdef CUresult rc
+    driver_version()                 # UnsupportedError where there is no driver
+    with nogil:
+        rc = cydriver.cuInit(0)
+        if rc == CUDA_SUCCESS:
+            _pointer_info(p, &memtype, &ordinal, &ctx, &managed, &pool, &ipc)
+    check("cuInit", rc)
+    if managed:
+        mem = "managed"
+    elif memtype == cydriver.CU_MEMORYTYPE_DEVICE:
+        mem = "device"
+    elif memtype == cydriver.CU_MEMORYTYPE_HOST:
+        mem = "host"
+    else:
+        mem = "unknown"
+    return {"memory": mem, "device": <int>ordinal if mem in ("device", "managed") else -1,
+            "context": <uintptr_t>ctx, "pool": bool(pool), "legacy_ipc": bool(ipc)}
 
 
 cdef int _mapping_range(uintptr_t p, uintptr_t* base, size_t* size) except -1 nogil:

@@ -179,7 +179,7 @@ def probe() -> dict:
 cdef class DeviceBuffer:
     """*nbytes* of device memory on CUDA device *device*, from ``cuMemAlloc``
     in the device's primary context -- for probes such as
-    :func:`gexmk.ofi.hmem_cuda_registration`, not a segment.
+    :func:`gexmk.fabric_probe.hmem_cuda_registration`, not a segment.
 
     The primary context is retained for the buffer's lifetime and made
     current on the creating thread.  ``ptr`` is the device address (int).

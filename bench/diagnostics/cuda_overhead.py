@@ -1,7 +1,7 @@
 """Where an 8 B synchronous device operation's time goes, layer by layer, in one
 process (a diagnostic beside bench/cuda_nbrhd.py):
 
-    python -P bench/cuda_overhead.py [--iters 2000]
+    python -P bench/diagnostics/cuda_overhead.py [--iters 2000]
 
 Each line is the median of --iters calls, all in this process on device 0:
   driver      cuda.bindings cuMemcpyHtoDAsync from pinned memory + cuStreamSynchronize

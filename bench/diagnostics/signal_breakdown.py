@@ -1,6 +1,6 @@
 """Where the time of a put_signal + wait_until ping-pong goes (2 ranks, one node).
 
-    python bench/signal_breakdown.py [--iters 200] [--batch-us 200] [--json]
+    python bench/diagnostics/signal_breakdown.py [--iters 200] [--batch-us 200] [--json]
                                      [--transport auto|ofi] [--provider 'tcp;ofi_rxm']
                                      [--legs-only] [--repeat N]
 
@@ -47,7 +47,7 @@ import tempfile
 import time
 from itertools import repeat
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # bench/
 STOP = 2**63
 
 

@@ -1,0 +1,228 @@
+"""A GPU user's paths (issue 20): any device memory of the process as the local
+side of every operation, kinds inferred from the array, and the errors where
+no path exists.  One process here (loopback paths); the conformance matrix
+runs the same memories across processes and paths.  GPU tests skip cleanly
+without a driver; the CPU tests check what a GPU-less machine says."""
+import numpy as np
+import pytest
+
+import gexmk
+from gexmk import errors as E
+
+from test_cuda_segments import HAVE_GPU, PROBE, MiB, gpu, needs_gpu
+
+
+class _FakeCAI:
+    """A CUDA array interface over a pointer the driver does not know."""
+
+    def __init__(self, ptr, n):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 3}
+
+
+def test_device_array_the_driver_does_not_know_is_refused(client):
+    """A CUDA array interface whose pointer no driver knows: a clear error, on
+    a machine with or without a GPU, never a CPU copy of it."""
+    seg = client.segment_attach(MiB)
+    buf = np.zeros(64, np.uint8)
+    fake = _FakeCAI(buf.ctypes.data, 64)
+    with pytest.raises((E.ArgumentError, E.UnsupportedError)):
+        client.tm.put(0, seg.address, fake)
+    with pytest.raises((E.ArgumentError, E.UnsupportedError)):
+        client.segment_create(buffer=fake)
+
+
+@pytest.fixture
+def cupy():
+    if not HAVE_GPU:
+        pytest.skip("no NVIDIA driver or device on this machine")
+    return pytest.importorskip("cupy")
+
+
+@gpu
+@needs_gpu
+def test_segment_create_infers_the_kind_of_a_cupy_array(client, cupy):
+    arr = cupy.arange(MiB, dtype=cupy.uint8)
+    seg = client.segment_create(buffer=arr)
+    assert seg.kind.name == "cuda_uva" and seg.kind.device == arr.device.id
+    assert seg.address == arr.data.ptr and seg.size == MiB
+    again = client.segment_create(buffer=cupy.zeros(4096, cupy.uint8))
+    assert again.kind is seg.kind                    # the process's kind for that GPU, reused
+    # the explicit kind is checked against what the pointer says
+    if PROBE.get("device_count", 0) > 1:
+        other = client.mk_create(gexmk.CUDA_UVA, 1 - arr.device.id)
+        with pytest.raises(E.ArgumentError, match="device"):
+            client.segment_create(buffer=arr, kind=other)
+    ep = client.ep_create()
+    ep.bind_segment(seg)
+    client.tm.publish_bound_segment([ep])
+    back = np.zeros(64, np.uint8)
+    client.ep(0).pair(ep.index).get(back, 0, seg.address + 100)
+    assert (back == np.arange(100, 164, dtype=np.uint8)).all()
+
+
+@gpu
+@needs_gpu
+def test_managed_memory_cannot_be_a_segment_but_can_be_a_source(client, cupy):
+    seg = client.segment_attach(MiB)
+    mem = cupy.cuda.malloc_managed(4096)
+    arr = cupy.ndarray(4096, cupy.uint8, mem)
+    arr[...] = 9
+    cupy.cuda.runtime.deviceSynchronize()
+    with pytest.raises(E.ArgumentError, match="managed"):
+        client.segment_create(buffer=arr)
+    client.tm.put(0, seg.address, arr)               # the CPU reaches managed memory
+    assert (np.asarray(seg)[:4096] == 9).all()
+
+
+def _host_and_device_eps(client, n=4 * MiB):
+    mk = client.mk_create(gexmk.CUDA_UVA, 0)
+    hseg = client.segment_attach(n)                  # EP 0: host segment
+    ep1 = client.ep_create()
+    dseg = client.segment_create(n, kind=mk)
+    ep1.bind_segment(dseg)
+    client.tm.publish_bound_segment([ep1])
+    return mk, hseg, ep1, dseg
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("nbytes", [8, 4096, 3 * MiB + 7])
+def test_any_cupy_array_as_local_side_of_every_form(client, cupy, nbytes):
+    """A CuPy array outside every segment, from the device-bound EP (its
+    kind's copy engine) and from the host-bound EP (a host bounce), into host
+    and device targets, blocking / NB / NBI, put and get."""
+    mk, hseg, ep1, dseg = _host_and_device_eps(client)
+    rng = np.random.default_rng(nbytes)
+    data = rng.integers(0, 256, nbytes, dtype=np.uint8)
+    from_dev_ep = {"host": ep1.pair(0), "device": ep1.pair(1)}
+    from_host_ep = {"host": client.ep(0).pair(0), "device": client.ep(0).pair(1)}
+    base = {"host": hseg.address, "device": dseg.address}
+    reader = {"host": client.ep(0).pair(0), "device": client.ep(0).pair(1)}
+    for who, teams in (("device EP", from_dev_ep), ("host EP", from_host_ep)):
+        for tgt in ("host", "device"):
+            tm = teams[tgt]
+            for form in ("blocking", "nb", "nbi"):
+                src = cupy.asarray(data)
+                cupy.cuda.runtime.deviceSynchronize()
+                reader[tgt].put(0, base[tgt], np.zeros(nbytes, np.uint8))
+                if form == "blocking":
+                    tm.put(0, base[tgt], src)
+                elif form == "nb":
+                    tm.put_nb(0, base[tgt], src, lc=gexmk.LC_DEFER).wait()
+                else:
+                    tm.put_nbi(0, base[tgt], src, lc=gexmk.LC_GROUP)
+                    gexmk.nbi_wait()
+                back = np.zeros(nbytes, np.uint8)
+                reader[tgt].get(back, 0, base[tgt])
+                assert (back == data).all(), (who, tgt, form, "put")
+                dst = cupy.zeros(nbytes, cupy.uint8)
+                if form == "blocking":
+                    tm.get(dst, 0, base[tgt])
+                elif form == "nb":
+                    tm.get_nb(dst, 0, base[tgt]).wait()
+                else:
+                    tm.get_nbi(dst, 0, base[tgt])
+                    gexmk.nbi_wait()
+                assert (dst.get() == data).all(), (who, tgt, form, "get")
+
+
+@gpu
+@needs_gpu
+def test_put_signal_and_streams_from_a_cupy_array(client, cupy):
+    mk, hseg, ep1, dseg = _host_and_device_eps(client)
+    tm = ep1.pair(1)
+    s = cupy.cuda.Stream(non_blocking=True)
+    src = cupy.zeros(4096, cupy.uint8)
+    with s:
+        src.fill(5)                                  # produced by a kernel on s
+    tm.put_on_stream(0, dseg.address + 8192, src, s)
+    tm.put_signal_on_stream(0, dseg.address + 16384, src, dseg.address, 1, gexmk.SIGNAL_SET, s)
+    s.synchronize()
+    back = np.zeros(4096, np.uint8)
+    client.ep(0).pair(1).get(back, 0, dseg.address + 8192)
+    assert (back == 5).all()
+    client.ep(0).pair(1).get(back, 0, dseg.address + 16384)
+    assert (back == 5).all()
+    assert client.ep(0).pair(1).get_val(0, dseg.address) == 1
+    tm.put_signal(0, dseg.address + 4096, src, dseg.address + 8, 3, gexmk.SIGNAL_ADD)
+    tm.quiet()
+    assert client.ep(0).pair(1).get_val(0, dseg.address + 8) == 3
+    # a stream form from the host-bound EP cannot order through its host bounce
+    with pytest.raises(E.UnsupportedError, match="bounce"):
+        client.ep(0).pair(1).put_on_stream(0, dseg.address, src, s)
+
+
+@gpu
+@needs_gpu
+def test_torch_tensor_and_raw_pointer_as_local_side(client):
+    torch = pytest.importorskip("torch")
+    mk, hseg, ep1, dseg = _host_and_device_eps(client)
+    t = torch.arange(256, dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()
+    ep1.pair(0).put(0, hseg.address, t)
+    assert (np.asarray(hseg)[:256] == np.arange(256, dtype=np.uint8)).all()
+    # (pointer, nbytes) of device memory once the process has a device kind
+    client.ep(0).pair(0).put(0, hseg.address + 4096, (t.data_ptr(), 256))
+    assert (np.asarray(hseg)[4096:4352] == np.arange(256, dtype=np.uint8)).all()
+
+
+@gpu
+@needs_gpu
+def test_cupy_array_on_another_gpu(client, cupy):
+    if PROBE.get("device_count", 0) < 2:
+        pytest.skip("needs two GPUs")
+    mk, hseg, ep1, dseg = _host_and_device_eps(client)
+    with cupy.cuda.Device(1):
+        src = cupy.full(MiB, 3, cupy.uint8)
+        cupy.cuda.runtime.deviceSynchronize()
+    ep1.pair(1).put(0, dseg.address, src)            # GPU 1 array, EP of GPU 0: bounced
+    back = np.zeros(MiB, np.uint8)
+    client.ep(0).pair(1).get(back, 0, dseg.address)
+    assert (back == 3).all()
+    with cupy.cuda.Device(1):
+        dst = cupy.zeros(MiB, cupy.uint8)
+    ep1.pair(1).get(dst, 0, dseg.address)
+    assert int(dst.sum()) == 3 * MiB
+
+
+class _DLPackOnly:
+    """A device array seen only through DLPack (as JAX arrays are)."""
+
+    def __init__(self, arr):
+        self._arr = arr
+
+    def __dlpack__(self, stream=None):
+        return self._arr.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._arr.__dlpack_device__()
+
+
+@gpu
+@needs_gpu
+def test_dlpack_only_arrays_as_local_side_and_segment(client, cupy):
+    mk, hseg, ep1, dseg = _host_and_device_eps(client)
+    src = cupy.arange(4096, dtype=cupy.uint8)
+    cupy.cuda.runtime.deviceSynchronize()
+    ep1.pair(0).put(0, hseg.address, _DLPackOnly(src))
+    assert (np.asarray(hseg)[:4096] == np.arange(4096, dtype=np.uint8)).all()
+    seg = client.segment_create(buffer=_DLPackOnly(cupy.zeros(1 << 21, cupy.uint8)))
+    assert seg.kind is mk and seg.size == 1 << 21
+    with pytest.raises(E.ArgumentError, match="contiguous"):
+        ep1.pair(0).put(0, hseg.address, _DLPackOnly(cupy.zeros((64, 64), cupy.uint8)[:, ::2]))
+
+
+@gpu
+@needs_gpu
+def test_atomic_result_into_a_cupy_array(client, cupy):
+    mk, hseg, ep1, dseg = _host_and_device_eps(client)
+    for tm, addr in ((ep1.pair(0), hseg.address), (ep1.pair(1), dseg.address)):
+        ad = tm.ad_create(gexmk.DT_U64, gexmk.OP_FADD | gexmk.OP_SET)
+        ad.op(0, addr, gexmk.OP_SET, 40)
+        res = cupy.zeros(1, cupy.uint64)
+        ad.op_nbi(0, addr, gexmk.OP_FADD, 2, result=res)
+        assert int(res[0]) == 40
+        assert ad.op(0, addr, gexmk.OP_FADD, 0) == 42
+        with pytest.raises(E.ArgumentError, match="at least 8 bytes"):
+            ad.op_nbi(0, addr, gexmk.OP_FADD, 1, result=cupy.zeros(4, cupy.uint8))
