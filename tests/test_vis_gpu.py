@@ -108,11 +108,17 @@ def test_noncontiguous_cupy_view_in_the_segment_moves_strided(dev):
     assert cp.asnumpy(mat[:, 8]).tolist() == list(np.arange(8, 64 * 64, 64, dtype=np.float64))
 
 
-def test_a_cupy_view_outside_the_segment_is_refused(dev):
+def test_a_cupy_view_outside_the_segment_of_the_endpoints_kind_moves(dev):
+    """Device memory of the endpoint's own kind outside its segment (issue 20): the
+    route's copy engine takes it, strided, as it takes the segment's."""
     tm, cp, arr, seg = dev
-    other = cp.zeros((16, 16))
-    with pytest.raises(gexmk.ArgumentError, match="outside"):
-        tm.put(0, tm.addr(0, 0), other[:, 3])
+    other = cp.arange(16 * 16, dtype=cp.float64).reshape(16, 16)
+    tm.put(0, tm.addr(0, 0), other[:, 3])
+    np.testing.assert_array_equal(cp.asnumpy(arr[:128]).view(np.float64),
+                                  cp.asnumpy(other[:, 3]))
+    tm.put_indexed(0, [tm.addr(0, 4096)], 128, [other[5].data.ptr], 128)
+    np.testing.assert_array_equal(cp.asnumpy(arr[4096:4096 + 128]).view(np.float64),
+                                  cp.asnumpy(other[5]))
 
 
 def test_stream_forms_follow_the_stream(dev):
