@@ -110,6 +110,10 @@ cdef int atomic_slow(const gx_team* tm, int rank, uintptr_t addr, int dt, int op
 cdef int rma_nbi_slow(const gx_team* tm, int rank, bint is_put, uintptr_t remote, void* local,
                       size_t n, int rc) except -1 nogil
 cdef int nbi_sync(const gx_team* tm, int categories) except -1 nogil
+# VIS (core.src/vis.pxi): check and move fragments or a strided shape;
+# GX_BLOCKING or GX_NBI / GX_NBI_LCNOW.
+from gexmk.lib.gx cimport gx_vis
+cdef int vis_c(const gx_team* tm, int rank, bint is_put, gx_vis* v, int mode) except -1 nogil
 
 # Signals and waiting (core.src/signal.pxi): put_signal/signal_op the inline
 # path declined, and the waiting primitive (words of the team endpoint's own

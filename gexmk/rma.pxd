@@ -8,7 +8,9 @@
 #
 # The handle stays valid until the team's client is finalized.  Every call
 # returns 0 or raises (except -1): bad rank, out-of-segment address, dead peer.
+from libc.stddef cimport ptrdiff_t
 from libc.stdint cimport uintptr_t, uint64_t
+from gexmk.lib.gx cimport (gx_vis, gx_frag, GX_VIS_MAXDIM, GX_NBI, GX_NBI_LCNOW as _LCNOW)
 from gexmk.lib.gx cimport (gx_team, gx_val, gx_put, gx_get, gx_atomic,
                            gx_put_signal, gx_signal_op, gx_own_word, gx_cmp_local,
                            GX_SIGNAL_SET, GX_SIGNAL_ADD, GX_BLOCKING, GX_NBI_LCNOW,
@@ -23,7 +25,7 @@ from gexmk.lib.gx cimport (gx_team, gx_val, gx_put, gx_get, gx_atomic,
                            GX_OP_MIN, GX_OP_FMIN, GX_OP_MAX, GX_OP_FMAX)
 from gexmk.core cimport (Team, put_slow, get_slow, atomic_slow, rma_nbi_slow, nbi_sync,
                          put_signal_slow, signal_op_slow, wait_words, wait_until_word,
-                         wait_progress)
+                         wait_progress, vis_c)
 
 
 cdef inline gx_team* team_handle(Team tm) except NULL:
@@ -159,3 +161,87 @@ cdef inline int signal_fetch(const gx_team* tm, uintptr_t addr, uint64_t* out) e
     gx_cmp_local(p, GX_DT_U64, GX_CMP_EQ, v, &v)
     out[0] = v.u64
     return 0
+
+
+# ---- VIS: strided and fragment lists (GASNet-EX gex_VIS_*) ----
+
+cdef inline int _strided(const gx_team* tm, int rank, bint is_put, uintptr_t remote,
+                         const ptrdiff_t* rstrides, void* local, const ptrdiff_t* lstrides,
+                         size_t elemsz, const size_t* count, int stridelevels,
+                         int mode) except -1 nogil:
+    cdef gx_vis v
+    cdef int d
+    v.ndim = stridelevels if 0 < stridelevels <= GX_VIS_MAXDIM else GX_VIS_MAXDIM + 1
+    v.elem = elemsz
+    v.rbase = remote
+    v.lbase = <char*>local
+    v.frags = NULL
+    v.nfrags = 0
+    for d in range(stridelevels if stridelevels <= GX_VIS_MAXDIM else 0):
+        v.count[d] = count[d]
+        v.rstride[d] = rstrides[d]
+        v.lstride[d] = lstrides[d]
+    if stridelevels == 0:           # one element
+        v.ndim = 1
+        v.count[0] = 1
+        v.rstride[0] = v.lstride[0] = <ptrdiff_t>elemsz
+    return vis_c(tm, rank, is_put, &v, mode)
+
+
+cdef inline int put_strided(const gx_team* tm, int rank, uintptr_t dest, const ptrdiff_t* dststrides,
+                            const void* src, const ptrdiff_t* srcstrides, size_t elemsz,
+                            const size_t* count, int stridelevels) except -1 nogil:
+    """Blocking strided put (gex_VIS_StridedPutBlocking): count[k] elements of
+    elemsz bytes along dimension k (0 fastest), at byte strides srcstrides[k]
+    locally and dststrides[k] at (rank, dest); strides and counts positive."""
+    return _strided(tm, rank, True, dest, dststrides, <void*>src, srcstrides, elemsz, count,
+                    stridelevels, 0)
+
+
+cdef inline int put_strided_nbi(const gx_team* tm, int rank, uintptr_t dest,
+                                const ptrdiff_t* dststrides, const void* src,
+                                const ptrdiff_t* srcstrides, size_t elemsz, const size_t* count,
+                                int stridelevels) except -1 nogil:
+    """Implicit-event put_strided: src reusable on return; complete after nbi_wait(tm)."""
+    return _strided(tm, rank, True, dest, dststrides, <void*>src, srcstrides, elemsz, count,
+                    stridelevels, _LCNOW)
+
+
+cdef inline int get_strided(const gx_team* tm, void* dest, const ptrdiff_t* dststrides, int rank,
+                            uintptr_t src, const ptrdiff_t* srcstrides, size_t elemsz,
+                            const size_t* count, int stridelevels) except -1 nogil:
+    """Blocking strided get (gex_VIS_StridedGetBlocking)."""
+    return _strided(tm, rank, False, src, srcstrides, dest, dststrides, elemsz, count,
+                    stridelevels, 0)
+
+
+cdef inline int get_strided_nbi(const gx_team* tm, void* dest, const ptrdiff_t* dststrides,
+                                int rank, uintptr_t src, const ptrdiff_t* srcstrides,
+                                size_t elemsz, const size_t* count,
+                                int stridelevels) except -1 nogil:
+    """Implicit-event get_strided: dest filled after nbi_wait(tm)."""
+    return _strided(tm, rank, False, src, srcstrides, dest, dststrides, elemsz, count,
+                    stridelevels, GX_NBI)
+
+
+cdef inline int put_frags(const gx_team* tm, int rank, const gx_frag* frags, size_t n,
+                          bint nbi=False) except -1 nogil:
+    """Vector/indexed put of n fragments (local, remote, nbytes) to rank
+    (gex_VIS_VectorPut with both lists cut alike): blocking, or with nbi the
+    implicit-event form (sources reusable on return).  Every remote block is
+    checked before a byte moves."""
+    cdef gx_vis v
+    v.ndim = 0
+    v.frags = frags
+    v.nfrags = n
+    return vis_c(tm, rank, True, &v, _LCNOW if nbi else 0)
+
+
+cdef inline int get_frags(const gx_team* tm, int rank, const gx_frag* frags, size_t n,
+                          bint nbi=False) except -1 nogil:
+    """Vector/indexed get of n fragments from rank into their local addresses."""
+    cdef gx_vis v
+    v.ndim = 0
+    v.frags = frags
+    v.nfrags = n
+    return vis_c(tm, rank, False, &v, GX_NBI if nbi else 0)

@@ -180,3 +180,20 @@ def test_nogil_put_signal_wait_until_fetch(api_user, client):
         api_user.signal_op(tm, 1, sig, 1, 0)
     with pytest.raises(gexmk.BoundsError, match="own"):
         api_user.put_signal_then_wait(tm, 0, seg.address + 64, 1, sig, 1, 0, sig + 4096, 1, 1.0)
+
+
+@pytest.mark.parametrize("nbi", [False, True])
+def test_nogil_vis_strided_and_fragments(api_user, client, nbi):
+    seg = client.segment_attach(1 << 16)
+    a = np.arange(64 * 8, dtype=np.float64).reshape(64, 8)
+    col = a[:, 3].copy()
+    rows = a[:2, :2].copy()
+    api_user.strided_column(client.tm, 0, seg.address, a, 3, nbi)
+    arr = np.asarray(seg)
+    assert np.array_equal(arr[:512].view(np.float64), col)
+    assert np.array_equal(a[:, 4], col)                       # got back into the next column
+    assert np.array_equal(a[2:4, :2], rows)                   # fragments there and back
+    with pytest.raises(gexmk.BoundsError, match="strided"):      # the column does not fit
+        api_user.strided_column(client.tm, 0, seg.address + (1 << 16) - 256, a, 3, nbi)
+    with pytest.raises(gexmk.BoundsError, match="block 0"):       # the column fits, the rows not
+        api_user.strided_column(client.tm, 0, seg.address + (1 << 16) - 512, a, 3, nbi)

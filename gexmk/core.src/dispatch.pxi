@@ -43,10 +43,12 @@ cdef int _take_tuple(tuple obj, _Local* loc, str sig, const char* what) except -
 
 
 cdef inline int _take(object obj, Py_buffer* view, _Local* loc, bint writable, str sig,
-                      const char* what, const gx_team* tm) except -1:
+                      const char* what, const gx_team* tm, bint strided=False) except -1:
     """A local buffer: a PEP 3118 object, an (address, nbytes) tuple, or a
     device array (CUDA array interface) inside the device segment bound to
-    ``tm``'s endpoint.  ``sig`` names the call for messages ("put(rank, dest, src)")."""
+    ``tm``'s endpoint.  ``sig`` names the call for messages ("put(rank, dest, src)").
+    With ``strided``, a non-contiguous array returns 1 (nothing taken): the
+    caller moves it as a strided transfer (core.src/vis.pxi)."""
     cdef long long a, n
     loc.kind = GX_MK_HOST
     loc.device = -1
@@ -67,14 +69,16 @@ cdef inline int _take(object obj, Py_buffer* view, _Local* loc, bint writable, s
         return 0
     if not PyObject_CheckBuffer(obj):
         if _is_device_array(obj):
-            return _take_device(obj, loc, sig, what, tm, writable)
+            return _take_device(obj, loc, sig, what, tm, writable, strided)
         _not_local(obj, sig, what, writable)
     try:
         host_buffer(obj, view, writable, what)
     except (TypeError, GexmkError):
         # device arrays may have the buffer slot and refuse it (CuPy)
         if _is_device_array(obj):
-            return _take_device(obj, loc, sig, what, tm, writable)
+            return _take_device(obj, loc, sig, what, tm, writable, strided)
+        if strided and _strided_array(obj, writable):
+            return 1
         raise
     loc.p = view.buf
     loc.n = <size_t>view.len
@@ -99,8 +103,13 @@ cdef bint _device_kinds = False
 
 
 cdef int _take_device(object obj, _Local* loc, str sig, const char* what,
-                      const gx_team* tm, bint writable) except -1:
-    p, n = _device_range(obj, f"{_fn(sig)}: {what.decode()}")
+                      const gx_team* tm, bint writable, bint strided=False) except -1:
+    try:
+        p, n = _device_range(obj, f"{_fn(sig)}: {what.decode()}")
+    except ArgumentError:
+        if strided and _strided_array(obj, False):
+            return 1            # not C-contiguous: a strided transfer
+        raise
     loc.p = <void*><uintptr_t>p
     loc.n = <size_t>n
     loc.held = False
@@ -225,6 +234,7 @@ cdef inline int _xfer_init(gx_xfer* x, const gx_path* p, gx_target* t, uintptr_t
     x.stream = NULL
     x.result = NULL
     x.handle = NULL
+    x.vis = NULL
     return 0
 
 

@@ -502,7 +502,11 @@ cdef class Team:
             _as_rank(rank, "put(rank, dest, src)", &self.c)
             _as_addr(dest, "put(rank, dest, src)", "dest")
         # the buffer before the integers: measured ~5 ns faster with numpy sources
-        _take(src, &view, &loc, False, "put(rank, dest, src)", b"src", &self.c)
+        if _take(src, &view, &loc, False, "put(rank, dest, src)", b"src", &self.c, True):
+            _array_xfer(self, True, GX_BLOCKING, _as_rank(rank, "put(rank, dest, src)", &self.c),
+                        _as_addr(dest, "put(rank, dest, src)", "dest"), src, None,
+                        "put(rank, dest, src)")
+            return
         try:
             r = _as_rank(rank, "put(rank, dest, src)", &self.c)
             d = _as_addr(dest, "put(rank, dest, src)", "dest")
@@ -525,8 +529,11 @@ cdef class Team:
         cdef void* op = NULL
         cdef gx_route* r
         cdef char* p
-        _take(buf, &view, &loc, not is_put, _issue_sig(is_put, mode), b"src" if is_put else b"dest",
-              &self.c)
+        if _take(buf, &view, &loc, not is_put, _issue_sig(is_put, mode),
+                 b"src" if is_put else b"dest", &self.c, True):
+            # non-contiguous: strided; lc is applied by the caller, as here
+            return _vis_run(self, _array_req(self, rank, addr, buf, is_put, _issue_sig(is_put, mode)),
+                            rank, is_put, mode)
         try:
             if loc.bounce != NULL and not is_put:
                 # a get into device memory of another kind: through the host
@@ -612,7 +619,11 @@ cdef class Team:
         cdef int r
         cdef uintptr_t s
         # dest first: in a call with swapped arguments it is the one to name
-        _take(dest, &view, &loc, True, "get(dest, rank, src)", b"dest", &self.c)
+        if _take(dest, &view, &loc, True, "get(dest, rank, src)", b"dest", &self.c, True):
+            _array_xfer(self, False, GX_BLOCKING, _as_rank(rank, "get(dest, rank, src)", &self.c),
+                        _as_addr(src, "get(dest, rank, src)", "src"), dest, None,
+                        "get(dest, rank, src)")
+            return
         try:
             r = _as_rank(rank, "get(dest, rank, src)", &self.c)
             s = _as_addr(src, "get(dest, rank, src)", "src")
@@ -652,6 +663,166 @@ cdef class Team:
         self._get(&v, r, s, n)
         return v
 
+    # -- VIS: vector, indexed and strided puts and gets (core.src/vis.pxi) --
+    #
+    # GASNet-EX gex_VIS_{Vector,Indexed,Strided}{Put,Get}{Blocking,NB,NBI}.
+    # Every block of the target's side is checked against its bound segment
+    # before a byte moves (BoundsError naming the block); one completion per
+    # call.  Overlapping destination blocks leave the result undefined.
+
+    def put_vector(self, rank, dsts, srcs):
+        """Blocking vector put (``gex_VIS_VectorPutBlocking``): the bytes of
+        the local blocks ``srcs`` (buffers, or (address, nbytes) tuples), in
+        order, to the remote blocks ``dsts`` ((address, nbytes) pairs in team
+        rank ``rank``'s segment, or an (n, 2) int64/uint64 array).  The two
+        lists may cut the bytes differently; their totals must be equal."""
+        _vector(self, True, GX_BLOCKING, rank, dsts, srcs, None,
+                "put_vector(rank, dsts, srcs)")
+
+    def put_vector_nb(self, rank, dsts, srcs, lc=LC_NOW):
+        """Non-blocking :meth:`put_vector`: one Event for the whole call
+        (``lc`` as for :meth:`put_nb`)."""
+        return _vector(self, True, GX_NB, rank, dsts, srcs, lc,
+                       "put_vector_nb(rank, dsts, srcs, lc=LC_NOW)")
+
+    def put_vector_nbi(self, rank, dsts, srcs, lc=LC_NOW):
+        """Implicit-event :meth:`put_vector` (completed by ``nbi_wait``/``quiet``)."""
+        _vector(self, True, GX_NBI, rank, dsts, srcs, lc,
+                "put_vector_nbi(rank, dsts, srcs, lc=LC_NOW)")
+
+    def get_vector(self, dsts, rank, srcs):
+        """Blocking vector get (``gex_VIS_VectorGetBlocking``): the remote
+        blocks ``srcs`` ((address, nbytes) pairs of team rank ``rank``), in
+        order, into the local blocks ``dsts`` (writable buffers or (address,
+        nbytes)); equal totals."""
+        _vector(self, False, GX_BLOCKING, rank, dsts, srcs, None,
+                "get_vector(dsts, rank, srcs)")
+
+    def get_vector_nb(self, dsts, rank, srcs):
+        """Non-blocking :meth:`get_vector`: one Event; ``dsts`` are held until it completes."""
+        return _vector(self, False, GX_NB, rank, dsts, srcs, None, "get_vector_nb(dsts, rank, srcs)")
+
+    def get_vector_nbi(self, dsts, rank, srcs):
+        """Implicit-event :meth:`get_vector` (filled by ``nbi_wait(EC_GET)``)."""
+        _vector(self, False, GX_NBI, rank, dsts, srcs, None, "get_vector_nbi(dsts, rank, srcs)")
+
+    def put_indexed(self, rank, dsts, dstlen, srcs, srclen):
+        """Blocking indexed put (``gex_VIS_IndexedPutBlocking``): blocks of
+        ``srclen`` bytes at the local addresses ``srcs`` (ints, an int64/uint64
+        array, or buffers of srclen bytes each) to blocks of ``dstlen`` bytes
+        at the remote addresses ``dsts`` (team rank ``rank``'s segment; ints or
+        an integer array).  len(dsts) * dstlen == len(srcs) * srclen."""
+        _indexed(self, True, GX_BLOCKING, rank, dsts, dstlen, srcs, srclen, None,
+                 "put_indexed(rank, dsts, dstlen, srcs, srclen)")
+
+    def put_indexed_nb(self, rank, dsts, dstlen, srcs, srclen, lc=LC_NOW):
+        """Non-blocking :meth:`put_indexed`: one Event (``lc`` as for :meth:`put_nb`)."""
+        return _indexed(self, True, GX_NB, rank, dsts, dstlen, srcs, srclen, lc,
+                        "put_indexed_nb(rank, dsts, dstlen, srcs, srclen, lc=LC_NOW)")
+
+    def put_indexed_nbi(self, rank, dsts, dstlen, srcs, srclen, lc=LC_NOW):
+        """Implicit-event :meth:`put_indexed`."""
+        _indexed(self, True, GX_NBI, rank, dsts, dstlen, srcs, srclen, lc,
+                 "put_indexed_nbi(rank, dsts, dstlen, srcs, srclen, lc=LC_NOW)")
+
+    def get_indexed(self, dsts, dstlen, rank, srcs, srclen):
+        """Blocking indexed get (``gex_VIS_IndexedGetBlocking``): blocks of
+        ``srclen`` bytes at remote addresses ``srcs`` into blocks of ``dstlen``
+        bytes at local addresses ``dsts`` (forms as for :meth:`put_indexed`)."""
+        _indexed(self, False, GX_BLOCKING, rank, dsts, dstlen, srcs, srclen, None,
+                 "get_indexed(dsts, dstlen, rank, srcs, srclen)")
+
+    def get_indexed_nb(self, dsts, dstlen, rank, srcs, srclen):
+        """Non-blocking :meth:`get_indexed`: one Event."""
+        return _indexed(self, False, GX_NB, rank, dsts, dstlen, srcs, srclen, None,
+                        "get_indexed_nb(dsts, dstlen, rank, srcs, srclen)")
+
+    def get_indexed_nbi(self, dsts, dstlen, rank, srcs, srclen):
+        """Implicit-event :meth:`get_indexed`."""
+        _indexed(self, False, GX_NBI, rank, dsts, dstlen, srcs, srclen, None,
+                 "get_indexed_nbi(dsts, dstlen, rank, srcs, srclen)")
+
+    def put_strided(self, rank, dest, dest_strides, src, src_strides, elemsz, count):
+        """Blocking strided put (``gex_VIS_StridedPutBlocking``): elements of
+        ``elemsz`` bytes, ``count[k]`` of them along dimension k (dimension 0
+        varies fastest; up to 8 dimensions), the one at index (i0, i1, ..)
+        read from ``src + sum(ik * src_strides[k])`` and written to
+        ``dest + sum(ik * dest_strides[k])`` of team rank ``rank``.  Strides
+        are positive byte counts; counts at least 1.  ``src``: a local
+        address, or a buffer the shape lies inside (from its first byte).
+        A non-contiguous numpy/CuPy/torch array can go to :meth:`put` as it is."""
+        _strided(self, True, GX_BLOCKING, rank, dest, dest_strides, src, src_strides, elemsz,
+                 count, None, "put_strided(rank, dest, dest_strides, src, src_strides, elemsz, count)")
+
+    def put_strided_nb(self, rank, dest, dest_strides, src, src_strides, elemsz, count,
+                       lc=LC_NOW):
+        """Non-blocking :meth:`put_strided`: one Event."""
+        return _strided(self, True, GX_NB, rank, dest, dest_strides, src, src_strides, elemsz,
+                        count, lc, "put_strided_nb(rank, dest, dest_strides, src, src_strides, "
+                        "elemsz, count, lc=LC_NOW)")
+
+    def put_strided_nbi(self, rank, dest, dest_strides, src, src_strides, elemsz, count,
+                        lc=LC_NOW):
+        """Implicit-event :meth:`put_strided`."""
+        _strided(self, True, GX_NBI, rank, dest, dest_strides, src, src_strides, elemsz,
+                 count, lc, "put_strided_nbi(rank, dest, dest_strides, src, src_strides, "
+                 "elemsz, count, lc=LC_NOW)")
+
+    def get_strided(self, dest, dest_strides, rank, src, src_strides, elemsz, count):
+        """Blocking strided get (``gex_VIS_StridedGetBlocking``): the elements
+        of the shape at ``src`` of team rank ``rank`` into the local shape at
+        ``dest`` (an address or a writable buffer); as :meth:`put_strided`."""
+        _strided(self, False, GX_BLOCKING, rank, dest, dest_strides, src, src_strides, elemsz,
+                 count, None, "get_strided(dest, dest_strides, rank, src, src_strides, elemsz, count)")
+
+    def get_strided_nb(self, dest, dest_strides, rank, src, src_strides, elemsz, count):
+        """Non-blocking :meth:`get_strided`: one Event."""
+        return _strided(self, False, GX_NB, rank, dest, dest_strides, src, src_strides, elemsz,
+                        count, None, "get_strided_nb(dest, dest_strides, rank, src, src_strides, "
+                        "elemsz, count)")
+
+    def get_strided_nbi(self, dest, dest_strides, rank, src, src_strides, elemsz, count):
+        """Implicit-event :meth:`get_strided`."""
+        _strided(self, False, GX_NBI, rank, dest, dest_strides, src, src_strides, elemsz,
+                 count, None, "get_strided_nbi(dest, dest_strides, rank, src, src_strides, "
+                 "elemsz, count)")
+
+    def put_vector_on_stream(self, rank, dsts, srcs, stream):
+        """:meth:`put_vector` enqueued on a CUDA ``stream`` (as :meth:`put_on_stream`:
+        no host synchronisation; buffers valid until the stream has run it)."""
+        _vector(self, True, GX_NBI, rank, dsts, srcs, None,
+                "put_vector_on_stream(rank, dsts, srcs, stream)", stream)
+
+    def get_vector_on_stream(self, dsts, rank, srcs, stream):
+        """:meth:`get_vector` enqueued on a CUDA ``stream``."""
+        _vector(self, False, GX_NBI, rank, dsts, srcs, None,
+                "get_vector_on_stream(dsts, rank, srcs, stream)", stream)
+
+    def put_indexed_on_stream(self, rank, dsts, dstlen, srcs, srclen, stream):
+        """:meth:`put_indexed` enqueued on a CUDA ``stream`` (the KV-cache shape
+        from a kernel's output without a host wait)."""
+        _indexed(self, True, GX_NBI, rank, dsts, dstlen, srcs, srclen, None,
+                 "put_indexed_on_stream(rank, dsts, dstlen, srcs, srclen, stream)", stream)
+
+    def get_indexed_on_stream(self, dsts, dstlen, rank, srcs, srclen, stream):
+        """:meth:`get_indexed` enqueued on a CUDA ``stream``."""
+        _indexed(self, False, GX_NBI, rank, dsts, dstlen, srcs, srclen, None,
+                 "get_indexed_on_stream(dsts, dstlen, rank, srcs, srclen, stream)", stream)
+
+    def put_strided_on_stream(self, rank, dest, dest_strides, src, src_strides, elemsz, count,
+                              stream):
+        """:meth:`put_strided` enqueued on a CUDA ``stream``."""
+        _strided(self, True, GX_NBI, rank, dest, dest_strides, src, src_strides, elemsz, count,
+                 None, "put_strided_on_stream(rank, dest, dest_strides, src, src_strides, "
+                 "elemsz, count, stream)", stream)
+
+    def get_strided_on_stream(self, dest, dest_strides, rank, src, src_strides, elemsz, count,
+                              stream):
+        """:meth:`get_strided` enqueued on a CUDA ``stream``."""
+        _strided(self, False, GX_NBI, rank, dest, dest_strides, src, src_strides, elemsz, count,
+                 None, "get_strided_on_stream(dest, dest_strides, rank, src, src_strides, "
+                 "elemsz, count, stream)", stream)
+
     # -- stream-ordered RMA (NVSHMEM *_on_stream) --
 
     def put_on_stream(self, rank, dest, src, stream):
@@ -677,7 +848,10 @@ cdef class Team:
         cdef int r = _as_rank(rank, sig, &self.c)
         cdef uintptr_t a = _as_addr(addr, sig, "dest" if is_put else "src")
         cdef void* s = <void*>_stream_handle(stream)
-        _take(buf, &view, &loc, not is_put, sig, b"src" if is_put else b"dest", &self.c)
+        if _take(buf, &view, &loc, not is_put, sig, b"src" if is_put else b"dest", &self.c, True):
+            # non-contiguous: a strided transfer on the stream (core.src/vis.pxi)
+            _array_xfer(self, is_put, GX_NBI, r, a, buf, None, sig, stream)
+            return
         try:
             if loc.bounce != NULL:
                 raise UnsupportedError(

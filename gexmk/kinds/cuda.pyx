@@ -30,6 +30,7 @@ classify, streams, events), atomics (device atomics from embedded PTX),
 kind (the table, CudaKind, Allocation), interop (CAI, DLPack).
 """
 cimport cython
+from libc.stddef cimport ptrdiff_t
 from libc.stdint cimport uintptr_t, uint8_t, uint16_t, int32_t, uint32_t, int64_t, uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memset, memcpy, memcmp
@@ -74,5 +75,6 @@ include "cuda.src/memory.pxi"
 include "cuda.src/share.pxi"
 include "cuda.src/transfer.pxi"
 include "cuda.src/atomics.pxi"
+include "cuda.src/vis.pxi"
 include "cuda.src/kind.pxi"
 include "cuda.src/interop.pxi"

@@ -9,6 +9,7 @@
 # Every function runs without the GIL and raises (except -1) on failure.
 # Addresses cross this interface as uintptr_t / void*: no foreign library's
 # type appears here.
+from libc.stddef cimport ptrdiff_t
 from libc.stdint cimport uintptr_t, uint64_t
 from gexmk.lib.gx cimport gx_val
 
@@ -60,6 +61,11 @@ ctypedef int (*gx_mk_write_fn)(void* kctx, void* stream, uintptr_t dst, uint64_t
                                int nbytes) except -1 nogil
 ctypedef int (*gx_mk_waitv_fn)(void* kctx, void* stream, uintptr_t addr, uint64_t value,
                                int cmp) except -1 nogil
+ctypedef int (*gx_mk_copyv_fn)(void* kctx, void* stream, const uintptr_t* dst,
+                               const uintptr_t* src, const size_t* n, size_t count) except -1 nogil
+ctypedef int (*gx_mk_copys_fn)(void* kctx, void* stream, uintptr_t dst, const ptrdiff_t* dstrides,
+                               uintptr_t src, const ptrdiff_t* sstrides, size_t elem,
+                               const size_t* count, int ndim) except -1 nogil
 ctypedef void (*gx_host_fn)(void* arg) noexcept nogil
 ctypedef int (*gx_mk_hostfn_fn)(void* kctx, void* stream, gx_host_fn fn, void* arg) except -1 nogil
 
@@ -105,3 +111,8 @@ cdef struct gx_kind_ops:
                                   # 64-bit device word at addr compares (GX_WAITV_*) with value
     gx_mk_hostfn_fn launch_host   # fn(arg) on a driver thread once the stream's work before it
                                   # is done; later work waits for it (fn must not call the driver)
+    gx_mk_copyv_fn copy_batch     # count copies dst[i] <- src[i], n[i] bytes, at once (VIS vector and
+                                  # indexed lists); stream NULL: complete on return
+    gx_mk_copys_fn copy_strided   # a strided shape (dimension 0 fastest, positive byte strides,
+                                  # contiguous elements of elem bytes, ndim <= 8) by 2-D/3-D copies;
+                                  # stream NULL: complete on return

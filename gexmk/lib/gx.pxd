@@ -1,4 +1,5 @@
 # Declarations only: the C data path of include/gexmk/gexmk.h.
+from libc.stddef cimport ptrdiff_t
 from libc.stdint cimport int32_t, uint32_t, int64_t, uint64_t, uintptr_t
 
 cdef extern from "gexmk/gexmk.h" nogil:
@@ -55,6 +56,27 @@ cdef extern from "gexmk/gexmk.h" nogil:
     int GX_WAIT_SLEEP_US(long us)
     int GX_WAIT_SLEEP_OF(int flags)
 
+    enum:
+        GX_VIS_MAXDIM
+        GX_VIS_CHUNK
+
+    ctypedef struct gx_frag:
+        void* local
+        uintptr_t remote
+        size_t n
+
+    ctypedef struct gx_vis:
+        const gx_frag* frags
+        size_t nfrags
+        size_t total
+        int ndim
+        size_t elem
+        size_t count[8]
+        ptrdiff_t lstride[8]
+        ptrdiff_t rstride[8]
+        char* lbase
+        uintptr_t rbase
+
     ctypedef struct gx_xfer:
         void* ep
         void* peer
@@ -73,6 +95,7 @@ cdef extern from "gexmk/gexmk.h" nogil:
         gx_val* result
         void** handle
         uintptr_t sig_addr
+        const gx_vis* vis
 
     ctypedef int (*gx_tr_xfer_fn)(gx_xfer* x) except -1 nogil
     ctypedef int (*gx_tr_op_fn)(void* op, gx_val* result) except -1 nogil
@@ -90,6 +113,8 @@ cdef extern from "gexmk/gexmk.h" nogil:
         gx_tr_sync_fn sync
         gx_tr_sync_fn nbi_test
         gx_tr_xfer_fn put_signal
+        gx_tr_xfer_fn put_vis
+        gx_tr_xfer_fn get_vis
 
     ctypedef struct gx_path:
         const gx_tr_ops* ops
@@ -193,6 +218,11 @@ cdef extern from "gexmk/gexmk.h" nogil:
     int gx_put_signal(const gx_team* tm, int rank, uintptr_t dest, const void* src, size_t n,
                       uintptr_t sig_addr, uint64_t value, int sig_op)
     int gx_signal_op(const gx_team* tm, int rank, uintptr_t sig_addr, uint64_t value, int sig_op)
+
+    size_t gx_vis_elems(const gx_vis* v)
+    size_t gx_vis_fill(const gx_vis* v, size_t start, gx_frag* out, size_t max)
+    void gx_vis_copy_strided(const gx_vis* v, char* mapped, int is_put)
+    void gx_vis_copy_frags(const gx_frag* f, size_t n, char* mapped, uintptr_t base, int is_put)
 
     int gx_xchg_int(int* p, int v)
     int gx_load_int(const int* p)

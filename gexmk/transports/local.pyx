@@ -294,6 +294,86 @@ cdef int _pvm_get(gx_xfer* x) except -1 nogil:
     return _pvm(x, False)
 
 
+cdef enum:
+    PVM_IOV = 1024             # IOV_MAX: iovecs per side of one process_vm call
+
+
+cdef int _pvm_vis(gx_xfer* x) except -1 nogil:
+    """A chunk of VIS fragments: up to PVM_IOV of them per process_vm call (one
+    iovec each side; neighbours contiguous on both sides merged), so a
+    thousand scattered blocks cost one system call, not a thousand."""
+    cdef const gx_vis* v = x.vis
+    cdef iovec liov[PVM_IOV]
+    cdef iovec riov[PVM_IOV]
+    cdef size_t i = 0, j, k, want
+    cdef ssize_t got
+    cdef bint write = x.op != 0
+    cdef gx_xfer one
+    if x.stream != NULL:
+        return _pvm(x, write)          # raises, naming what pvm cannot do
+    if x.local_kind != GX_MK_HOST:     # device blocks: each through _pvm's device bounce
+        one = x[0]
+        one.vis = NULL
+        one.handle = NULL
+        for i in range(v.nfrags):
+            if v.frags[i].n:
+                one.local = v.frags[i].local
+                one.remote = v.frags[i].remote
+                one.n = v.frags[i].n
+                _pvm(&one, write)
+        _done(x)
+        return 0
+    while i < v.nfrags:
+        k = 0
+        want = 0
+        j = i
+        while j < v.nfrags and k < PVM_IOV:
+            if v.frags[j].n:
+                if k and <char*>liov[k - 1].iov_base + liov[k - 1].iov_len == <char*>v.frags[j].local \
+                        and <uintptr_t>riov[k - 1].iov_base + riov[k - 1].iov_len == v.frags[j].remote:
+                    liov[k - 1].iov_len += v.frags[j].n
+                    riov[k - 1].iov_len += v.frags[j].n
+                else:
+                    liov[k].iov_base = v.frags[j].local
+                    liov[k].iov_len = v.frags[j].n
+                    riov[k].iov_base = <void*>v.frags[j].remote
+                    riov[k].iov_len = v.frags[j].n
+                    k += 1
+                want += v.frags[j].n
+            j += 1
+        if k:
+            if write:
+                got = process_vm_writev(x.t.pid, liov, k, riov, k, 0)
+            else:
+                got = process_vm_readv(x.t.pid, liov, k, riov, k, 0)
+            if got < 0 or <size_t>got != want:
+                # partial (or failed): redo these fragments one by one, which
+                # finishes a partial transfer or reports why it cannot
+                one = x[0]
+                one.vis = NULL
+                one.handle = NULL
+                while i < j:
+                    if v.frags[i].n:
+                        one.local = v.frags[i].local
+                        one.remote = v.frags[i].remote
+                        one.n = v.frags[i].n
+                        _pvm(&one, write)
+                    i += 1
+        i = j
+    _done(x)
+    return 0
+
+
+cdef int _pvm_put_vis(gx_xfer* x) except -1 nogil:
+    x.op = 1
+    return _pvm_vis(x)
+
+
+cdef int _pvm_get_vis(gx_xfer* x) except -1 nogil:
+    x.op = 0
+    return _pvm_vis(x)
+
+
 cdef int _pvm_atomic(gx_xfer* x) except -1 nogil:
     with gil:
         raise UnsupportedError(
@@ -460,12 +540,20 @@ cdef void _fill(gx_tr_ops* t, const char* name, gx_tr_xfer_fn put, gx_tr_xfer_fn
 
 _fill(&_SELF, b"self", _mapped_put, _mapped_get, _mapped_atomic, _mapped_put_signal)
 _fill(&_NBRHD, b"nbrhd", _mapped_put, _mapped_get, _mapped_atomic, _mapped_put_signal)
+# VIS on the mappings: the core copies host blocks itself; what reaches these slots
+# has device blocks or a stream (the endpoint's device kind copies)
+_SELF.put_vis = _NBRHD.put_vis = _mapped_put_vis
+_SELF.get_vis = _NBRHD.get_vis = _mapped_get_vis
 _fill(&_PVM, b"pvm", _pvm_put, _pvm_get, _pvm_atomic, _pvm_put_signal)
+_PVM.put_vis = _pvm_put_vis            # iovecs; the other tables leave VIS to the core's loop
+_PVM.get_vis = _pvm_get_vis
 _fill(&_SELF_DEV, b"self", _dev_put, _dev_get, _dev_atomic, _dev_put_signal)
 _fill(&_NBRHD_DEV, b"nbrhd", _dev_put, _dev_get, _dev_atomic, _dev_put_signal)
 _SELF_DEV.test = _NBRHD_DEV.test = _dev_test       # NB device copies: events
 _SELF_DEV.wait = _NBRHD_DEV.wait = _dev_wait
 _SELF_DEV.orphan = _NBRHD_DEV.orphan = _dev_orphan
+_SELF_DEV.put_vis = _NBRHD_DEV.put_vis = _dev_put_vis     # 2-D/3-D and batched copies
+_SELF_DEV.get_vis = _NBRHD_DEV.get_vis = _dev_get_vis
 _fill(&_SELF_STAGED, b"self-staged", _staged_put, _staged_get, _dev_atomic, _staged_put_signal)
 _fill(&_NBRHD_STAGED, b"nbrhd-staged", _staged_put, _staged_get, _dev_atomic, _staged_put_signal)
 _fill(&_NBRHD_LANDED, b"nbrhd-landed", _landed_put, _landed_get, _landed_atomic, _landed_put_signal)

@@ -125,7 +125,42 @@ typedef struct gx_xfer {
     void **handle;           /* GX_NB: the pending op, or NULL when complete at issue */
     uintptr_t sig_addr;      /* put_signal: the 64-bit signal word in the target's segment
                               * (value in a.u64, GX_SIGNAL_* in op) */
+    const struct gx_vis *vis; /* put_vis/get_vis: the blocks (local, remote, n and mode
+                               * above are unused); else NULL */
 } gx_xfer;
+
+/* ---- vector, indexed and strided transfers (GASNet-EX VIS) ----------------
+ * The core turns every VIS call into fragments: pairs of one contiguous local
+ * range and one contiguous remote range of equal length, in order, bounds
+ * already checked.  A transport's put_vis/get_vis slot receives them a chunk
+ * at a time (at most GX_VIS_CHUNK fragments) and returns one op per chunk in
+ * GX_NB mode; where the slot is NULL the core loops over put/get itself.
+ * Overlapping destination ranges leave the result undefined (GASNet-EX). */
+#define GX_VIS_MAXDIM 8
+#define GX_VIS_CHUNK 4096
+typedef struct gx_frag {
+    void *local;             /* local address */
+    uintptr_t remote;        /* address in the target's segment */
+    size_t n;                /* bytes */
+} gx_frag;
+
+typedef struct gx_vis {
+    const gx_frag *frags;    /* [nfrags] */
+    size_t nfrags;
+    size_t total;            /* bytes of every fragment together */
+    /* A strided call's shape (ndim > 0), else ndim 0: element i = (i0, ..,
+     * i_{ndim-1}) (i0 fastest) of elem bytes lies at lbase + sum(ik *
+     * lstride[k]) locally and rbase + sum(ik * rstride[k]) remotely; the
+     * fragments above are the same elements (a transport that copies a
+     * shape at once, cuMemcpy3D, may use this instead). */
+    int ndim;
+    size_t elem;
+    size_t count[GX_VIS_MAXDIM];
+    ptrdiff_t lstride[GX_VIS_MAXDIM];
+    ptrdiff_t rstride[GX_VIS_MAXDIM];
+    char *lbase;
+    uintptr_t rbase;
+} gx_vis;
 
 typedef int (*gx_tr_xfer_fn)(gx_xfer *x);
 typedef int (*gx_tr_op_fn)(void *op, gx_val *result);   /* test: 1 done, 0 pending */
@@ -146,6 +181,8 @@ typedef struct gx_tr_ops {
                               * endpoint's progress, for a wait */
     gx_tr_xfer_fn put_signal; /* put, then set/add the signal word: the signal is never
                                * visible at the target before the data (NVSHMEM put_signal) */
+    gx_tr_xfer_fn put_vis;   /* x->vis's fragments local -> remote; NULL: the core loops put */
+    gx_tr_xfer_fn get_vis;   /* x->vis's fragments remote -> local; NULL: the core loops get */
 } gx_tr_ops;
 
 /* One way to reach a target: a transport's table and its two contexts. */
@@ -623,6 +660,108 @@ static inline int gx_signal_op(const gx_team *tm, int rank, uintptr_t sig_addr, 
     gx_signal_local(s, value, sig_op);
     gx_wake_waiters(r->t->wake);
     return GX_OK;
+}
+
+/* ---- VIS helpers: fragments and strided shapes ---------------------------- */
+
+/* Copy n bytes where n is small and known at the call: lets the compiler
+ * inline the common element sizes of strided copies. */
+static inline void gx_copy_elem(char *d, const char *s, size_t n)
+{
+    switch (n) {
+    case 4: memcpy(d, s, 4); break;
+    case 8: memcpy(d, s, 8); break;
+    case 16: memcpy(d, s, 16); break;
+    default: memcpy(d, s, n); break;
+    }
+}
+
+/* Elements of a strided shape. */
+static inline size_t gx_vis_elems(const gx_vis *v)
+{
+    size_t e = 1;
+    for (int k = 0; k < v->ndim; k++)
+        e *= v->count[k];
+    return e;
+}
+
+/* The fragments of elements [start, start + max) of strided shape v into out;
+ * returns how many (fewer at the end of the shape). */
+static inline size_t gx_vis_fill(const gx_vis *v, size_t start, gx_frag *out, size_t max)
+{
+    size_t idx[GX_VIS_MAXDIM], rest = start, total = gx_vis_elems(v), k, i;
+    ptrdiff_t lo = 0, ro = 0;
+    int d;
+    if (start >= total)
+        return 0;
+    for (d = 0; d < v->ndim; d++) {
+        idx[d] = rest % v->count[d];
+        rest /= v->count[d];
+        lo += (ptrdiff_t)idx[d] * v->lstride[d];
+        ro += (ptrdiff_t)idx[d] * v->rstride[d];
+    }
+    k = total - start < max ? total - start : max;
+    for (i = 0; i < k; i++) {
+        out[i].local = v->lbase + lo;
+        out[i].remote = v->rbase + (uintptr_t)ro;
+        out[i].n = v->elem;
+        for (d = 0; d < v->ndim; d++) {       /* odometer, dimension 0 fastest */
+            lo += v->lstride[d];
+            ro += v->rstride[d];
+            if (++idx[d] < v->count[d])
+                break;
+            lo -= (ptrdiff_t)v->count[d] * v->lstride[d];
+            ro -= (ptrdiff_t)v->count[d] * v->rstride[d];
+            idx[d] = 0;
+        }
+    }
+    return k;
+}
+
+/* Copy a strided shape between local memory and a CPU mapping of the target
+ * (`mapped` = the local address of the target's byte v->rbase). */
+static inline void gx_vis_copy_strided(const gx_vis *v, char *mapped, int is_put)
+{
+    size_t idx[GX_VIS_MAXDIM] = {0}, c0 = v->count[0], e = v->elem, i;
+    ptrdiff_t ls0 = v->lstride[0], rs0 = v->rstride[0];
+    char *l = v->lbase, *r = mapped;
+    int d;
+    if (v->ndim == 0)
+        return;
+    for (;;) {
+        char *lp = l, *rp = r;
+        if (is_put)
+            for (i = 0; i < c0; i++, lp += ls0, rp += rs0)
+                gx_copy_elem(rp, lp, e);
+        else
+            for (i = 0; i < c0; i++, lp += ls0, rp += rs0)
+                gx_copy_elem(lp, rp, e);
+        for (d = 1; d < v->ndim; d++) {
+            l += v->lstride[d];
+            r += v->rstride[d];
+            if (++idx[d] < v->count[d])
+                break;
+            l -= (ptrdiff_t)v->count[d] * v->lstride[d];
+            r -= (ptrdiff_t)v->count[d] * v->rstride[d];
+            idx[d] = 0;
+        }
+        if (d == v->ndim)
+            return;
+    }
+}
+
+/* Copy fragments between local memory and a CPU mapping of the target whose
+ * remote byte `base` is at local address `mapped`. */
+static inline void gx_vis_copy_frags(const gx_frag *f, size_t n, char *mapped, uintptr_t base,
+                                     int is_put)
+{
+    for (size_t i = 0; i < n; i++) {
+        char *p = mapped + (f[i].remote - base);
+        if (is_put)
+            memcpy(p, f[i].local, f[i].n);
+        else
+            memcpy(f[i].local, p, f[i].n);
+    }
 }
 
 /* Small atomics for completion state shared with progress threads. */

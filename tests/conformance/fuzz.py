@@ -683,10 +683,7 @@ class Sim:
             misaligned = a["op"] in AMOS and a["off"] % DTS[a["dt"]][1]
             return {r: raises("StateError", *(("BoundsError",) if misaligned else ()),
                               why=f"local endpoint {eps[0]} destroyed")}
-        if a.get("src") == "noncontig" and a["n"] > 1:
-            # a bad argument: TypeError, unless another check comes first
-            return {r: raises("TypeError", "BoundsError", "SegmentError", "PeerDeadError",
-                              why="a non-contiguous source")}
+        # a non-contiguous source ("noncontig") moves strided like any put (issue 22)
         exp = self._rma(r, t, eps, a, it)
         return {r: exp}
 

@@ -124,6 +124,8 @@ LOCAL = [
            segment="hostclient"),
     Memory("devseg", "device", "(address, nbytes) in the initiator's VMM device segment",
            gpu=True, segment="vmm"),
+    Memory("devseg-strided", "device", "a non-contiguous CuPy view (every other byte) of the "
+           "initiator's VMM device segment", gpu=True, segment="vmm"),
     Memory("cupy", "device", "a CuPy array outside every segment (cudaMalloc), from an EP with a "
            "host segment (a host bounce)", gpu=True),
     Memory("cupy-devep", "device", "a CuPy array outside every segment, from the EP bound to the "
@@ -157,9 +159,15 @@ class Op:
     sizes: tuple = tuple(SIZES)   # size names it takes
     locals: tuple = ()        # local memories it takes (default: all)
     gpu: bool = False         # GPU paths only
+    vis: bool = False         # a VIS operation (vector, indexed, strided: issue 22)
 
 
 _VAL_SIZES = ("1", "7", "8")
+#: VIS operations: local blocks in a numpy array (blocks as numpy slices), outside every
+#: segment by address, in the client segment, in the device segment (GPU paths).
+_VIS_LOCALS = ("numpy", "addr", "clientseg", "devseg")
+_INDEXED_SIZES = ("0", "8", "4095", "chunk")      # sizes with a divisor to cut equal blocks by
+_STRIDED_SIZES = ("8", "4095", "chunk")           # counts are at least 1: no empty shape
 RMA_OPS = [
     Op("put", "put", "blocking put"),
     Op("put_nb_now", "put", "put_nb(lc=LC_NOW), event waited"),
@@ -183,6 +191,28 @@ RMA_OPS = [
     Op("put_signal_wait", "signal", "put_signal; the target waits with wait_until on the signal, "
                                     "not on a barrier"),
     Op("put_signal_barrier", "signal", "put_signal, then only tm.barrier()"),
+    # VIS (GASNet-EX gex_VIS_*): the n bytes reach [DATA_OFF, DATA_OFF + n) as scattered,
+    # permuted blocks; worker.py's vis_* builds them (local and remote lists cut differently)
+    Op("put_vector", "put", "put_vector: blocks of 1..97 bytes in a shuffled order, the local "
+       "list cut differently from the remote one", locals=_VIS_LOCALS, vis=True),
+    Op("put_vector_nb", "put", "put_vector_nb, event waited", locals=_VIS_LOCALS, vis=True),
+    Op("get_vector", "get", "get_vector (as put_vector)", locals=_VIS_LOCALS, vis=True),
+    Op("get_vector_nbi", "get", "get_vector_nbi, then nbi_wait(EC_GET)", locals=_VIS_LOCALS,
+       vis=True),
+    Op("put_indexed", "put", "put_indexed: equal blocks in a shuffled order",
+       sizes=_INDEXED_SIZES, locals=_VIS_LOCALS, vis=True),
+    Op("put_indexed_nbi", "put", "put_indexed_nbi, then nbi_wait(EC_PUT)",
+       sizes=_INDEXED_SIZES, locals=_VIS_LOCALS, vis=True),
+    Op("get_indexed_nb", "get", "get_indexed_nb, event waited", sizes=_INDEXED_SIZES,
+       locals=_VIS_LOCALS, vis=True),
+    Op("put_strided", "put", "put_strided: 3-D, dimensions in a transposed order on both sides",
+       sizes=_STRIDED_SIZES, locals=_VIS_LOCALS, vis=True),
+    Op("put_strided_nb", "put", "put_strided_nb, event waited", sizes=_STRIDED_SIZES,
+       locals=_VIS_LOCALS, vis=True),
+    Op("get_strided", "get", "get_strided (as put_strided)", sizes=_STRIDED_SIZES,
+       locals=_VIS_LOCALS, vis=True),
+    Op("get_strided_nbi", "get", "get_strided_nbi, then nbi_wait(EC_GET)", sizes=_STRIDED_SIZES,
+       locals=_VIS_LOCALS, vis=True),
     Op("put_on_stream", "put", "put_on_stream on a CuPy stream, then the stream synchronised",
        gpu=True),
     Op("get_on_stream", "get", "get_on_stream on a CuPy stream, then the stream synchronised",
@@ -266,9 +296,10 @@ def expect(cell, gpus=1):
     target = TARGET_BY[cell.target]
     kind = RMA_OP[op].kind if op in RMA_OP else "word"
     if local is not None and kind != "word" and op in RMA_OP:
-        if local.name == "numpy-strided" and SIZES[cell.size] > 1:   # 0 or 1 element: contiguous
-            return Refusal("TypeError", "contiguous",
-                           "non-contiguous local buffers wait for the VIS family (issue 22)")
+        if local.name.endswith("-strided") and SIZES[cell.size] > 1 and kind == "signal":
+            return Refusal("TypeError" if local.cls == "host" else "ArgumentError", "contiguous",
+                           "put_signal takes contiguous buffers (a non-contiguous array: put, "
+                           "then signal_op)")
         if local.readonly and kind == "get":
             return Refusal("TypeError", "writable", "a get needs a writable destination")
     if op.startswith("coll_"):
@@ -367,8 +398,10 @@ def cells(full=False, gpu=False):
                     continue    # a host wait_until on a device word is not built (the GPU
                                 # waits with signal_wait_until_on_stream); refused at the target
                 for loc in (o.locals or path_locals(p)):
+                    if loc in LOCAL_BY and LOCAL_BY[loc].gpu and not p.gpu:
+                        continue
                     for s in o.sizes:
-                        if s in sizes or o.locals:
+                        if s in sizes or (o.locals and not o.vis):
                             out.append(Cell(p.name, o.name, t, loc, s))
             out += amo_cells(p.name, t)
             out += [Cell(p.name, w, t) for w in WORD_OPS]

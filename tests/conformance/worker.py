@@ -159,10 +159,17 @@ class Local:
             v[base:base + len(full)] = full
             self.host = v[base:base + len(full)]
             self.obj = self.host[g:g + n]
-        elif name in ("devseg", "cupy", "cupy-devep", "pool", "torch"):
+        elif name in ("devseg", "devseg-strided", "cupy", "cupy-devep", "pool", "torch"):
             gpu = job.gpu
             cp = gpu.cp
-            if name == "devseg":
+            if name == "devseg-strided":
+                tgt = job.targets["vmm"]
+                wide = np.concatenate([canary[:g], np.repeat(fill, 2), canary[g:2 * g]])
+                tgt.write(T.REGION, wide)
+                self.dev = tgt.view()[T.REGION:T.REGION + len(wide)]
+                self.obj = self.dev[g:g + 2 * n:2]
+                self.full_expected = wide.copy()
+            elif name == "devseg":
                 tgt = job.targets["vmm"]
                 tgt.write(T.REGION, full)
                 self.dev = tgt.view()[T.REGION:T.REGION + len(full)]
@@ -464,13 +471,15 @@ class Job:
             loc = Local(cell["local"], n, fill, canary, self)
             want = loc.full_expected.copy()
             tdata = P.get(T.REGION, idx, 1)[T.DATA_OFF:T.DATA_OFF + n]
-            if cell["local"] == "numpy-strided":
+            if cell["local"] in ("numpy-strided", "devseg-strided"):
                 want[GUARD:GUARD + 2 * n:2] = tdata
             elif cell["local"] == "bytearray":
                 want = tdata
             else:
                 want[GUARD:GUARD + n] = tdata
-            if op == "get_on_stream":
+            if T.RMA_OP[op].vis:
+                vis_op(op, tm, peer, dest, loc, n, idx)
+            elif op == "get_on_stream":
                 s = self.gpu.cp.cuda.Stream(non_blocking=True)
                 tm.get_on_stream(loc.obj, peer, dest, s.ptr)
                 s.synchronize()
@@ -485,7 +494,9 @@ class Job:
             return None
         loc = Local(cell["local"], n, data, canary, self)
         src = loc.obj
-        if op == "put":
+        if T.RMA_OP[op].vis:
+            vis_op(op, tm, peer, dest, loc, n, idx)
+        elif op == "put":
             tm.put(peer, dest, src)
         elif op == "put_nb_now":
             tm.put_nb(peer, dest, src, lc=gexmk.LC_NOW).wait()
@@ -561,6 +572,89 @@ class Job:
             same = np.array([got], t).tobytes() == np.array([fetched], t).tobytes()
             rec["local"] = None if same else f"fetched {got!r}, want {fetched!r}"
         return None
+
+
+# ---- VIS operations (issue 22): n bytes as scattered, permuted blocks ------------------
+
+def _local_base(loc):
+    """Address of the first of the local side's n bytes."""
+    if loc.name in ("addr", "devseg"):
+        return loc.obj[0]
+    return loc.host.ctypes.data + GUARD
+
+
+def _divisor(n, most=64):
+    return max((b for b in range(1, most + 1) if n % b == 0), default=8) if n else 8
+
+
+#: Strided shapes by size: (element bytes, counts of the standard layout's dimensions).
+_SHAPES = {8: (1, (2, 2, 2)), 4095: (5, (7, 9, 13)), 64 * 1024: (8, (16, 16, 32))}
+
+
+def vis_op(op, tm, peer, dest, loc, n, idx):
+    """One VIS cell: the local n bytes and the remote [dest, dest + n) correspond byte
+    for byte, moved as blocks in a shuffled order (so a path that ignores the lists, or
+    reorders them, moves wrong bytes)."""
+    rng = np.random.default_rng(1000 + idx)
+    base = _local_base(loc)
+    is_put = op.startswith("put")
+    nb, nbi = op.endswith("_nb"), op.endswith("_nbi")
+    if "_vector" in op:
+        cuts, off = [], 0
+        while off < n:
+            b = int(min(n - off, rng.integers(1, 98)))
+            cuts.append((off, b))
+            off += b
+        order = [cuts[k] for k in rng.permutation(len(cuts))]
+        remote = [(dest + o, b) for o, b in order]
+        local = []
+        for o, b in order:                  # cut differently: every block in two
+            for lo, lb in ((o, b // 2), (o + b // 2, b - b // 2)):
+                if lb:
+                    local.append(loc.obj[lo:lo + lb] if loc.name == "numpy" else (base + lo, lb))
+        if is_put:
+            ev = (tm.put_vector_nb if nb else tm.put_vector_nbi if nbi else tm.put_vector)(
+                peer, remote, local)
+        else:
+            ev = (tm.get_vector_nb if nb else tm.get_vector_nbi if nbi else tm.get_vector)(
+                local, peer, remote)
+    elif "_indexed" in op:
+        b = _divisor(n)
+        nblk = n // b
+        pair = nblk % 2 == 0 and nblk > 0       # the local side in blocks of 2b
+        if pair:
+            q = rng.permutation(nblk // 2)
+            rem = [dest + 2 * b * j + h * b for j in q for h in (0, 1)]
+            lad = [base + 2 * b * j for j in q]
+            lb = 2 * b
+        else:
+            q = rng.permutation(nblk)
+            rem = [dest + b * j for j in q]
+            lad = [base + b * j for j in q]
+            lb = b
+        if loc.name == "numpy":
+            lad = np.array(lad, np.uint64)
+        if is_put:
+            fn = tm.put_indexed_nb if nb else tm.put_indexed_nbi if nbi else tm.put_indexed
+            ev = fn(peer, rem, b, lad, lb)
+        else:
+            fn = tm.get_indexed_nb if nb else tm.get_indexed_nbi if nbi else tm.get_indexed
+            ev = fn(lad, lb, peer, rem, b)
+    else:
+        e, (c0, c1, c2) = _SHAPES.get(n, (n, (1, 1, 1)))
+        counts = [c1, c0, c2]                   # the standard layout's dimensions transposed
+        strides = [e * c0, e, e * c0 * c1]
+        lside = loc.obj if loc.name == "numpy" else base
+        if is_put:
+            fn = tm.put_strided_nb if nb else tm.put_strided_nbi if nbi else tm.put_strided
+            ev = fn(peer, dest, strides, lside, strides, e, counts)
+        else:
+            fn = tm.get_strided_nb if nb else tm.get_strided_nbi if nbi else tm.get_strided
+            ev = fn(lside, strides, peer, dest, strides, e, counts)
+    if nb:
+        ev.wait()
+    elif nbi:
+        gexmk.nbi_wait(gexmk.EC_PUT if is_put else gexmk.EC_GET)
 
 
 def _cell(d):

@@ -2,6 +2,7 @@
 """An outside Cython project using gexmk's nogil C-level RMA API, as a user's
 extension would: it knows gexmk only through the installed .pxd files and
 gexmk.get_include().  Built and run by tests/test_cython_api.py."""
+from libc.stddef cimport ptrdiff_t
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 
 from gexmk cimport rma
@@ -74,3 +75,34 @@ def signal_op(Team tm, int rank, uintptr_t sig_addr, uint64_t value, int add):
     cdef rma.gx_team* t = rma.team_handle(tm)
     with nogil:
         rma.signal_op(t, rank, sig_addr, value, rma.GX_SIGNAL_ADD if add else rma.GX_SIGNAL_SET)
+
+
+def strided_column(Team tm, int rank, uintptr_t dest, double[:, ::1] a, int col, bint nbi=False):
+    """nogil: rma.put_strided (or _nbi + nbi_wait) of column ``col`` of ``a`` to a
+    contiguous run at dest, then rma.get_strided of it back into the next column;
+    then the same two rows again through rma.put_frags / rma.get_frags."""
+    cdef rma.gx_team* t = rma.team_handle(tm)
+    cdef ptrdiff_t ls[1]
+    cdef ptrdiff_t rs[1]
+    cdef size_t cnt[1]
+    cdef rma.gx_frag f[2]
+    ls[0] = a.shape[1] * 8
+    rs[0] = 8
+    cnt[0] = a.shape[0]
+    with nogil:
+        if nbi:
+            rma.put_strided_nbi(t, rank, dest, &rs[0], &a[0, col], &ls[0], 8, &cnt[0], 1)
+            rma.nbi_wait(t)
+        else:
+            rma.put_strided(t, rank, dest, &rs[0], &a[0, col], &ls[0], 8, &cnt[0], 1)
+        rma.get_strided(t, &a[0, col + 1], &ls[0], rank, dest, &rs[0], 8, &cnt[0], 1)
+        f[0].local = &a[0, 0]
+        f[0].remote = dest + 8 * a.shape[0]
+        f[0].n = 16
+        f[1].local = &a[1, 0]
+        f[1].remote = dest + 8 * a.shape[0] + 16
+        f[1].n = 16
+        rma.put_frags(t, rank, &f[0], 2)
+        f[0].local = &a[2, 0]
+        f[1].local = &a[3, 0]
+        rma.get_frags(t, rank, &f[0], 2)

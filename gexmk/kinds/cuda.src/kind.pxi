@@ -28,6 +28,8 @@ _OPS.stream_wait = _cu_stream_wait
 _OPS.stream_capturing = _cu_stream_capturing
 _OPS.wait_value = _cu_wait_value
 _OPS.launch_host = _cu_launch_host
+_OPS.copy_batch = _cu_copy_batch
+_OPS.copy_strided = _cu_copy_strided
 
 cdef object _UINTPTR_MAX = <uintptr_t>-1
 cdef object _SIZE_MAX = <size_t>-1

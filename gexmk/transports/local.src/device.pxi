@@ -243,3 +243,135 @@ cdef int _mapped_atomic(gx_xfer* x) except -1 nogil:
 cdef inline void _done(gx_xfer* x) noexcept nogil:
     if x.handle != NULL:
         x.handle[0] = NULL      # complete at issue: no op to wait for
+
+
+# ---- VIS into and out of device segments (issue 22) ------------------------------------
+
+cdef int _dev_vis(gx_xfer* x, bint put) except -1 nogil:
+    """A chunk of VIS fragments, or a whole strided shape, to or from a device
+    segment: through the segment's kind (_kind_vis)."""
+    cdef lp_dev* d = <lp_dev*>x.peer
+    cdef uintptr_t delta = 0
+    if d.local_base != NULL:
+        delta = <uintptr_t>d.local_base - x.t.remote_base     # wraps: added back below
+    return _kind_vis(x, &d.k, delta, put)
+
+
+cdef int _mapped_vis(gx_xfer* x, bint put) except -1 nogil:
+    """VIS to a CPU-mapped host segment that the core's memcpy loop cannot serve:
+    local blocks in the endpoint's device segment, or a stream.  Through the
+    endpoint's device kind (_kind_vis)."""
+    cdef lp_peer* p = <lp_peer*>x.peer
+    cdef lp_ep* ep = <lp_ep*>x.ep
+    cdef uintptr_t delta = 0
+    cdef char* mapped = <char*>x.t.remote_base if p == NULL else p.local_base
+    if x.stream == NULL and x.local_kind == GX_MK_HOST:
+        # host blocks (the core copies these itself; kept whole here all the same)
+        gx_mem_fence()
+        if x.vis.ndim:
+            gx_vis_copy_strided(x.vis, mapped + (x.vis.rbase - x.t.remote_base), put)
+        else:
+            gx_vis_copy_frags(x.vis.frags, x.vis.nfrags, mapped, x.t.remote_base, put)
+        gx_mem_fence()
+        _done(x)
+        return 0
+    if x.mode == GX_NB:
+        x.mode = GX_BLOCKING      # these tables hand out no ops: complete at issue
+    if ep == NULL or ep.k.ops == NULL:
+        with gil:
+            raise UnsupportedError("stream-ordered RMA to a host segment needs the initiating "
+                                   "endpoint to have a device segment bound (its kind's copy "
+                                   "engine does the copy)")
+    if p != NULL:
+        delta = <uintptr_t>p.local_base - x.t.remote_base
+    return _kind_vis(x, &ep.k, delta, put)
+
+
+cdef int _mapped_put_vis(gx_xfer* x) except -1 nogil:
+    return _mapped_vis(x, True)
+
+
+cdef int _mapped_get_vis(gx_xfer* x) except -1 nogil:
+    return _mapped_vis(x, False)
+
+
+cdef int _kind_vis(gx_xfer* x, lp_kind* kk, uintptr_t delta, bint put) except -1 nogil:
+    """x.vis's blocks through kind kk (remote address + delta = its address
+    here): the kind's copy_strided (2-D/3-D copies) or copy_batch (one
+    batched call) on one stream, then one completion as for _dev_copy: the
+    caller's stream (ordered only), an event (NB), the endpoint's sync (NBI),
+    else complete on return."""
+    cdef lp_ep* ep = <lp_ep*>x.ep
+    cdef const gx_vis* v = x.vis
+    cdef void* s = x.stream
+    cdef void* ev = NULL
+    cdef lp_op* op
+    cdef uintptr_t* a = NULL
+    cdef size_t i, n = v.nfrags
+    cdef int k
+    cdef lp_kind* d_k = kk
+    cdef bint shape = v.ndim > 0 and kk.ops.copy_strided != NULL
+    for k in range(v.ndim if shape else 0):
+        if v.lstride[k] <= 0 or v.rstride[k] <= 0 or (k == 0 and (<size_t>v.lstride[0] < v.elem
+                                                                   or <size_t>v.rstride[0] < v.elem)):
+            shape = False              # numpy's negative strides: the fragments instead
+    if s == NULL and ep != NULL:
+        s = _ep_stream(ep, d_k)
+    if shape:
+        if put:
+            d_k.ops.copy_strided(d_k.kctx, s, v.rbase + delta, v.rstride, <uintptr_t>v.lbase,
+                                 v.lstride, v.elem, v.count, v.ndim)
+        else:
+            d_k.ops.copy_strided(d_k.kctx, s, <uintptr_t>v.lbase, v.lstride, v.rbase + delta,
+                                 v.rstride, v.elem, v.count, v.ndim)
+    else:
+        a = <uintptr_t*>malloc(3 * (n or 1) * sizeof(uintptr_t))
+        if a == NULL:
+            with gil:
+                raise MemoryError("device VIS: no memory for the copy list")
+        try:
+            for i in range(n):
+                if put:
+                    a[i] = v.frags[i].remote + delta
+                    a[n + i] = <uintptr_t>v.frags[i].local
+                else:
+                    a[i] = <uintptr_t>v.frags[i].local
+                    a[n + i] = v.frags[i].remote + delta
+                a[2 * n + i] = v.frags[i].n
+            if d_k.ops.copy_batch != NULL:
+                d_k.ops.copy_batch(d_k.kctx, s, a, a + n, <size_t*>(a + 2 * n), n)
+            else:
+                for i in range(n):
+                    d_k.ops.copy(d_k.kctx, s, a[i], a[n + i], a[2 * n + i])
+        finally:
+            free(a)
+    if x.stream != NULL or s == NULL:      # stream-ordered, or done synchronously above
+        _done(x)
+        return 0
+    if x.mode == GX_NBI:                   # a get's destination, or an LC_GROUP put: at sync
+        gx_add_long(&ep.nbi_dev, 1)
+        _done(x)
+        return 0
+    d_k.ops.event_record(d_k.kctx, s, &ev)
+    if x.mode == GX_NB:
+        op = <lp_op*>calloc(1, sizeof(lp_op))
+        if op != NULL:
+            op.ops = d_k.ops
+            op.kctx = d_k.kctx
+            op.event = ev
+            x.handle[0] = op
+            return 0
+    try:                                   # blocking, LC_NOW: complete on return
+        d_k.ops.event_sync(d_k.kctx, ev)
+    finally:
+        d_k.ops.event_destroy(d_k.kctx, ev)
+    _done(x)
+    return 0
+
+
+cdef int _dev_put_vis(gx_xfer* x) except -1 nogil:
+    return _dev_vis(x, True)
+
+
+cdef int _dev_get_vis(gx_xfer* x) except -1 nogil:
+    return _dev_vis(x, False)

@@ -1,0 +1,152 @@
+# ---------------------------------------------------------------------------
+# VIS copies (issue 22): lists of copies at once, strided shapes by 2-D/3-D copies
+# ---------------------------------------------------------------------------
+# Addresses are unified (UVA): host and device operands alike, as _cu_copy.
+
+cdef int _batch_state = 0        # 0 untried, 1 cuMemcpyBatchAsync works, -1 the driver lacks it
+
+
+cdef int _cu_copy_batch(void* kctx, void* stream, const uintptr_t* dst, const uintptr_t* src,
+                        const size_t* n, size_t count) except -1 nogil:
+    """count copies on one stream: cuMemcpyBatchAsync (CUDA 12.8+ drivers) in
+    one call, else a loop of cuMemcpyAsync.  stream NULL: on the kind's
+    internal stream, complete on return."""
+    global _batch_state
+    cdef CudaCtx* k = <CudaCtx*>kctx
+    cdef CUstream s = <CUstream>stream
+    cdef CUresult rc = CUDA_SUCCESS
+    cdef cydriver.CUmemcpyAttributes attr
+    cdef size_t idx = 0, i
+    if k == NULL or k.closed:
+        return _closed(k)
+    if count == 0:
+        return 0
+    if s == NULL:
+        s = k.sync_stream
+    _push(k)
+    if _batch_state >= 0 and count > 1:
+        memset(&attr, 0, sizeof(attr))
+        attr.srcAccessOrder = cydriver.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+        rc = cydriver.cuMemcpyBatchAsync(<CUdeviceptr*>dst, <CUdeviceptr*>src, <size_t*>n, count,
+                                         &attr, &idx, 1, s)
+        if rc == CUDA_SUCCESS:
+            _batch_state = 1
+        elif _batch_state == 0 and (rc == cydriver.CUDA_ERROR_NOT_FOUND or
+                                    rc == cydriver.CUDA_ERROR_NOT_SUPPORTED):
+            _batch_state = -1          # an older driver: the loop below from now on
+    if rc != CUDA_SUCCESS or _batch_state < 0 or count == 1:
+        # the loop: older drivers, one copy, or a batch the driver refused (an operand
+        # it will not take in stream order, e.g. pageable host memory): copies are
+        # idempotent, so whatever part of the batch ran is simply done again
+        rc = CUDA_SUCCESS
+        for i in range(count):
+            if n[i]:
+                rc = cydriver.cuMemcpyAsync(<CUdeviceptr>dst[i], <CUdeviceptr>src[i], n[i], s)
+                if rc != CUDA_SUCCESS:
+                    break
+    if rc == CUDA_SUCCESS and stream == NULL:
+        rc = cydriver.cuStreamSynchronize(s)
+    _pop(k)
+    return check("cuMemcpyAsync/cuMemcpyBatchAsync", rc)
+
+
+cdef CUresult _cu_2d(CUstream s, uintptr_t dst, size_t dpitch, uintptr_t src, size_t spitch,
+                     size_t width, size_t height) noexcept nogil:
+    cdef cydriver.CUDA_MEMCPY2D c
+    memset(&c, 0, sizeof(c))
+    c.srcMemoryType = cydriver.CU_MEMORYTYPE_UNIFIED
+    c.srcDevice = <CUdeviceptr>src
+    c.srcPitch = spitch
+    c.dstMemoryType = cydriver.CU_MEMORYTYPE_UNIFIED
+    c.dstDevice = <CUdeviceptr>dst
+    c.dstPitch = dpitch
+    c.WidthInBytes = width
+    c.Height = height
+    return cydriver.cuMemcpy2DAsync(&c, s)
+
+
+cdef CUresult _cu_3d(CUstream s, uintptr_t dst, size_t dpitch, size_t dheight, uintptr_t src,
+                     size_t spitch, size_t sheight, size_t width, size_t height,
+                     size_t depth) noexcept nogil:
+    cdef cydriver.CUDA_MEMCPY3D c
+    memset(&c, 0, sizeof(c))
+    c.srcMemoryType = cydriver.CU_MEMORYTYPE_UNIFIED
+    c.srcDevice = <CUdeviceptr>src
+    c.srcPitch = spitch
+    c.srcHeight = sheight
+    c.dstMemoryType = cydriver.CU_MEMORYTYPE_UNIFIED
+    c.dstDevice = <CUdeviceptr>dst
+    c.dstPitch = dpitch
+    c.dstHeight = dheight
+    c.WidthInBytes = width
+    c.Height = height
+    c.Depth = depth
+    return cydriver.cuMemcpy3DAsync(&c, s)
+
+
+cdef int _cu_copy_strided(void* kctx, void* stream, uintptr_t dst, const ptrdiff_t* dstrides,
+                          uintptr_t src, const ptrdiff_t* sstrides, size_t elem,
+                          const size_t* count, int ndim) except -1 nogil:
+    """A strided shape: elements of elem contiguous bytes, count[k] along
+    dimension k (0 fastest) at positive byte strides.  Dimensions 0 and 1 go
+    as one cuMemcpy3DAsync where each side's stride 1 is a whole number of its
+    stride 0 (a pitched volume), else dimension 0 as one cuMemcpy2DAsync per
+    row of dimension 1; the outer dimensions loop.  One stream; stream NULL:
+    complete on return."""
+    cdef CudaCtx* k = <CudaCtx*>kctx
+    cdef CUstream s = <CUstream>stream
+    cdef CUresult rc = CUDA_SUCCESS
+    cdef size_t idx[8]
+    cdef size_t c1, j, outer = 1
+    cdef ptrdiff_t doff = 0, soff = 0
+    cdef bint vol
+    cdef int d
+    if k == NULL or k.closed:
+        return _closed(k)
+    if ndim < 1 or ndim > 8 or elem == 0:
+        with gil:
+            raise ArgumentError(f"copy_strided: 1..8 dimensions and a positive element size, "
+                                f"got {ndim} and {elem}")
+    for d in range(ndim):
+        if dstrides[d] <= 0 or sstrides[d] <= 0 or (d == 0 and (<size_t>dstrides[0] < elem or
+                                                                <size_t>sstrides[0] < elem)):
+            with gil:
+                raise ArgumentError("copy_strided: strides must be positive, and those of "
+                                    "dimension 0 at least the element size")
+        idx[d] = 0
+        if d >= 2:
+            outer *= count[d]
+    if s == NULL:
+        s = k.sync_stream
+    c1 = count[1] if ndim > 1 else 1
+    vol = ndim > 1 and dstrides[1] % dstrides[0] == 0 and sstrides[1] % sstrides[0] == 0
+    _push(k)
+    for j in range(outer):
+        if vol:
+            rc = _cu_3d(s, dst + <uintptr_t>doff, <size_t>dstrides[0],
+                        <size_t>(dstrides[1] // dstrides[0]), src + <uintptr_t>soff,
+                        <size_t>sstrides[0], <size_t>(sstrides[1] // sstrides[0]), elem,
+                        count[0], c1)
+        else:
+            for d in range(<int>c1):
+                rc = _cu_2d(s, dst + <uintptr_t>(doff + d * (dstrides[1] if ndim > 1 else 0)),
+                            <size_t>dstrides[0],
+                            src + <uintptr_t>(soff + d * (sstrides[1] if ndim > 1 else 0)),
+                            <size_t>sstrides[0], elem, count[0])
+                if rc != CUDA_SUCCESS:
+                    break
+        if rc != CUDA_SUCCESS:
+            break
+        for d in range(2, ndim):              # odometer over the outer dimensions
+            doff += dstrides[d]
+            soff += sstrides[d]
+            idx[d] += 1
+            if idx[d] < count[d]:
+                break
+            doff -= <ptrdiff_t>count[d] * dstrides[d]
+            soff -= <ptrdiff_t>count[d] * sstrides[d]
+            idx[d] = 0
+    if rc == CUDA_SUCCESS and stream == NULL:
+        rc = cydriver.cuStreamSynchronize(s)
+    _pop(k)
+    return check("cuMemcpy3DAsync" if vol else "cuMemcpy2DAsync", rc)

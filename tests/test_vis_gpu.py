@@ -1,0 +1,176 @@
+"""VIS (issue 22) on device segments in one process: strided shapes through the copy
+engine (cuMemcpy2DAsync/3DAsync), vector and indexed lists through one batched call
+(cuMemcpyBatchAsync, or a cuMemcpyAsync loop on older drivers), non-contiguous CuPy
+views as the local side of put/get, each checked against numpy.  Two-process device
+paths are the conformance matrix's GPU rows (VIS operations, local devseg and
+devseg-strided).  Marked ``gpu``; skipped without a driver, a device and CuPy."""
+import numpy as np
+import pytest
+
+import gexmk
+
+
+def _usable():
+    try:
+        from gexmk.kinds import cuda
+        p = cuda.probe()
+        if not (p.get("driver_loaded") and p.get("device_count")):
+            return False
+        import cupy  # noqa: F401
+        return True
+    except Exception:          # noqa: BLE001 - no usable GPU
+        return False
+
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not _usable(), reason="no NVIDIA driver, GPU or CuPy here")]
+MiB = 1 << 20
+
+
+@pytest.fixture
+def dev(client):
+    """(tm, cupy, device array over the device segment bound to EP 0 and published)."""
+    import cupy as cp
+    mk = client.mk_create(gexmk.CUDA_UVA, device=0)
+    seg = client.segment_create(4 * MiB, kind=mk)
+    client.ep(0).bind_segment(seg)
+    client.tm.publish_bound_segment([client.ep(0)])
+    arr = cp.asarray(seg).view(cp.uint8)
+    arr[:] = 0
+    cp.cuda.runtime.deviceSynchronize()
+    return client.tm, cp, arr, seg
+
+
+@pytest.mark.parametrize("mode", ["blocking", "nb", "nbi"])
+def test_strided_host_to_device_subarray(dev, mode):
+    tm, cp, arr, seg = dev
+    a = np.arange(6 * 7 * 8, dtype=np.float64).reshape(6, 7, 8)
+    sub = a[1:5, 2:6, 3:6]
+    dest = tm.addr(0, 8 * (1 * 56 + 2 * 8 + 3))
+    args = (0, dest, [8, 64, 448], sub.__array_interface__["data"][0],
+            list(reversed(sub.strides)), 8, list(reversed(sub.shape)))
+    if mode == "blocking":
+        tm.put_strided(*args)
+    elif mode == "nb":
+        tm.put_strided_nb(*args).wait()
+    else:
+        tm.put_strided_nbi(*args)
+        gexmk.nbi_wait(gexmk.EC_PUT)
+    got = cp.asnumpy(arr[:a.nbytes]).view(np.float64).reshape(a.shape)
+    want = np.zeros_like(a)
+    want[1:5, 2:6, 3:6] = sub
+    np.testing.assert_array_equal(got, want)
+    back = np.zeros_like(a)
+    tm.get_strided(back, [8, 64, 448], 0, tm.addr(0, 0), [8, 64, 448], 8, [8, 7, 6])
+    np.testing.assert_array_equal(back, want)
+
+
+def test_indexed_device_to_device_kv_blocks(dev):
+    tm, cp, arr, seg = dev
+    rng = np.random.default_rng(7)
+    n, blk = 64, 16 * 1024
+    arr[2 * MiB:] = cp.asarray(rng.integers(0, 256, 2 * MiB, dtype=np.uint8))
+    soff = rng.permutation(2 * MiB // blk)[:n] * blk
+    doff = rng.permutation(2 * MiB // blk)[:n] * blk
+    la = (soff + seg.address + 2 * MiB).astype(np.uint64)
+    ra = (doff + tm.addr(0, 0)).astype(np.uint64)
+    tm.put_indexed(0, ra, blk, la, blk)
+    host = cp.asnumpy(arr)
+    for i in range(n):
+        s0, d0 = 2 * MiB + soff[i], doff[i]
+        assert bytes(host[d0:d0 + blk]) == bytes(host[s0:s0 + blk]), f"block {i}"
+    ev = tm.get_indexed_nb(la, blk, 0, ra, blk)      # and back, as one event
+    ev.wait()
+    assert ev.test()
+
+
+def test_vector_between_host_and_device(dev):
+    tm, cp, arr, seg = dev
+    data = np.arange(1, 61, dtype=np.uint8)
+    tm.put_vector(0, [(tm.addr(0, 1000), 25), (tm.addr(0, 500), 35)], [data[:10], data[10:]])
+    host = cp.asnumpy(arr)
+    assert list(host[1000:1025]) == list(data[:25]) and list(host[500:535]) == list(data[25:])
+    out = np.zeros(60, np.uint8)
+    tm.get_vector([out], 0, [(tm.addr(0, 1000), 25), (tm.addr(0, 500), 35)])
+    np.testing.assert_array_equal(out, data)
+
+
+def test_noncontiguous_cupy_view_in_the_segment_moves_strided(dev):
+    tm, cp, arr, seg = dev
+    mat = arr[MiB:MiB + 64 * 64 * 8].view(cp.float64).reshape(64, 64)
+    mat[...] = cp.arange(64 * 64, dtype=cp.float64).reshape(64, 64)
+    col = mat[:, 5]                                   # stride 512 B, inside the device segment
+    tm.put(0, tm.addr(0, 0), col)
+    np.testing.assert_array_equal(cp.asnumpy(arr[:512]).view(np.float64), cp.asnumpy(col))
+    arr[:512] = cp.asarray(np.arange(64, dtype=np.float64).view(np.uint8))
+    tm.get(mat[:, 9], 0, tm.addr(0, 0))
+    np.testing.assert_array_equal(cp.asnumpy(mat[:, 9]), np.arange(64, dtype=np.float64))
+    assert cp.asnumpy(mat[:, 8]).tolist() == list(np.arange(8, 64 * 64, 64, dtype=np.float64))
+
+
+def test_a_cupy_view_outside_the_segment_of_the_endpoints_kind_moves(dev):
+    """Device memory of the endpoint's own kind outside its segment (issue 20): the
+    route's copy engine takes it, strided, as it takes the segment's."""
+    tm, cp, arr, seg = dev
+    other = cp.arange(16 * 16, dtype=cp.float64).reshape(16, 16)
+    tm.put(0, tm.addr(0, 0), other[:, 3])
+    np.testing.assert_array_equal(cp.asnumpy(arr[:128]).view(np.float64),
+                                  cp.asnumpy(other[:, 3]))
+    tm.put_indexed(0, [tm.addr(0, 4096)], 128, [other[5].data.ptr], 128)
+    np.testing.assert_array_equal(cp.asnumpy(arr[4096:4096 + 128]).view(np.float64),
+                                  cp.asnumpy(other[5]))
+
+
+def test_stream_forms_follow_the_stream(dev):
+    """*_on_stream: enqueued behind the kernel that wrote the sources, no host wait;
+    complete once the stream is synchronised."""
+    tm, cp, arr, seg = dev
+    s = cp.cuda.Stream(non_blocking=True)
+    blk, n = 4096, 32
+    soff = np.arange(n) * blk + 2 * MiB
+    doff = np.arange(n)[::-1] * blk
+    with s:
+        arr[2 * MiB:2 * MiB + n * blk] = 7                   # a kernel on the stream
+    tm.put_indexed_on_stream(0, (doff + tm.addr(0, 0)).astype(np.uint64), blk,
+                             (soff + seg.address).astype(np.uint64), blk, s)
+    mat = arr[MiB:MiB + 64 * 64 * 8].view(cp.float64).reshape(64, 64)
+    with s:
+        mat[...] = 3.0
+    tm.put_on_stream(0, tm.addr(0, 3 * MiB), mat[:, 1], s)   # a column, strided on the stream
+    tm.put_strided_on_stream(0, tm.addr(0, 3 * MiB + 4096), [8, 512], mat, [16, 512], 8, [4, 8], s)
+    s.synchronize()
+    host = cp.asnumpy(arr)
+    assert (host[:n * blk] == 7).all()
+    assert (host[3 * MiB:3 * MiB + 512].view(np.float64) == 3.0).all()
+    assert (host[3 * MiB + 4096:3 * MiB + 4096 + 8 * 512].view(np.float64).reshape(8, 64)[:, :4]
+            == 3.0).all()
+
+
+@pytest.mark.parametrize("mode", ["blocking", "nb", "nbi"])
+def test_device_blocks_to_a_host_segment(dev, mode):
+    """Device blocks (the endpoint's device segment) into a host segment mapped
+    here, one batched copy through the endpoint's kind (KV offload to host)."""
+    tm, cp, arr, seg = dev
+    client = tm.client
+    ep2 = client.ep_create()
+    host = client.segment_attach(1 * MiB, ep=ep2)
+    rng = np.random.default_rng(11)
+    n, blk = 16, 4096
+    arr[2 * MiB:2 * MiB + n * blk] = cp.asarray(rng.integers(0, 256, n * blk, dtype=np.uint8))
+    cp.cuda.runtime.deviceSynchronize()
+    la = (np.arange(n) * blk + seg.address + 2 * MiB).astype(np.uint64)
+    ra = (rng.permutation(n) * blk + host.address).astype(np.uint64)
+    tm3 = client.ep(0).pair(ep2.index)                 # from the device-bound EP 0 to ep2
+    ra3 = (ra - host.address + tm3.addr(0, 0)).astype(np.uint64)
+    if mode == "blocking":
+        tm3.put_indexed(0, ra3, blk, la, blk)
+    elif mode == "nb":
+        tm3.put_indexed_nb(0, ra3, blk, la, blk).wait()
+    else:
+        tm3.put_indexed_nbi(0, ra3, blk, la, blk)
+        gexmk.nbi_wait(gexmk.EC_PUT)
+    h = np.asarray(host).view(np.uint8)
+    src = cp.asnumpy(arr[2 * MiB:2 * MiB + n * blk])
+    for i in range(n):
+        d0 = int(ra[i] - host.address)
+        assert bytes(h[d0:d0 + blk]) == bytes(src[i * blk:(i + 1) * blk]), f"block {i}"
