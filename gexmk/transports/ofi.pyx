@@ -35,6 +35,8 @@ from cpython.pycapsule cimport PyCapsule_New
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t, int64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
+from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_FAILED
+from gexmk.lib.linux cimport MAP_PRIVATE, MAP_ANONYMOUS, MAP_NORESERVE
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC, nanosleep
 
 cdef extern from "<time.h>" nogil:
@@ -64,7 +66,7 @@ from gexmk.lib.libfabric cimport *
 from gexmk.lib.gx cimport *
 
 from gexmk.errors import (OFIError, UnsupportedError, PeerDeadError, TimeoutError as GxTimeoutError,
-                          ArgumentError, StateError, CommunicationError)
+                          ArgumentError, StateError, CommunicationError, SegmentError)
 from gexmk.transports import Reach
 from gexmk.memory cimport Segment
 from gexmk.kinds.kind cimport gx_kind_ops
