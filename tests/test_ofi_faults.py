@@ -397,6 +397,21 @@ for rnd in range(3):
         # nothing of the stale puts landed in the unbound segment
         assert (mine == pattern(N, 1)).all(), "a stale put landed in the unbound segment"
         ep0.bind_segment(seg)
+    tm.barrier()
+    if tm.rank == 0 and rnd < 2:
+        # rebound, not yet republished: stale signals (as remote CQ data and,
+        # with a value too large for it, as a message) must not reach the
+        # segment bound now, though their words lie in it
+        for v in (5, 1 << 40):
+            try:
+                tm.put_signal(1, tm.addr(1, 3072), np.full(8, 3, np.uint8), tm.addr(1, 1024), v,
+                              gexmk.SIGNAL_ADD)
+                tm.quiet()
+            except E.GexmkError as e:
+                log(f"round {rnd}: stale put_signal: {type(e).__name__}: {e}")
+    tm.barrier()
+    if tm.rank == 1 and rnd < 2:
+        assert (mine == pattern(N, 1)).all(), "a stale signal landed in the segment bound since"
     tm.publish_bound_segment([ep0])     # in round 2, rank 1's says "no segment"
     # after the republication: valid traffic both ways, stale ones refused
     if tm.rank == 0 and rnd < 2:

@@ -112,15 +112,17 @@ cdef enum:
     HMEM_SYSTEM = 2
 
 # a put_signal's signal as remote CQ data (signal.pxi): kind (2 bits), the
-# word's index in the segment (26 bits: its first 512 MiB), the value (36 bits)
+# target's binding generation (2 bits), the word's index in the segment (24
+# bits: its first 128 MiB), the value (36 bits)
 cdef enum:
     SIG_DATA_SET = 1
     SIG_DATA_ADD = 2
     SIG_DATA_KIND_SHIFT = 62
+    SIG_DATA_GEN_SHIFT = 60
     SIG_DATA_IDX_SHIFT = 36
 cdef extern from *:
     """
-    #define GX_SIG_DATA_IDX_MAX ((UINT64_C(1) << 26) - 1)
+    #define GX_SIG_DATA_IDX_MAX ((UINT64_C(1) << 24) - 1)
     #define GX_SIG_DATA_VAL_MAX ((UINT64_C(1) << 36) - 1)
     """
     const uint64_t SIG_DATA_IDX_MAX "GX_SIG_DATA_IDX_MAX"
@@ -159,6 +161,7 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
                             # progress or a progress thread): connections may be set up eagerly
     int sig_rx              # its endpoint takes put_signal's signal messages (signal.pxi)
     int sig_data            # ... and signals carried as a write's remote CQ data (signal.pxi)
+    uint64_t sig_gen        # the target's binding generation as published (signal.pxi)
     int stg                 # a device segment reached through its landing zone (staged.pxi)
     int hmem                # a device segment the provider registered (FI_HMEM, hmem.pxi): RMA
                             # lands in it natively; its atomics go through its landing zone
@@ -242,6 +245,7 @@ cdef struct ofi_ep:
     long amo_out            # this endpoint's atomics not yet completed: acq polled every pass
     fid_mr* seg_mr
     void* seg_desc
+    unsigned int bind_gen   # binds so far: a signal carries the one its initiator was published
     uintptr_t seg_lo
     uintptr_t seg_hi
     long nbi[3]             # outstanding implicit ops by GX_CAT_*
@@ -439,6 +443,7 @@ cdef class OfiTransport:
         p.c.answers = answers & 1
         p.c.sig_rx = (answers >> 1) & 1
         p.c.sig_data = (answers >> 2) & 1
+        p.c.sig_gen = (answers >> 8) & 0xff     # bits 8-15: the binding's generation
         p.c.stg = p.c.hmem = 0
         if geometry is None and native is None:
             return p

@@ -1555,11 +1555,11 @@ class Gen:
                 self.emit(It("seg_destroy", r, sid=segs[0]))
 
 
-#: Transports where an access to a peer's closed registration (its segment unbound
-#: or destroyed, not yet republished) disturbs more than that access: over
-#: tcp;ofi_rxm the pair's connection goes down, failing the other direction's
-#: operations in flight, and a later CQ read may crash inside libfabric; over
-#: shm the access stalls until GEXMK_TIMEOUT.  Their plans avoid such accesses
+#: Transports where an access to a peer's stale publication disturbs more than
+#: that access or stalls: over tcp;ofi_rxm an endpoint destroyed since (its
+#: segment unbound or destroyed is served by a retired registration now: seeds
+#: 7 and 10) -- rxm retries connecting until GEXMK_TIMEOUT (seed 528); over shm
+#: the access stalls until GEXMK_TIMEOUT.  Their plans avoid such accesses
 #: unless asked (--stale; the regressions that show it).
 STALE_UNSAFE = {"ofi-tcp", "ofi-shm", "ofi-tcp-staged", "ofi-shm-staged"}
 

@@ -111,13 +111,15 @@ cdef class OfiEndpoint:
         thread (staged.pxi); the zone's geometry travels along."""
         cdef ofi_zone* z
         self.unbind()
+        self.e.bind_gen += 1
         # whether this process answers peers' operations while it computes: a
         # peer sets up its connection to us at publication only then (connect.pxi)
         answers = not self.domain.d.manual or self.domain.progress_running
         # bit 1: this endpoint takes put_signal's signal messages, bit 2: and
         # signals as remote CQ data (signal.pxi)
         answers = int(bool(answers)) | (2 if self.e.rx != NULL else 0) \
-            | (4 if self.e.rx != NULL and self.e.dom.sig_data else 0)
+            | (4 if self.e.rx != NULL and self.e.dom.sig_data else 0) \
+            | ((self.e.bind_gen & 0xff) << 8)
         host = seg.kind.cls == GX_MK_HOST
         self.hmem_note = None
         if not self.plain and (not host or self.e.dom.hmem_want == HMEM_SYSTEM):
