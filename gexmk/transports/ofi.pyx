@@ -231,6 +231,9 @@ cdef struct ofi_dom:
     signed char valid[3][GX_DT_COUNT][GX_OP_COUNT]   # fi_*atomicvalid cache: -1 unknown
     long deaths             # peers of the job known dead (the core's notices)
     int last_dead           # the job rank of the last one
+    double death_at         # ... and when its notice came (_now())
+    int shared_q            # the provider's queues are shared memory a killed process may
+                            # leave locked (shm): see _poisoned
 
 
 cdef struct ofi_ep:
@@ -577,6 +580,7 @@ cdef class OfiTransport:
 
     def peer_died(self, int jobrank):
         self.domain.d.last_dead = jobrank
+        self.domain.d.death_at = _now()
         gx_add_long(&self.domain.d.deaths, 1)
 
     def close(self):
