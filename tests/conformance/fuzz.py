@@ -1574,10 +1574,15 @@ STALE_UNSAFE = {"ofi-tcp", "ofi-shm", "ofi-tcp-staged", "ofi-shm-staged"}
 #:               (seed 12: its word is seen some time after the next barrier), nor
 #:               does any blocking non-fetching atomic (seed 235, FLT SET): plans
 #:               use the fetching forms towards other ranks
-#:   kill        found here (seeds 104, 107, 109 on ofi-shm): after a peer's SIGKILL,
-#:               a survivor's blocking atomic or put to another survivor can spin
-#:               without completing until GEXMK_TIMEOUT (libfabric shm's shared
-#:               queues are not robust to a process killed while it used them)
+#:   kill        found here (seeds 104, 107, 109, 119, 139 on ofi-shm): after a peer's
+#:               SIGKILL, a survivor's blocking atomic or put to another survivor can
+#:               stall for good: libfabric shm's shared queues are not robust to a
+#:               process killed while it used them (likely a command slot claimed
+#:               and never committed, which blocks its consumer).  Such an op now
+#:               raises PeerDeadError 1 s after the death (ofi completion.pxi,
+#:               _poisoned) instead of waiting GEXMK_TIMEOUT, but the survivors
+#:               cannot go on over shm as the plans expect (seed 139); what would:
+#:               new shm endpoints after a death
 #:   kill        (tcp) issue 19 item 3: a barrier after a peer's SIGKILL may SIGSEGV
 #:               (seed 213: in the survivors' probe of the primordial team)
 #:   destroy_pending  found here, the ep.destroy() form of issue 19 item 4 (an NB op
