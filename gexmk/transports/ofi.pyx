@@ -98,6 +98,15 @@ cdef double PASS_FRESH = 5e-6
 # this long (us) between passes at first (nobody else would see its signal
 # land), longer (x 1.5 a quiet pass, up to the core's nap) while nothing comes.
 cdef int UNSERVED_NAP_US = 20
+# A wait asleep in the CQ fds (_wait_sleep) that traffic woke polls instead of
+# sleeping for this long (s) after (a request/response stream brings more at
+# once, and each sleep costs a wake-up: a scheduler round trip per operation).
+cdef double WAIT_HOT = 500e-6
+# ... and while its sleeps end with nothing come, each is twice the last, up to
+# this long (us): traffic wakes it through the fds, so a longer sleep only
+# delays what no fd announces (a store of this process's own to the word, the
+# core's deadline and health checks) and saves the wake-ups of a quiet wait.
+cdef int QUIET_SLEEP_MAX_US = 20000
 
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"
@@ -197,6 +206,8 @@ cdef struct ofi_dom:
     double last_app         # when an application thread last drove progress itself
     double driven_until     # a wait polls this domain's CQs itself until then (WAIT_ASIDE)
     double wait_pass_end    # when a wait's pass last finished reading its CQs (PASS_FRESH)
+    double wait_hot_until   # a sleeping wait polls instead until then (WAIT_HOT)
+    int wait_quiet_us       # ... its next sleep's length while nothing comes (QUIET_SLEEP_MAX_US)
     int ordered             # FI_ORDER_RAW: a read issued after writes sees them (flush by read)
     size_t max_order_raw    # ... for writes up to this size
     int waw                 # FI_ORDER_WAW: writes from one endpoint to a target land in issue order

@@ -443,8 +443,9 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
     cdef fid* fids[2 * SLEEP_EPS]
     cdef pollfd pfds[2 * SLEEP_EPS]
     cdef timespec ts
-    cdef int nfd, i, rc
+    cdef int nfd, i, rc, woke = 0
     cdef ofi_ep* e
+    cdef double now
     if not ep.can_wait and _unserved(d):
         # No progress thread: nothing would wake a futex sleeper when the
         # network brings its signal, and a wait's nap (up to 0.1 ms, plus 50 us
@@ -475,10 +476,27 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
         gx_add_long(&d.waiters, 1)
     else:
         nfd = -_ep_wait_fds(ep, fids, pfds, 0)      # own fds only
-    if fi_trywait(d.fabric, fids, nfd if nfd > 0 else -nfd) == 0:
-        ts.tv_sec = us // 1000000
-        ts.tv_nsec = (us % 1000000) * 1000
-        ppoll(pfds, nfd if nfd > 0 else -nfd, &ts, NULL)
+    now = _now()
+    if nfd > 0 and now < d.wait_hot_until:
+        # hot: traffic woke this wait lately; poll (below) rather than sleep
+        pass
+    elif fi_trywait(d.fabric, fids, nfd if nfd > 0 else -nfd) == 0:
+        # a quiet wait sleeps longer each time (traffic wakes it at once)
+        if d.wait_quiet_us < us:
+            d.wait_quiet_us = us
+        i = d.wait_quiet_us if nfd > 0 else us
+        ts.tv_sec = i // 1000000
+        ts.tv_nsec = (i % 1000000) * 1000
+        if ppoll(pfds, nfd if nfd > 0 else -nfd, &ts, NULL) > 0:
+            woke = 1
+        elif nfd > 0:
+            d.wait_quiet_us = i * 2 if i < QUIET_SLEEP_MAX_US // 2 else QUIET_SLEEP_MAX_US
+    else:
+        woke = 1            # work was pending
+    if woke:
+        d.wait_quiet_us = us
+        if nfd > 0:
+            d.wait_hot_until = _now() + WAIT_HOT
     # every CQ slept on, atomics CQs included (what woke it may be an atomic
     # its provider applies when that CQ is read)
     rc = 0
