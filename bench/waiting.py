@@ -4,7 +4,8 @@
                                [--cpu-wait 3] [--json out.json]
 
 A 2-rank job over ofi (``GEXMK_TRANSPORT=ofi``, default settings otherwise):
-rank 0 issues 8 B blocking ``tm.put`` and ``tm.get`` to rank 1 while rank 1 is
+rank 0 issues 8 B blocking ``tm.put`` and ``tm.get`` (and, in the barrier, 512 KiB blocking
+puts) to rank 1 while rank 1 is
 
 ==============  ===========================================================
 ``barrier``     inside ``tm.barrier()`` (rank 0 enters it when it is done)
@@ -20,7 +21,9 @@ reported: the median and p90 per state.  The baseline, in the same round:
 ``bench/ofi/ofi_bench`` (raw libfabric, built with meson into a temporary
 directory) with its target busy-polling its CQ (``-P poll``): a
 FI_DELIVERY_COMPLETE ``fi_writemsg`` (what a blocking put asks for) and an
-``fi_read``, 8 B.  Ratios are gexmk / C of the medians.
+``fi_read``, 8 B, and a 512 KiB ``fi_write`` + 8 B read-back flush (``-w 1
+-f``: the data at the target, as after a blocking put).  Ratios are gexmk / C
+of the medians.
 
 CPU: rank 1 waits ``--cpu-wait`` seconds in ``tm.barrier()`` for rank 0 (which
 sleeps, then enters it); the process's CPU time over the wait (all threads:
@@ -45,6 +48,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 STATES = ["barrier", "wait_until", "idle", "numpy"]
+BW_SIZE = 1 << 19
 
 
 def _load():
@@ -85,7 +89,7 @@ def _worker(out, iters, cpu_wait, lat):
     c = gexmk.init()
     tm = c.tm
     me = tm.rank
-    seg = c.segment_attach(1 << 20)
+    seg = c.segment_attach(1 << 21)
     flag = np.asarray(seg).view(np.uint64)
     res = {"states": {}, "cpu": None}
     src = np.arange(8, dtype=np.uint8)
@@ -128,6 +132,16 @@ def _worker(out, iters, cpu_wait, lat):
                 res["states"][state] = {
                     "put_us": {"median": statistics.median(put), "p90": _pct(put, 0.9)},
                     "get_us": {"median": statistics.median(get), "p90": _pct(get, 0.9)}}
+                if state == "barrier":
+                    # bandwidth to the waiting target: blocking 1 MiB puts
+                    big = np.ones(BW_SIZE, np.uint8)
+                    tm.put(1, tm.addr(1, 65536), big)
+                    bw = []
+                    for _ in range(max(5, iters // 20)):
+                        t0 = time.perf_counter_ns()
+                        tm.put(1, tm.addr(1, 65536), big)
+                        bw.append(BW_SIZE / (time.perf_counter_ns() - t0))     # GB/s
+                    res["states"][state]["put_1m_GBps"] = statistics.median(bw)
                 if state == "barrier":
                     tm.barrier()
                 else:
@@ -184,11 +198,13 @@ def run_job(args, tmp, transport, lat):
 
 
 def run_c(args, exe):
-    cmd = [exe, "-p", args.provider, "-P", "poll", "-s", "8", "-b", "8", "-w", "16",
-           "-i", "2000", "-t", "0.5", "-W", "60", "--json"]
+    cmd = [exe, "-p", args.provider, "-P", "poll", "-s", "8", "-b", str(BW_SIZE), "-w", "1",
+           "-i", "2000", "-t", "0.5", "-W", "60", "-f", "--json"]
     r = _run(cmd, None, 90, f"ofi_bench -p '{args.provider}' -P poll")
     j = json.loads(r.stdout)
-    return {"put_us": j["write_dc_lat_us"]["8"]["median"], "get_us": j["read_lat_us"]["8"]["median"]}
+    bw = j.get("bw_flush_GBps_rounds", {}).get(str(BW_SIZE))
+    return {"put_us": j["write_dc_lat_us"]["8"]["median"], "get_us": j["read_lat_us"]["8"]["median"],
+            "put_bw_GBps": bw["median"] if bw else None}
 
 
 def main(argv=None):
@@ -236,7 +252,9 @@ def _report(rnd, R, args):
     print(f"\nround {rnd}  (load average {R['load']} -> {R['load_after']}; {args.provider})")
     c = R.get("c")
     if c:
-        print(f"  C ofi_bench -P poll:       put {c['put_us']:7.2f} us   get {c['get_us']:7.2f} us")
+        print(f"  C ofi_bench -P poll:       put {c['put_us']:7.2f} us   get {c['get_us']:7.2f} us"
+              + (f"   {BW_SIZE >> 10} KiB write+flush {c['put_bw_GBps']:.2f} GB/s"
+                 if c.get("put_bw_GBps") else ""))
     o = R.get("ofi")
     if o:
         for st in STATES:
@@ -248,6 +266,11 @@ def _report(rnd, R, args):
             extra = f"  [{o['target'][st]['numpy_calls']} numpy calls]" if st == "numpy" else ""
             print(f"  target in {st:<11} put {pu:7.2f} us (p90 {x['put_us']['p90']:6.1f})   "
                   f"get {ge:7.2f} us (p90 {x['get_us']['p90']:6.1f}){ratio}{extra}")
+            if "put_1m_GBps" in x:
+                bw = x["put_1m_GBps"]
+                cb = c.get("put_bw_GBps") if c else None
+                print(f"  target in {st:<11} {BW_SIZE >> 10} KiB blocking put {bw:.2f} GB/s"
+                      + (f"  ({bw / cb:.2f}x C)" if cb else ""))
     for what in ("ofi", "nbrhd"):
         x = R.get(what)
         if x and x["cpu"]:

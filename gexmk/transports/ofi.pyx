@@ -106,7 +106,7 @@ cdef double WAIT_HOT = 500e-6
 # this long (us): traffic wakes it through the fds, so a longer sleep only
 # delays what no fd announces (a store of this process's own to the word, the
 # core's deadline and health checks) and saves the wake-ups of a quiet wait.
-cdef int QUIET_SLEEP_MAX_US = 20000
+cdef int QUIET_SLEEP_MAX_US = 5000
 
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"
