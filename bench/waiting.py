@@ -198,11 +198,14 @@ def run_job(args, tmp, transport, lat):
 
 
 def run_c(args, exe):
-    cmd = [exe, "-p", args.provider, "-P", "poll", "-s", "8", "-b", str(BW_SIZE), "-w", "1",
-           "-i", "2000", "-t", "0.5", "-W", "60", "-f", "--json"]
+    cmd = [exe, "-p", args.provider, "-P", "poll", "-s", "8", "-b", "8", "-w", "16",
+           "-i", "2000", "-t", "0.5", "-W", "60", "--json"]
     r = _run(cmd, None, 90, f"ofi_bench -p '{args.provider}' -P poll")
     j = json.loads(r.stdout)
-    bw = j.get("bw_flush_GBps_rounds", {}).get(str(BW_SIZE))
+    cmd = [exe, "-p", args.provider, "-P", "poll", "-s", "8", "-b", str(BW_SIZE), "-w", "1",
+           "-i", "100", "-t", "0.5", "-W", "60", "-f", "--json"]
+    r = _run(cmd, None, 90, f"ofi_bench -p '{args.provider}' -P poll -b {BW_SIZE} -w 1 -f")
+    bw = json.loads(r.stdout).get("bw_flush_GBps_rounds", {}).get(str(BW_SIZE))
     return {"put_us": j["write_dc_lat_us"]["8"]["median"], "get_us": j["read_lat_us"]["8"]["median"],
             "put_bw_GBps": bw["median"] if bw else None}
 

@@ -101,7 +101,7 @@ cdef int UNSERVED_NAP_US = 20
 # A wait asleep in the CQ fds (_wait_sleep) that traffic woke polls instead of
 # sleeping for this long (s) after (a request/response stream brings more at
 # once, and each sleep costs a wake-up: a scheduler round trip per operation).
-cdef double WAIT_HOT = 500e-6
+cdef double WAIT_HOT = 200e-6
 # ... and while its sleeps end with nothing come, each is twice the last, up to
 # this long (us): traffic wakes it through the fds, so a longer sleep only
 # delays what no fd announces (a store of this process's own to the word, the
