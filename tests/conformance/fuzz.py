@@ -1556,10 +1556,11 @@ class Gen:
 
 
 #: Transports where an access to a peer's stale publication disturbs more than
-#: that access or stalls: over tcp;ofi_rxm an endpoint destroyed since (its
-#: segment unbound or destroyed is served by a retired registration now: seeds
-#: 7 and 10) -- rxm retries connecting until GEXMK_TIMEOUT (seed 528); over shm
-#: the access stalls until GEXMK_TIMEOUT.  Their plans avoid such accesses
+#: that access or stalls: an endpoint destroyed since -- over tcp;ofi_rxm rxm
+#: retries connecting until GEXMK_TIMEOUT (seed 528).  (A segment unbound or
+#: destroyed since is served by a retired registration now, over tcp and shm
+#: alike: seeds 7, 10 and 314; before, tcp took the connection down and shm
+#: stalled the peer's queue.)  Their plans avoid such accesses
 #: unless asked (--stale; the regressions that show it).
 STALE_UNSAFE = {"ofi-tcp", "ofi-shm", "ofi-tcp-staged", "ofi-shm-staged"}
 
