@@ -124,6 +124,14 @@ REGRESSIONS = [
     # until GEXMK_TIMEOUT (rxm keeps reconnecting to the closed endpoint)
     pytest.param(528, "ofi-tcp", STALE, id="ofi-tcp-528-stale-destroyed-endpoint-stalls",
                  marks=_slow("an op to a destroyed endpoint over tcp;ofi_rxm waits GEXMK_TIMEOUT")),
+    # found here, the same over the staged path (a TM-pair's connection set-up) and,
+    # likely the same class, over shm: an op to a peer whose stale publication names an
+    # endpoint closed since finds its queue full until GEXMK_TIMEOUT (not yet analysed;
+    # also seeds 614, 619 on ofi-shm and 709 on ofi-tcp-staged, --stale)
+    pytest.param(707, "ofi-tcp-staged", STALE, id="ofi-tcp-staged-707-stale-destroyed-endpoint",
+                 marks=_flaky("an op to a destroyed endpoint waits GEXMK_TIMEOUT")),
+    pytest.param(608, "ofi-shm", STALE, id="ofi-shm-608-stale-op-stalls",
+                 marks=_flaky("a stale op over shm stalls until GEXMK_TIMEOUT")),
     # fixed on main (issue 19 item 4, its ep.destroy() form found here): the event of
     # an NB op (put_signal_nb) whose endpoint was then destroyed waited GEXMK_TIMEOUT
     pytest.param(303, "ofi-tcp", KNOWN, id="ofi-tcp-303-event-after-ep-destroy"),
