@@ -98,10 +98,15 @@ cdef double PASS_FRESH = 5e-6
 # this long (us) between passes at first (nobody else would see its signal
 # land), longer (x 1.5 a quiet pass, up to the core's nap) while nothing comes.
 cdef int UNSERVED_NAP_US = 20
-# A wait asleep in the CQ fds (_wait_sleep) that traffic woke polls instead of
+# A wait asleep in the CQ fds (_wait_sleep) that traffic woke may poll instead of
 # sleeping for this long (s) after (a request/response stream brings more at
 # once, and each sleep costs a wake-up: a scheduler round trip per operation).
-cdef double WAIT_HOT = 200e-6
+# Off (0): measured with 200 and 500 us (bench/waiting.py, tcp;ofi_rxm), 8 B
+# put/get to a target in a barrier dropped from ~38 to 11-14 us in most rounds,
+# but in others every operation took the window + ~32 us (served only once the
+# wait slept again: the CQ reads of the polling passes did not land it, not yet
+# understood), and 512 KiB puts to it fell from 3-5 to 1.7-1.9 GB/s on 2 cores.
+cdef double WAIT_HOT = 0
 # ... and while its sleeps end with nothing come, each is twice the last, up to
 # this long (us): traffic wakes it through the fds, so a longer sleep only
 # delays what no fd announces (a store of this process's own to the word, the

@@ -478,10 +478,10 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
         nfd = -_ep_wait_fds(ep, fids, pfds, 0)      # own fds only
     now = _now()
     if nfd > 0 and now < d.wait_hot_until:
-        # hot: traffic woke this wait lately; poll (below) rather than sleep,
-        # yielding the core to whatever else is runnable (on a small node, the
-        # sender's own thread or the kernel's network processing)
-        sched_yield()
+        # hot: traffic woke this wait lately; poll (below) rather than sleep.
+        # (Not sched_yield between passes: on a loaded 2-core machine each yield
+        # handed the core to another job for a time slice, ~200 us per op.)
+        pass
     elif fi_trywait(d.fabric, fids, nfd if nfd > 0 else -nfd) == 0:
         # a quiet wait sleeps longer each time (traffic wakes it at once)
         if d.wait_quiet_us < us:
