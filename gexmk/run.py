@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import secrets
 import selectors
 import shlex
@@ -126,6 +127,24 @@ except OSError as exc:
     os._exit(127)
 """
 _POLL = 0.02  # seconds between checks for signals and deadlines; exits wake the launcher at once
+
+# libfabric's shm provider (1.17) names a region /dev/shm/<pid>:<n>:<m> after the
+# process that opened it, and only that process unlinks it: a rank killed (by
+# itself, a peer's failure, the launcher) leaves its regions behind.
+_SHM_DIR = "/dev/shm"
+_SHM_REGION = re.compile(r"(\d+):\d+:\d+")
+_SHM_EVERY = 0.25   # seconds between looks for regions our ranks (or their children) open
+
+
+def _shm_names():
+    try:
+        return set(os.listdir(_SHM_DIR))
+    except OSError:
+        return set()
+
+
+def _alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
 
 # Seconds within which a rank whose rendezvous connection closed without a goodbye is
 # expected to be reaped, for that closing to count as the moment it failed.
@@ -239,6 +258,9 @@ class _Job:
         self.first_failure = None  # (monotonic time, exit status) of the earliest failure
         self.failed = []         # (time, rank, returncode) found but not yet reported
         self.waiter = _ExitWaiter()
+        self.shm_before = set()  # /dev/shm names that were there before the ranks
+        self.shm_pids = set()    # pids of our processes seen owning shm regions
+        self.shm_next = 0.0      # monotonic time of the next look
 
     def run(self) -> int:
         if self.listen is None:
@@ -293,6 +315,7 @@ class _Job:
         base = dict(os.environ if self.env is None else self.env)
         base.update(GEXMK_SIZE=str(self.n), GEXMK_BOOTSTRAP=server.address, GEXMK_JOBID=self.jobid)
         keep_crash_signals(base)  # a rank may load libfabric before (or without) gexmk
+        self.shm_before = _shm_names()
         wrapper = [sys.executable, "-I", "-S", "-c", _RANK_WRAPPER, str(os.getpid())]
         for rank in range(self.n):
             prefix = self.prefixes[rank] if self.prefixes is not None else []
@@ -366,6 +389,9 @@ class _Job:
             if self.kill_at is not None and now >= self.kill_at:
                 self._signal_running(signal.SIGKILL)
                 self.kill_at = float("inf")  # once
+            if now >= self.shm_next:
+                self.shm_next = now + _SHM_EVERY
+                self._track_shm()
             if self.running:
                 self.waiter.wait(_POLL)
         if timed_out:
@@ -392,6 +418,34 @@ class _Job:
         del self.failed[:len(settled)]
         return settled
 
+    def _track_shm(self):
+        """Note the pids of our processes (the ranks and what they started: their
+        process groups) that own libfabric shm regions, while they live."""
+        groups = {p.pid for p in self.procs.values()}
+        for name in _shm_names() - self.shm_before:
+            m = _SHM_REGION.fullmatch(name)
+            if m is None or int(m.group(1)) in self.shm_pids:
+                continue
+            pid = int(m.group(1))
+            try:
+                if pid in groups or os.getpgid(pid) in groups:
+                    self.shm_pids.add(pid)
+            except OSError:
+                pass        # gone already: a pid we never saw alive is not known ours
+
+    def _remove_dead_regions(self):
+        """Unlink the shm regions of our processes that are gone (a rank that
+        finalized unlinked its own; a killed one could not)."""
+        pids = self.shm_pids | {p.pid for p in self.procs.values()}
+        for name in _shm_names():
+            m = _SHM_REGION.fullmatch(name)
+            if m is None or int(m.group(1)) not in pids or _alive(int(m.group(1))):
+                continue
+            try:
+                os.unlink(os.path.join(_SHM_DIR, name))
+            except OSError:
+                pass
+
     def _cleanup(self):
         """Leave nothing behind: reap every rank, then empty their process groups."""
         for proc in self.running.values():  # only on an error path of the launcher itself
@@ -403,16 +457,20 @@ class _Job:
         # Children a rank started stay in its group after it exited.  A group id
         # cannot be reused while the group has members, so this reaches only ours.
         groups = [p.pid for p in self.procs.values() if _signal_group(p.pid, 0)]
-        if not groups:
-            return
-        for g in groups:
-            _signal_group(g, signal.SIGTERM)
-        end = time.monotonic() + GRACE
-        while groups and time.monotonic() < end:
-            time.sleep(_POLL)
-            groups = [g for g in groups if _signal_group(g, 0)]
-        for g in groups:
-            _signal_group(g, signal.SIGKILL)
+        if groups:
+            for g in groups:
+                _signal_group(g, signal.SIGTERM)
+            end = time.monotonic() + GRACE
+            while groups and time.monotonic() < end:
+                time.sleep(_POLL)
+                groups = [g for g in groups if _signal_group(g, 0)]
+            for g in groups:
+                _signal_group(g, signal.SIGKILL)
+            end = time.monotonic() + GRACE
+            while any(_signal_group(p.pid, 0) for p in self.procs.values()) and \
+                    time.monotonic() < end:
+                time.sleep(_POLL)
+        self._remove_dead_regions()
 
 
 def _rank_prefixes(template, n):

@@ -341,3 +341,102 @@ def test_completion_means_at_target(tmp_path, provider):
     res = run(tmp_path, COMPLETE_AT_TARGET, 2, provider, launcher_timeout=80)
     no_signal_death(res, [0, 1])
     assert res.returncode == 0 and res.stdout.count("COMPLETE-OK") == 2, res.report()
+
+
+# ---- a peer's access to a segment unbound since it was published (issue 19) ----
+
+# Rank 1 unbinds (then destroys) the segment it published; rank 0, not told,
+# keeps using the old publication (put, get, put_nbi, atomic) while rank 1
+# reads rank 0's segment the other way.  Over tcp;ofi_rxm a key the target no
+# longer knows took the pair's connection down: rank 1's own operations in
+# flight failed, later ones stalled, and rxm once died in fi_cq_read (fuzz
+# seeds 7 and 10 with --stale).  Now every stale access completes harmlessly
+# (it lands in a retired registration, never in rank 1's memory) or raises a
+# GexmkError -- over the staged path always SegmentError -- and every valid
+# operation, before and after the republication, moves exact data.
+STALE_UNBOUND = r'''
+c = gexmk.init()
+tm = c.tm
+N = 1 << 16
+staged = os.environ.get("GEXMK_OFI_STAGE") == "all"
+seg = c.segment_attach(N)
+mine = np.asarray(seg)
+mine[:] = pattern(N, tm.rank)
+tm.barrier()
+ad = tm.ad_create(gexmk.DT_U64, gexmk.OP_FADD | gexmk.OP_ADD)
+ep0 = c.ep(0)
+for rnd in range(3):
+    if tm.rank == 1:
+        ep0.unbind_segment()
+        if rnd == 2:
+            seg.destroy()
+    tm.barrier()
+    if tm.rank == 0:
+        stale = [lambda: tm.put(1, tm.addr(1, 128), np.full(64, 7, np.uint8)),
+                 lambda: tm.get(np.empty(64, np.uint8), 1, tm.addr(1, 256)),
+                 lambda: (tm.put_nbi(1, tm.addr(1, 512), np.full(8, 9, np.uint8)), tm.quiet()),
+                 lambda: ad.op(1, tm.addr(1, 1024), gexmk.OP_FADD, 1)]
+        outcomes = []
+        for i, fn in enumerate(stale * 3):
+            try:
+                fn()
+                outcomes.append("ok")
+                assert not staged or i % 4 == 3, "a stale staged RMA did not raise"
+            except E.GexmkError as e:
+                outcomes.append(type(e).__name__)
+                assert not staged or isinstance(e, E.SegmentError) or i % 4 == 3, e
+        log(f"round {rnd}: stale accesses: {outcomes}")
+    else:
+        # the other direction meanwhile: exact data, no error
+        for i in range(20):
+            got = np.empty(4096, np.uint8)
+            tm.get(got, 0, tm.addr(0, 4096 * (i % 8)))
+            assert (got == pattern(N, 0)[4096 * (i % 8):4096 * (i % 8 + 1)]).all()
+    tm.barrier()
+    if tm.rank == 1 and rnd < 2:
+        # nothing of the stale puts landed in the unbound segment
+        assert (mine == pattern(N, 1)).all(), "a stale put landed in the unbound segment"
+        ep0.bind_segment(seg)
+    tm.barrier()
+    if tm.rank == 0 and rnd < 2:
+        # rebound, not yet republished: stale signals (as remote CQ data and,
+        # with a value too large for it, as a message) must not reach the
+        # segment bound now, though their words lie in it
+        for v in (5, 1 << 40):
+            try:
+                tm.put_signal(1, tm.addr(1, 3072), np.full(8, 3, np.uint8), tm.addr(1, 1024), v,
+                              gexmk.SIGNAL_ADD)
+                tm.quiet()
+            except E.GexmkError as e:
+                log(f"round {rnd}: stale put_signal: {type(e).__name__}: {e}")
+    tm.barrier()
+    if tm.rank == 1 and rnd < 2:
+        assert (mine == pattern(N, 1)).all(), "a stale signal landed in the segment bound since"
+    tm.publish_bound_segment([ep0])     # in round 2, rank 1's says "no segment"
+    # after the republication: valid traffic both ways, stale ones refused
+    if tm.rank == 0 and rnd < 2:
+        tm.put(1, tm.addr(1, 2048), np.full(16, rnd + 1, np.uint8))
+    if tm.rank == 1:
+        got = np.empty(64, np.uint8)
+        tm.get(got, 0, tm.addr(0, 0))
+        assert (got == pattern(N, 0)[:64]).all()
+    tm.barrier()
+    if tm.rank == 1 and rnd < 2:
+        assert (mine[2048:2064] == rnd + 1).all()
+        mine[2048:2064] = pattern(N, 1)[2048:2064]
+    if tm.rank == 0 and rnd == 2:
+        expect_raises(E.SegmentError, lambda: tm.put(1, tm.addr(1, 0), np.zeros(8, np.uint8)))
+    tm.barrier()
+c.finalize()
+print("STALE-UNBOUND-OK", flush=True)
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("extra", [{}, {"GEXMK_OFI_STAGE": "all"}], ids=["plain", "staged"])
+def test_stale_access_to_unbound_segment(tmp_path, extra):
+    need("tcp;ofi_rxm")
+    res = run(tmp_path, STALE_UNBOUND, 2, "tcp;ofi_rxm", launcher_timeout=90, GEXMK_TIMEOUT=20,
+              **extra)
+    no_signal_death(res, [0, 1])
+    assert res.returncode == 0 and res.stdout.count("STALE-UNBOUND-OK") == 2, res.report()

@@ -349,3 +349,56 @@ def test_argument_split():
     assert R._split(["-n", "2", "--", "-weird.py"]) == (["-n", "2"], ["-weird.py"])
     assert R._split(["--timeout", "5", "-n", "1", "-c", "pass"]) == (
         ["--timeout", "5", "-n", "1"], ["-c", "pass"])
+
+
+# libfabric's shm provider names its regions /dev/shm/<pid>:<n>:<m> and only the
+# process that made one unlinks it: a rank that is killed leaves its regions behind
+# (issue 19).  The ranks here make such regions themselves (rank 1 in a child too),
+# then rank 1 is SIGKILLed and the launcher stops rank 0: nothing of theirs may be
+# left, and a region of a process that is not the job's is left alone.
+SHM_REGIONS = r'''
+import os, signal, sys, time
+d = sys.argv[1]
+rank = os.environ["GEXMK_RANK"]
+
+def region(pid, n):
+    name = f"{pid}:97:{n}"
+    with open(os.path.join("/dev/shm", name), "w") as f:
+        f.write("x")
+    with open(os.path.join(d, f"region-{name}"), "w"):
+        pass
+
+region(os.getpid(), 0)
+if rank == "1":
+    child = os.fork()
+    if child == 0:
+        region(os.getpid(), 1)
+        time.sleep(60)
+        os._exit(0)
+    time.sleep(1.0)         # the launcher looks every 0.25 s
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(60)
+'''
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
+def test_shm_regions_of_dead_ranks_are_removed(tmp_path):
+    foreign = f"/dev/shm/{os.getpid()}:97:9"        # alive, not the job's
+    with open(foreign, "w") as f:
+        f.write("x")
+    try:
+        prog = script(tmp_path, SHM_REGIONS)
+        result = launcher(tmp_path, "-n", 2, prog, tmp_path).check(128 + signal.SIGKILL)
+        made = sorted(p.name[len("region-"):] for p in tmp_path.glob("region-*"))
+        assert len(made) == 3, (made, result.report())
+        left = [n for n in made if os.path.exists(os.path.join("/dev/shm", n))]
+        assert not left, f"shm regions of dead ranks left behind: {left}"
+        assert os.path.exists(foreign), "a region of a process outside the job was removed"
+    finally:
+        for p in [foreign] + [os.path.join("/dev/shm", p.name[len("region-"):])
+                              for p in tmp_path.glob("region-*")]:
+            try:
+                os.unlink(p)
+            except OSError:
+                pass

@@ -298,6 +298,14 @@ cdef class Team:
         self.client._connect([rt for tg in applied if tg is not None for rt in (<_Target>tg).routes])
         # Owners keep their segments until every peer has mapped them.
         self._exchange(None)
+        # Every member now holds what was published: transports may drop what
+        # they kept for peers that still used an earlier publication.
+        members = [m[0] for m in self._members]
+        for e in eps:
+            for ctx in ((<Endpoint>e).contexts or {}).values():
+                published = getattr(ctx, "published", None)
+                if published is not None:
+                    published(members)
         if err is not None:
             raise err
 

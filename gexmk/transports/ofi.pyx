@@ -35,6 +35,8 @@ from cpython.pycapsule cimport PyCapsule_New
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t, int64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
+from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_FAILED
+from gexmk.lib.linux cimport MAP_PRIVATE, MAP_ANONYMOUS, MAP_NORESERVE
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC, nanosleep
 
 cdef extern from "<time.h>" nogil:
@@ -64,7 +66,7 @@ from gexmk.lib.libfabric cimport *
 from gexmk.lib.gx cimport *
 
 from gexmk.errors import (OFIError, UnsupportedError, PeerDeadError, TimeoutError as GxTimeoutError,
-                          ArgumentError, StateError, CommunicationError)
+                          ArgumentError, StateError, CommunicationError, SegmentError)
 from gexmk.transports import Reach
 from gexmk.memory cimport Segment
 from gexmk.kinds.kind cimport gx_kind_ops
@@ -96,6 +98,20 @@ cdef double PASS_FRESH = 5e-6
 # this long (us) between passes at first (nobody else would see its signal
 # land), longer (x 1.5 a quiet pass, up to the core's nap) while nothing comes.
 cdef int UNSERVED_NAP_US = 20
+# A wait asleep in the CQ fds (_wait_sleep) that traffic woke may poll instead of
+# sleeping for this long (s) after (a request/response stream brings more at
+# once, and each sleep costs a wake-up: a scheduler round trip per operation).
+# Off (0): measured with 200 and 500 us (bench/waiting.py, tcp;ofi_rxm), 8 B
+# put/get to a target in a barrier dropped from ~38 to 11-14 us in most rounds,
+# but in others every operation took the window + ~32 us (served only once the
+# wait slept again: the CQ reads of the polling passes did not land it, not yet
+# understood), and 512 KiB puts to it fell from 3-5 to 1.7-1.9 GB/s on 2 cores.
+cdef double WAIT_HOT = 0
+# ... and while its sleeps end with nothing come, each is twice the last, up to
+# this long (us): traffic wakes it through the fds, so a longer sleep only
+# delays what no fd announces (a store of this process's own to the word, the
+# core's deadline and health checks) and saves the wake-ups of a quiet wait.
+cdef int QUIET_SLEEP_MAX_US = 5000
 
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"
@@ -110,15 +126,17 @@ cdef enum:
     HMEM_SYSTEM = 2
 
 # a put_signal's signal as remote CQ data (signal.pxi): kind (2 bits), the
-# word's index in the segment (26 bits: its first 512 MiB), the value (36 bits)
+# target's binding generation (2 bits), the word's index in the segment (24
+# bits: its first 128 MiB), the value (36 bits)
 cdef enum:
     SIG_DATA_SET = 1
     SIG_DATA_ADD = 2
     SIG_DATA_KIND_SHIFT = 62
+    SIG_DATA_GEN_SHIFT = 60
     SIG_DATA_IDX_SHIFT = 36
 cdef extern from *:
     """
-    #define GX_SIG_DATA_IDX_MAX ((UINT64_C(1) << 26) - 1)
+    #define GX_SIG_DATA_IDX_MAX ((UINT64_C(1) << 24) - 1)
     #define GX_SIG_DATA_VAL_MAX ((UINT64_C(1) << 36) - 1)
     """
     const uint64_t SIG_DATA_IDX_MAX "GX_SIG_DATA_IDX_MAX"
@@ -157,6 +175,7 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
                             # progress or a progress thread): connections may be set up eagerly
     int sig_rx              # its endpoint takes put_signal's signal messages (signal.pxi)
     int sig_data            # ... and signals carried as a write's remote CQ data (signal.pxi)
+    uint64_t sig_gen        # the target's binding generation as published (signal.pxi)
     int stg                 # a device segment reached through its landing zone (staged.pxi)
     int hmem                # a device segment the provider registered (FI_HMEM, hmem.pxi): RMA
                             # lands in it natively; its atomics go through its landing zone
@@ -192,6 +211,8 @@ cdef struct ofi_dom:
     double last_app         # when an application thread last drove progress itself
     double driven_until     # a wait polls this domain's CQs itself until then (WAIT_ASIDE)
     double wait_pass_end    # when a wait's pass last finished reading its CQs (PASS_FRESH)
+    double wait_hot_until   # a sleeping wait polls instead until then (WAIT_HOT)
+    int wait_quiet_us       # ... its next sleep's length while nothing comes (QUIET_SLEEP_MAX_US)
     int ordered             # FI_ORDER_RAW: a read issued after writes sees them (flush by read)
     size_t max_order_raw    # ... for writes up to this size
     int waw                 # FI_ORDER_WAW: writes from one endpoint to a target land in issue order
@@ -226,6 +247,9 @@ cdef struct ofi_dom:
     signed char valid[3][GX_DT_COUNT][GX_OP_COUNT]   # fi_*atomicvalid cache: -1 unknown
     long deaths             # peers of the job known dead (the core's notices)
     int last_dead           # the job rank of the last one
+    double death_at         # ... and when its notice came (_now())
+    int shared_q            # the provider's queues are shared memory a killed process may
+                            # leave locked (shm): see _poisoned
 
 
 cdef struct ofi_ep:
@@ -240,6 +264,7 @@ cdef struct ofi_ep:
     long amo_out            # this endpoint's atomics not yet completed: acq polled every pass
     fid_mr* seg_mr
     void* seg_desc
+    unsigned int bind_gen   # binds so far: a signal carries the one its initiator was published
     uintptr_t seg_lo
     uintptr_t seg_hi
     long nbi[3]             # outstanding implicit ops by GX_CAT_*
@@ -437,6 +462,7 @@ cdef class OfiTransport:
         p.c.answers = answers & 1
         p.c.sig_rx = (answers >> 1) & 1
         p.c.sig_data = (answers >> 2) & 1
+        p.c.sig_gen = (answers >> 8) & 0xff     # bits 8-15: the binding's generation
         p.c.stg = p.c.hmem = 0
         if geometry is None and native is None:
             return p
@@ -570,6 +596,7 @@ cdef class OfiTransport:
 
     def peer_died(self, int jobrank):
         self.domain.d.last_dead = jobrank
+        self.domain.d.death_at = _now()
         gx_add_long(&self.domain.d.deaths, 1)
 
     def close(self):

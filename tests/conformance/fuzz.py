@@ -1552,11 +1552,12 @@ class Gen:
                 self.emit(It("seg_destroy", r, sid=segs[0]))
 
 
-#: Transports where an access to a peer's closed registration (its segment unbound
-#: or destroyed, not yet republished) disturbs more than that access: over
-#: tcp;ofi_rxm the pair's connection goes down, failing the other direction's
-#: operations in flight, and a later CQ read may crash inside libfabric; over
-#: shm the access stalls until GEXMK_TIMEOUT.  Their plans avoid such accesses
+#: Transports where an access to a peer's stale publication disturbs more than
+#: that access or stalls: an endpoint destroyed since -- over tcp;ofi_rxm rxm
+#: retries connecting until GEXMK_TIMEOUT (seed 528).  (A segment unbound or
+#: destroyed since is served by a retired registration now, over tcp and shm
+#: alike: seeds 7, 10 and 314; before, tcp took the connection down and shm
+#: stalled the peer's queue.)  Their plans avoid such accesses
 #: unless asked (--stale; the regressions that show it).
 STALE_UNSAFE = {"ofi-tcp", "ofi-shm", "ofi-tcp-staged", "ofi-shm-staged"}
 
@@ -1571,10 +1572,15 @@ STALE_UNSAFE = {"ofi-tcp", "ofi-shm", "ofi-tcp-staged", "ofi-shm-staged"}
 #:               (seed 12: its word is seen some time after the next barrier), nor
 #:               does any blocking non-fetching atomic (seed 235, FLT SET): plans
 #:               use the fetching forms towards other ranks
-#:   kill        found here (seeds 104, 107, 109 on ofi-shm): after a peer's SIGKILL,
-#:               a survivor's blocking atomic or put to another survivor can spin
-#:               without completing until GEXMK_TIMEOUT (libfabric shm's shared
-#:               queues are not robust to a process killed while it used them)
+#:   kill        found here (seeds 104, 107, 109, 119, 139 on ofi-shm): after a peer's
+#:               SIGKILL, a survivor's blocking atomic or put to another survivor can
+#:               stall for good: libfabric shm's shared queues are not robust to a
+#:               process killed while it used them (likely a command slot claimed
+#:               and never committed, which blocks its consumer).  Such an op now
+#:               raises PeerDeadError 1 s after the death (ofi completion.pxi,
+#:               _poisoned) instead of waiting GEXMK_TIMEOUT, but the survivors
+#:               cannot go on over shm as the plans expect (seed 139); what would:
+#:               new shm endpoints after a death
 #:   kill        (tcp) issue 19 item 3: a barrier after a peer's SIGKILL may SIGSEGV
 #:               (seed 213: in the survivors' probe of the primordial team)
 #:   destroy_pending  found here, the ep.destroy() form of issue 19 item 4 (an NB op

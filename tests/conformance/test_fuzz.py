@@ -94,9 +94,8 @@ REGRESSIONS = [
     pytest.param(109, "ofi-tcp", KNOWN, id="ofi-tcp-109-flush-to-dead-peer"),
     # fixed: over tcp with GEXMK_OFI_STAGE=all a put to a peer's unbound segment
     # aborted the process ("double free or corruption")
-    pytest.param(27, "ofi-tcp-staged", STALE, id="ofi-tcp-staged-27-stale-double-free",
-                 marks=_known("flaky: over tcp an access to a closed registration takes the "
-                              "connection down under the other direction's ops", strict=False)),
+    # (its flaky mark, a stale access taking the connection down, went with seeds 7 and 10)
+    pytest.param(27, "ofi-tcp-staged", STALE, id="ofi-tcp-staged-27-stale-double-free"),
     # fixed (issue 19 item 3): the survivors' barrier after a peer's SIGKILL died with SIGSEGV
     pytest.param(213, "ofi-tcp", KNOWN, id="ofi-tcp-213-barrier-after-kill"),
     # fixed (issue 19 item 5): a zero-length put over ofi shm never completed
@@ -107,25 +106,41 @@ REGRESSIONS = [
     pytest.param(6, "ofi-shm", KNOWN, id="ofi-shm-6-signal-op-add-not-complete"),
     pytest.param(3, "ofi-shm", KNOWN, id="ofi-shm-3-put-signal-nb-event"),
     pytest.param(235, "ofi-shm", KNOWN, id="ofi-shm-235-blocking-atomic-not-complete"),
-    # found here: after a peer's SIGKILL, survivors' ops to each other over shm can spin
-    # until GEXMK_TIMEOUT (the provider's shared queues are not robust to a killed peer)
+    # found here: after a peer's SIGKILL, survivors' ops to each other over shm can stall
+    # for good (the provider's shared queues are not robust to a killed peer); they
+    # raise PeerDeadError 1 s after the death now, but survivors cannot go on (139)
     pytest.param(107, "ofi-shm", KNOWN, id="ofi-shm-107-survivors-stall-after-kill",
                  marks=_flaky("libfabric shm after a SIGKILL")),
-    # found here: over tcp an access to a peer's closed registration (segment unbound,
-    # not republished) takes the pair's connection down: the other direction's
-    # valid operations in flight fail (OFIError), or wait until GEXMK_TIMEOUT
-    pytest.param(7, "ofi-tcp", STALE, id="ofi-tcp-7-stale-access-breaks-connection",
-                 marks=_flaky("stale access over tcp;ofi_rxm")),
+    pytest.param(139, "ofi-shm", KNOWN, id="ofi-shm-139-survivors-cannot-go-on-after-kill",
+                 marks=_flaky("libfabric shm after a SIGKILL")),
+    # fixed (issue 19): over tcp an access to a peer's closed registration (segment
+    # unbound, not republished) took the pair's connection down: the other direction's
+    # valid operations in flight failed (OFIError), or waited until GEXMK_TIMEOUT, and
+    # rxm once died in fi_cq_read (seed 10); the key now stays registered over a dummy
+    pytest.param(7, "ofi-tcp", STALE, id="ofi-tcp-7-stale-access-breaks-connection"),
+    pytest.param(10, "ofi-tcp", STALE, id="ofi-tcp-10-stale-access-stalls-or-crashes"),
+    # found here: over tcp;ofi_rxm an operation (or a TM-pair's connection set-up)
+    # towards an endpoint destroyed since its publication retries rxm's EAGAIN
+    # until GEXMK_TIMEOUT (rxm keeps reconnecting to the closed endpoint)
+    pytest.param(528, "ofi-tcp", STALE, id="ofi-tcp-528-stale-destroyed-endpoint-stalls",
+                 marks=_slow("an op to a destroyed endpoint over tcp;ofi_rxm waits GEXMK_TIMEOUT")),
+    # found here, the same over the staged path (a TM-pair's connection set-up) and,
+    # likely the same class, over shm: an op to a peer whose stale publication names an
+    # endpoint closed since finds its queue full until GEXMK_TIMEOUT (not yet analysed;
+    # also seeds 614, 619 on ofi-shm and 709 on ofi-tcp-staged, --stale)
+    pytest.param(707, "ofi-tcp-staged", STALE, id="ofi-tcp-staged-707-stale-destroyed-endpoint",
+                 marks=_flaky("an op to a destroyed endpoint waits GEXMK_TIMEOUT")),
+    pytest.param(608, "ofi-shm", STALE, id="ofi-shm-608-stale-op-stalls",
+                 marks=_flaky("a stale op over shm stalls until GEXMK_TIMEOUT")),
     # fixed on main (issue 19 item 4, its ep.destroy() form found here): the event of
     # an NB op (put_signal_nb) whose endpoint was then destroyed waited GEXMK_TIMEOUT
     pytest.param(303, "ofi-tcp", KNOWN, id="ofi-tcp-303-event-after-ep-destroy"),
-    # found here: over ofi shm with GEXMK_OFI_STAGE=all, one rank leaves a checked
-    # barrier whose arrival the others never see (they time out waiting for it)
-    pytest.param(314, "ofi-shm-staged", {}, id="ofi-shm-staged-314-barrier-arrival-lost",
-                 marks=_slow("a barrier arrival lost over ofi shm, staged")),
-    pytest.param(10, "ofi-tcp", STALE, id="ofi-tcp-10-stale-access-stalls-or-crashes",
-                 marks=_flaky("stale access over tcp;ofi_rxm: TimeoutError, or SIGSEGV in "
-                              "fi_cq_read")),
+    # fixed: over ofi shm with GEXMK_OFI_STAGE=all, one rank left a checked barrier
+    # whose arrival the others never saw (they timed out waiting for it): an access
+    # to a peer's closed registration (its landing zone, unbound) stalled shm's
+    # queue from that peer (shm, too, addresses by offset with keys of ours, so the
+    # retired registration of seeds 7 and 10 serves the stale access now)
+    pytest.param(314, "ofi-shm-staged", {}, id="ofi-shm-staged-314-barrier-arrival-lost"),
 ]
 
 

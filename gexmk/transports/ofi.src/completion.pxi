@@ -16,6 +16,35 @@ cdef int _raise_dead(ofi_peer* t, const char* what) except -1 with gil:
     raise PeerDeadError(f"{what.decode()}: job rank {t.g.jobrank} has died")
 
 
+cdef inline bint _poisoned(ofi_dom* dom, double* since) noexcept nogil:
+    """Whether a wait that began at *since (0: now, set here) has to give up
+    because a peer was killed: over shm the provider's queues live in shared
+    memory, and a process killed while it held one's lock leaves it locked, so
+    operations between survivors can stall for good (fuzz seeds 104, 107,
+    109, 119 on ofi-shm).  After a death, an operation that has not completed
+    DEATH_GRACE_MS after both the death and the start of its wait is taken
+    as stalled by it (PeerDeadError, _raise_poisoned) rather than waited for
+    until GEXMK_TIMEOUT."""
+    cdef double now, t0
+    if dom.deaths == 0 or not dom.shared_q:
+        return False
+    now = _now()
+    if since[0] == 0:
+        since[0] = now
+        return False
+    t0 = since[0] if since[0] > dom.death_at else dom.death_at
+    return now - t0 > DEATH_GRACE_MS * 1e-3
+
+
+cdef int _raise_poisoned(int dead, ofi_peer* t, const char* what) except -1 with gil:
+    who = f"job rank {t.g.jobrank}" if t != NULL else "its target"
+    dead_s = f"job rank {dead}" if dead >= 0 else "a peer"
+    raise PeerDeadError(f"{what.decode()}: {who} did not complete it within "
+                        f"{DEATH_GRACE_MS / 1000:g} s after {dead_s} died; over "
+                        "libfabric shm a killed process can leave the node's shared queues locked, "
+                        "so it is given up")
+
+
 cdef int _raise_timeout(ofi_peer* t, double secs, const char* what) except -1 with gil:
     who = f"job rank {t.g.jobrank}" if t != NULL else "the target"
     raise GxTimeoutError(f"{what.decode()}: no completion from {who} within {secs:g} s "
@@ -136,7 +165,7 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
     While a thread spins here the progress thread stands aside
     (dom.waiters), so the two do not fight over the CQ and cores."""
     cdef ofi_dom* dom = op.ep.dom
-    cdef double deadline = 0
+    cdef double deadline = 0, since = 0
     cdef unsigned long spins = 0
     cdef int why = 0
     gx_add_long(&dom.waiters, 1)
@@ -155,6 +184,9 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
         if (spins & 1023) == 0:
             if t != NULL and t.g.dead:
                 why = 1
+                break
+            if _poisoned(dom, &since):
+                why = 5
                 break
             if deadline == 0:
                 deadline = _now() + dom.timeout
@@ -177,6 +209,8 @@ cdef int _wait_op(gx_op* op, ofi_peer* t, const char* what, gx_val* result=NULL)
             return _raise_timeout(t, op.ep.dom.timeout, what)
         if why == 4:
             return _raise_closed(what)
+        if why == 5:
+            return _raise_poisoned(op.ep.dom.last_dead, t, what)
         return check("fi_cq_read", -FI_EIO)
     if result != NULL:
         result[0] = op.result
@@ -409,8 +443,9 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
     cdef fid* fids[2 * SLEEP_EPS]
     cdef pollfd pfds[2 * SLEEP_EPS]
     cdef timespec ts
-    cdef int nfd, i, rc
+    cdef int nfd, i, rc, woke = 0
     cdef ofi_ep* e
+    cdef double now
     if not ep.can_wait and _unserved(d):
         # No progress thread: nothing would wake a futex sleeper when the
         # network brings its signal, and a wait's nap (up to 0.1 ms, plus 50 us
@@ -441,10 +476,29 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
         gx_add_long(&d.waiters, 1)
     else:
         nfd = -_ep_wait_fds(ep, fids, pfds, 0)      # own fds only
-    if fi_trywait(d.fabric, fids, nfd if nfd > 0 else -nfd) == 0:
-        ts.tv_sec = us // 1000000
-        ts.tv_nsec = (us % 1000000) * 1000
-        ppoll(pfds, nfd if nfd > 0 else -nfd, &ts, NULL)
+    now = _now()
+    if nfd > 0 and now < d.wait_hot_until:
+        # hot: traffic woke this wait lately; poll (below) rather than sleep.
+        # (Not sched_yield between passes: on a loaded 2-core machine each yield
+        # handed the core to another job for a time slice, ~200 us per op.)
+        pass
+    elif fi_trywait(d.fabric, fids, nfd if nfd > 0 else -nfd) == 0:
+        # a quiet wait sleeps longer each time (traffic wakes it at once)
+        if d.wait_quiet_us < us:
+            d.wait_quiet_us = us
+        i = d.wait_quiet_us if nfd > 0 else us
+        ts.tv_sec = i // 1000000
+        ts.tv_nsec = (i % 1000000) * 1000
+        if ppoll(pfds, nfd if nfd > 0 else -nfd, &ts, NULL) > 0:
+            woke = 1
+        elif nfd > 0:
+            d.wait_quiet_us = i * 2 if i < QUIET_SLEEP_MAX_US // 2 else QUIET_SLEEP_MAX_US
+    else:
+        woke = 1            # work was pending
+    if woke:
+        d.wait_quiet_us = us
+        if nfd > 0:
+            d.wait_hot_until = _now() + WAIT_HOT
     # every CQ slept on, atomics CQs included (what woke it may be an atomic
     # its provider applies when that CQ is read)
     rc = 0

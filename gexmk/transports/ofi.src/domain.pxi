@@ -146,6 +146,7 @@ cdef class Domain:
                 fi_freeinfo(hints)
         self.provider = self.d.info.fabric_attr.prov_name.decode()
         if self.provider == "shm":
+            self.d.shared_q = 1
             _unlink_stale_shm_regions()
         self.domain_name = self.d.info.domain_attr.name.decode()
         self.atomics = bool(self.d.info.caps & FI_ATOMIC)

@@ -8,6 +8,8 @@ cdef class OfiEndpoint:
     cdef bint plain             # never staged (the library's synchronisation endpoint)
     cdef readonly object hmem_note  # why the bound segment is not registered natively (None: it
                                     # is, or was never tried: a host segment)
+    cdef set _published_to          # job ranks given the current registration's key
+    cdef list _retired              # [mr, dummy, bytes, job ranks still holding its key]
 
     @staticmethod
     cdef OfiEndpoint _make(Domain dom):
@@ -17,6 +19,8 @@ cdef class OfiEndpoint:
         cdef size_t blen = sizeof(buf)
         memset(&ep.e, 0, sizeof(ep.e))
         ep.domain = dom
+        ep._published_to = set()
+        ep._retired = []
         ep.e.dom = &dom.d
         memset(&cq_attr, 0, sizeof(cq_attr))
         # signals riding on writes as remote CQ data need the data format (signal.pxi)
@@ -107,13 +111,15 @@ cdef class OfiEndpoint:
         thread (staged.pxi); the zone's geometry travels along."""
         cdef ofi_zone* z
         self.unbind()
+        self.e.bind_gen += 1
         # whether this process answers peers' operations while it computes: a
         # peer sets up its connection to us at publication only then (connect.pxi)
         answers = not self.domain.d.manual or self.domain.progress_running
         # bit 1: this endpoint takes put_signal's signal messages, bit 2: and
         # signals as remote CQ data (signal.pxi)
         answers = int(bool(answers)) | (2 if self.e.rx != NULL else 0) \
-            | (4 if self.e.rx != NULL and self.e.dom.sig_data else 0)
+            | (4 if self.e.rx != NULL and self.e.dom.sig_data else 0) \
+            | ((self.e.bind_gen & 0xff) << 8)
         host = seg.kind.cls == GX_MK_HOST
         self.hmem_note = None
         if not self.plain and (not host or self.e.dom.hmem_want == HMEM_SYSTEM):
@@ -200,9 +206,86 @@ cdef class OfiEndpoint:
 
     def unbind(self):
         self.e.wake = NULL
-        self._close_mr()
+        self._retire_mr()
         with nogil:
             _hmem_zone_close(&self.e)       # the zone of either path
+
+    def _retire_mr(self):
+        """Unregister the bound segment (or zone), but keep its key valid for
+        peers that were given it and have not heard of the unbinding yet (they
+        learn at the endpoint's next publication to them).  Over tcp;ofi_rxm an
+        access with a key the target does not know is a protocol error that
+        takes the pair's whole connection down (its other operations in flight
+        fail, rxm may then crash reading its CQ: issue 19, fuzz seeds 7 and 10).
+        With offset addressing (no FI_MR_VIRT_ADDR) and keys of our choosing,
+        the key is registered again over a private anonymous mapping of the
+        same size, untouched (no memory) unless a stale access comes: a stale
+        put lands there, a stale get reads zeros -- never the owner's memory --
+        and a landing zone's done words say "closed", so a stale staged
+        operation raises SegmentError at its initiator.  Released once every
+        peer that held the key has had a publication of this endpoint
+        (published()), or at close."""
+        cdef fid_mr* mr = self.e.seg_mr
+        cdef fid_mr* nmr = NULL
+        cdef uint64_t key
+        cdef size_t size = self.e.seg_hi - self.e.seg_lo
+        cdef void* dummy
+        cdef ofi_zone* z = self.e.zone
+        cdef uint64_t access = FI_REMOTE_READ | FI_REMOTE_WRITE | FI_READ | FI_WRITE
+        cdef int rc, r, s
+        cdef uint64_t* done
+        held = self._published_to
+        self._published_to = set()
+        if mr == NULL or not held or size == 0 or \
+                self.e.dom.mr_mode & (FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_RAW | FI_MR_ENDPOINT):
+            self._close_mr()
+            return
+        key = fi_mr_key(mr)
+        dummy = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+        if dummy == MAP_FAILED:
+            self._close_mr()
+            return
+        if z != NULL and z.mem != NULL and <uintptr_t>z.mem == self.e.seg_lo:
+            for r in range(z.nrings):
+                done = <uint64_t*>(<char*>dummy + <size_t>r * z.ring_bytes + _stg_words_off(z.slots))
+                for s in range(z.slots):
+                    done[s] = STG_CLOSED_DONE
+        # Close, then register the key again at once: a stale access that
+        # arrives between the two (microseconds) still finds no key.
+        self._close_mr()
+        with nogil:
+            rc = fi_mr_reg(self.e.dom.domain, dummy, size, access, 0, key, 0, &nmr, NULL)
+        if rc != 0:
+            munmap(dummy, size)
+            return
+        self._retired.append([<uintptr_t>nmr, <uintptr_t>dummy, size, held])
+
+    def published(self, jobranks):
+        """This endpoint was just published to the processes of ``jobranks``
+        (called by the core after every member applied it): they hold the
+        current key now, and none of them still uses a retired one."""
+        ranks = set(jobranks)
+        if self.e.seg_mr != NULL:
+            self._published_to |= ranks
+        keep = []
+        for rt in self._retired:
+            rt[3] -= ranks
+            if rt[3]:
+                keep.append(rt)
+            else:
+                self._free_retired(rt)
+        self._retired = keep
+
+    def _free_retired(self, rt):
+        fi_close(&(<fid_mr*><uintptr_t>rt[0]).fid)
+        munmap(<void*><uintptr_t>rt[1], <size_t>rt[2])
+
+    @property
+    def retired(self):
+        """How many registrations of unbound segments are kept for peers that
+        have not heard of the unbinding (see _retire_mr)."""
+        return len(self._retired)
 
     def _close_mr(self):
         if self.e.seg_mr != NULL:
@@ -297,4 +380,7 @@ cdef class OfiEndpoint:
             fi_close(&self.e.cq.fid)
             self.e.cq = NULL
         _sig_rx_free(&self.e)
+        for rt in self._retired:
+            self._free_retired(rt)
+        self._retired = []
 

@@ -75,6 +75,10 @@ cdef int _retry(ofi_ep* ep, ofi_peer* t, double* deadline) noexcept nogil:
         deadline[0] = _now() + ep.dom.timeout
     elif _now() > deadline[0]:
         return ISSUE_TIMEOUT
+    elif ep.dom.deaths > 0 and ep.dom.shared_q and \
+            _now() - ep.dom.death_at > DEATH_GRACE_MS * 1e-3 and \
+            _now() > deadline[0] - ep.dom.timeout + DEATH_GRACE_MS * 1e-3:
+        return ISSUE_POISONED       # see _poisoned
     return 0
 
 
@@ -83,6 +87,8 @@ cdef int _issue_failed(ofi_peer* t, ssize_t rc, const char* call) except -1 nogi
         if t != NULL:
             return _raise_dead(t, call)
         return check(call, -FI_EIO)
+    if rc == ISSUE_POISONED:
+        return _raise_poisoned(-1, t, call)
     if rc == ISSUE_TIMEOUT:
         with gil:
             raise GxTimeoutError(f"{call.decode()}: the provider's queue stayed full for "

@@ -21,7 +21,7 @@
 #   flush: a read ordered after the message (FI_ORDER_RAS) completes once
 #   the target's provider has taken it in; its CQ entry is applied by the
 #   target's next progress pass (its waits and its progress thread make them).
-#   A signal that fits (SIG_DATA_*: a word in the segment's first 512 MiB, a
+#   A signal that fits (SIG_DATA_*: a word in the segment's first 128 MiB, a
 #   value below 2**36; data of at least a byte) needs no message: it rides
 #   on the data write as its remote CQ data (fi_inject_writedata), and the
 #   target's CQ hands it over, without a context, once the write has landed
@@ -182,6 +182,7 @@ cdef int _put_signal_msg(ofi_ep* ep, ofi_peer* t, gx_xfer* x) except -1 nogil:
         _post_data(ep, ep.ep, t, x, &op, True,
                    (<uint64_t>(SIG_DATA_ADD if x.op == GX_SIGNAL_ADD else SIG_DATA_SET)
                     << SIG_DATA_KIND_SHIFT)
+                   | ((t.sig_gen & 3) << SIG_DATA_GEN_SHIFT)
                    | ((off >> 3) << SIG_DATA_IDX_SHIFT) | x.a.u64)
         if op != NULL:
             _wait_op(op, t, "put_signal (local completion of the data)")
@@ -190,7 +191,7 @@ cdef int _put_signal_msg(ofi_ep* ep, ofi_peer* t, gx_xfer* x) except -1 nogil:
     m[0] = _raddr(t, x.sig_addr)
     m[1] = x.a.u64
     m[2] = <uint64_t>x.op
-    m[3] = 0
+    m[3] = t.sig_gen        # the binding it was published for (_sig_landed)
     try:
         while True:
             rc = fi_inject(ep.ep, m, sizeof(m), t.net_addr)
@@ -275,6 +276,12 @@ cdef void _sig_landed(gx_op* op, int err) noexcept nogil:
     cdef uintptr_t word
     if err:
         return              # cancelled: the endpoint is closing
+    if (r.msg[3] & 0xff) != (ep.bind_gen & 0xff):
+        # sent for a segment unbound since (a peer's stale publication): its
+        # word may be another's in the segment bound now
+        gx_add_long(&ep.dom.sig_bad, 1)
+        _sig_post(r)
+        return
     word = <uintptr_t>r.msg[0]
     if not (ep.dom.mr_mode & FI_MR_VIRT_ADDR):
         word += ep.seg_lo   # offset addressing: the network address is the offset
@@ -288,6 +295,8 @@ cdef void _sig_data_landed(ofi_ep* ep, uint64_t data) noexcept nogil:
     cdef uint64_t kind = data >> SIG_DATA_KIND_SHIFT
     cdef uint64_t op = GX_SIGNAL_SET if kind == SIG_DATA_SET else \
         (GX_SIGNAL_ADD if kind == SIG_DATA_ADD else <uint64_t>-1)      # -1: no kind, dropped
+    if ((data >> SIG_DATA_GEN_SHIFT) & 3) != (ep.bind_gen & 3):
+        op = <uint64_t>-1       # for a segment unbound since: dropped (see _sig_landed)
     _sig_apply(ep, ep.seg_lo + (((data >> SIG_DATA_IDX_SHIFT) & SIG_DATA_IDX_MAX) << 3),
                data & SIG_DATA_VAL_MAX, op)
 

@@ -68,6 +68,13 @@ cdef enum:
     STG_EBOUNDS = 1          # status words: what went wrong at the target
     STG_ECOPY = 2
     STG_EOP = 3
+    STG_ECLOSED = 4          # a retired zone (its segment unbound): see OfiEndpoint._retire_mr
+
+
+# The done word of every slot of a retired zone: the largest sequence number
+# (so it is "served" at once) with status STG_ECLOSED.
+cdef uint64_t STG_CLOSED_DONE = (<uint64_t>STG_ECLOSED << STG_SEQ_BITS) | \
+    ((<uint64_t>1 << STG_SEQ_BITS) - 1)
 
 
 cdef inline size_t _stg_words_off(int slots) noexcept nogil:
@@ -360,6 +367,9 @@ cdef int _stg_failed(ofi_peer* t, int s, uint64_t status) except -1 with gil:
     who = f"job rank {t.g.jobrank}"
     if status == STG_EBOUNDS:
         raise BoundsError(f"ofi-staged: {who} refused a request outside its segment")
+    if status == STG_ECLOSED:
+        raise SegmentError(f"ofi-staged: {who} has unbound or destroyed the segment published "
+                           "to this process (republish it to reach its new one)")
     if status == STG_ECOPY:
         raise CommunicationError(f"ofi-staged: the device copy at {who} failed (its segment "
                                  "destroyed, or its device in error?)")
@@ -395,7 +405,7 @@ cdef int _stg_wait_slot(ofi_ep* ep, ofi_peer* t, int s, uint64_t want) except -1
     if t.stg_ok[s] < want:
         t.stg_ok[s] = want
         st = t.stg_rb[s] >> STG_SEQ_BITS
-        if st != STG_OK and _stg_seq(t.stg_rb[s]) == want:
+        if st == STG_ECLOSED or (st != STG_OK and _stg_seq(t.stg_rb[s]) == want):
             return _stg_failed(t, s, st)
     return 0
 
