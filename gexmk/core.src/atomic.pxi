@@ -143,7 +143,7 @@ cdef class AtomicDomain:
             if result is None:
                 raise ArgumentError("a fetching op issued NBI needs a result= buffer")
             # check the result buffer before the op runs: never lose a fetched value
-            if not PyObject_CheckBuffer(result) and _is_device_array(result):
+            if _is_device_array(result):      # CuPy arrays have a buffer slot that refuses
                 dev = _device_result(result, gx_dt_size(self.dt), sig)
             else:
                 try:

@@ -471,9 +471,9 @@ cdef object _strided(Team tm, bint is_put, int mode, object rank, object dest, o
         v.lbase = <char*>loc.p
         q.keep.append(local)
     if gx_in_dev(&tm.c, v.lbase + lo, <size_t>(hi - lo)):
-        q.lkind = tm.ep.seg_kind
-        q.ldev = tm.ep.seg_device
-    elif q.lkind == GX_MK_HOST and _is_device_array(local) and not PyObject_CheckBuffer(local):
+        q.lkind = tm.c.ep.seg_kind
+        q.ldev = tm.c.ep.seg_device
+    elif q.lkind == GX_MK_HOST and _is_device_array(local):
         _vis_local_kind(q, v.lbase + lo, <size_t>(hi - lo), sig, lname, &tm.c, True)
     n = gx_vis_elems(v) * v.elem
     v.total = n

@@ -137,11 +137,11 @@ cdef _VisReq _array_req(Team tm, int rank, uintptr_t addr, object obj, bint is_p
     # the local side: host memory, or the endpoint's device segment
     _vis_extent(v, False, &lo, &hi)
     if total and gx_in_dev(&tm.c, v.lbase + lo, <size_t>(hi - lo)):
-        q.lkind = tm.ep.seg_kind
-        q.ldev = tm.ep.seg_device
+        q.lkind = tm.c.ep.seg_kind
+        q.ldev = tm.c.ep.seg_device
     elif total:
         _vis_local_kind(q, v.lbase + lo, <size_t>(hi - lo), sig, "src" if is_put else "dest",
-                        &tm.c, _is_device_array(obj) and not PyObject_CheckBuffer(obj))
+                        &tm.c, _is_device_array(obj))
     q.keep.append(obj)
     if total == 0:
         _check_blocks(q, &tm.c, rank, sig, "dest" if is_put else "src")
