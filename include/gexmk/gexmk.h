@@ -152,7 +152,7 @@ typedef struct gx_vis {
      * i_{ndim-1}) (i0 fastest) of elem bytes lies at lbase + sum(ik *
      * lstride[k]) locally and rbase + sum(ik * rstride[k]) remotely; the
      * fragments above are the same elements (a transport that copies a
-     * shape at once, cuMemcpy3D, may use this instead). */
+     * shape at once, a device kind's 3-D copy, may use this instead). */
     int ndim;
     size_t elem;
     size_t count[GX_VIS_MAXDIM];
