@@ -15,7 +15,8 @@
 # then sleeps: on the segment's wake word (a futex in the page after a
 # library-allocated host segment; CPU signal and atomic writers on the node
 # wake it, gexmk.h's gx_wake), else a nap; either sleep grows from 1 us to
-# 100 us, so that words written by puts or by the network are still seen.
+# 100 us, so that words written by puts or by the network are still seen (and,
+# in a wait that has lasted long, to 2 % of the time waited, at most 2 ms).
 # Where every other member of the team is reached through a transport (the
 # words are written by the network alone), the wait sleeps in the transport
 # instead, where it can (GX_WAIT_SLEEP: a network transport blocks in its
@@ -52,6 +53,14 @@ cdef long _NAP_MIN_NS = 1000       # the first sleep
 cdef long _NAP_MAX_NS = 100000     # the longest sleep between passes
 cdef long _nap_min = _NAP_MIN_NS
 cdef long _nap_max = _NAP_MAX_NS
+# A long wait sleeps longer: its naps may grow to 1/_NAP_SHARE of the time it
+# has waited so far, up to _NAP_LONG_NS.  What a longer nap can delay is only
+# a word written without a wake-up (a plain put, the collectives' arrivals),
+# by at most 2 % of the wait; a rank idle in a barrier for seconds then costs
+# a few hundred wake-ups, not ten thousand a second (issue 21: <= 2 % of a core).
+cdef long _NAP_LONG_NS = 2000000
+cdef double _NAP_SHARE = 50.0
+cdef long _nap_long = _NAP_LONG_NS
 cdef int _GIL_SPIN = 48            # passes a Python wait spins with the GIL held (~1.3 us
                                    # here: a pause and a load are ~27 ns on this EPYC)
 cdef int _gil_spin = _GIL_SPIN
@@ -94,14 +103,15 @@ cdef int _signal_init(Client c) except -1:
 
 def _wait_tuning(spin_us=None, yield_us=None, nap_us=None, gil_spin=None, defaults=False):
     """Private: set how long this process's waits spin and yield (µs) before
-    sleeping, the first and longest sleep (µs, a pair) and the passes a
+    sleeping, the first and longest sleep (µs, a pair; a third value: the longest
+    sleep of a long wait, default that of the pair) and the passes a
     Python wait spins with the GIL held; ``defaults`` restores all four
     first.  Returns (spin_us, yield_us) in force.  For benchmarks and tests
     (a long first sleep makes a lost wake-up show as a stall)."""
-    global _spin_for, _yield_for, _nap_min, _nap_max, _gil_spin
+    global _spin_for, _yield_for, _nap_min, _nap_max, _gil_spin, _nap_long
     if defaults:
         _spin_for, _yield_for, _gil_spin = _spin_init, _YIELD_FOR, _gil_init
-        _nap_min, _nap_max = _NAP_MIN_NS, _NAP_MAX_NS
+        _nap_min, _nap_max, _nap_long = _NAP_MIN_NS, _NAP_MAX_NS, _NAP_LONG_NS
     if spin_us is not None:
         _spin_for = float(spin_us) * 1e-6
     if yield_us is not None:
@@ -109,6 +119,7 @@ def _wait_tuning(spin_us=None, yield_us=None, nap_us=None, gil_spin=None, defaul
     if nap_us is not None:
         _nap_min = max(1000, int(float(nap_us[0]) * 1e3))
         _nap_max = max(_nap_min, int(float(nap_us[1]) * 1e3))
+        _nap_long = max(_nap_max, int(float(nap_us[2]) * 1e3)) if len(nap_us) > 2 else _nap_max
     if gil_spin is not None:
         _gil_spin = max(0, int(gil_spin))
     return (_spin_for * 1e6, _yield_for * 1e6)
@@ -286,7 +297,7 @@ cdef Py_ssize_t wait_words_as(const gx_team* tm, const uintptr_t* addrs, Py_ssiz
     cdef bint net_sleep = False     # sleeping in the transports (_wait_sleep_pass)
     cdef int slept = 0              # the last pass slept in a transport (1), could not (-1)
     cdef double t0 = 0, deadline = 0, now
-    cdef long nap = _nap_min
+    cdef long nap = _nap_min, cap
     cdef int rc, why = 0, h = -2
     cdef timespec ts
     cdef gx_wake* w = NULL          # counted in as a waiter on this wake word
@@ -407,7 +418,12 @@ cdef Py_ssize_t wait_words_as(const gx_team* tm, const uintptr_t* addrs, Py_ssiz
                     ts.tv_sec = nap // 1000000000
                     ts.tv_nsec = nap % 1000000000
                     nanosleep(&ts, NULL)
-                nap = nap * 2 if nap < _nap_max // 2 else _nap_max
+                cap = _nap_max
+                if _nap_long > cap and (now - t0) * (1e9 / _NAP_SHARE) > cap:
+                    cap = <long>((now - t0) * (1e9 / _NAP_SHARE))
+                    if cap > _nap_long:
+                        cap = _nap_long
+                nap = nap * 2 if nap < cap // 2 else cap
     finally:
         if w != NULL:
             gx_wake_leave(w)
