@@ -71,6 +71,15 @@ from gexmk.transports import Reach
 from gexmk.memory cimport Segment
 from gexmk.kinds.kind cimport gx_kind_ops
 
+# rxm's bounce buffers (its inject and eager limit) are 16 KiB by default, and
+# it preallocates thousands per endpoint: 349 MB resident for a 2-rank job with
+# one 1 MiB segment over tcp;ofi_rxm, 120 MB at 4 KiB (issue 23).  gexmk's puts
+# above the inject size go as RMA writes anyway, so it asks for 4 KiB unless
+# the user set FI_OFI_RXM_BUFFER_SIZE.  Set before this process's first
+# fi_getinfo, when rxm reads it; every rank of a job does the same.
+if os.environ.get("GEXMK_OFI_RXM_BUFFER", "4096") != "0":
+    os.environ.setdefault("FI_OFI_RXM_BUFFER_SIZE", os.environ.get("GEXMK_OFI_RXM_BUFFER", "4096"))
+
 cdef enum:
     OP_PENDING = 0
     OP_DONE = 1
