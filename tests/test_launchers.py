@@ -195,7 +195,8 @@ def test_torchrun_standalone(tmp_path):
     cmd = torchrun_cmd()
     script = mp_util.write_worker(tmp_path, PROGRAM, prelude=False)
     res = mp_util.run_command([*cmd, "--standalone", "--nproc-per-node", "4", script],
-                              timeout=170, env=clean_env({"OMP_NUM_THREADS": 1}),
+                              timeout=170, env=clean_env({"OMP_NUM_THREADS": 1,
+                                                          "TMPDIR": tmp_path}),
                               cwd=str(tmp_path))
     check_job(tmp_path, res, 4, "torchrun")
 
@@ -247,7 +248,8 @@ def test_torchrun_device_segments(tmp_path):
         pytest.skip("no NVIDIA driver or device on this machine")
     script = mp_util.write_worker(tmp_path, DEVICE, prelude=False)
     res = mp_util.run_command([*cmd, "--standalone", "--nproc-per-node", "2", script],
-                              timeout=220, env=clean_env({"OMP_NUM_THREADS": 1}),
+                              timeout=220, env=clean_env({"OMP_NUM_THREADS": 1,
+                                                          "TMPDIR": tmp_path}),
                               cwd=str(tmp_path))
     reports = check_job(tmp_path, res, 2, "torchrun")
     assert reports[0]["transports"][1] == "nbrhd", reports[0]
@@ -567,8 +569,10 @@ def test_torchrun_two_nodes_across_namespaces(tmp_path, two_nodes):
              # resolves to neither namespace's address
              "--rdzv-conf", f"is_host={'true' if i == 0 else 'false'}",
              script] for i in (0, 1)]
+    # TMPDIR: torchrun's agents leave torchelastic_* folders in the temporary directory
     res = _start_all(cmds, lambda i: clean_env({"GEXMK_OFI_PROVIDER": "tcp;ofi_rxm",
-                                                "OMP_NUM_THREADS": 1, "GEXMK_TIMEOUT": 120}),
+                                                "OMP_NUM_THREADS": 1, "GEXMK_TIMEOUT": 120,
+                                                "TMPDIR": tmp_path}),
                      tmp_path, 220)
     reports = check_job(tmp_path, res, 4, "torchrun", nodes=2)
     assert reports[0]["transports"][2].startswith("ofi"), reports[0]
