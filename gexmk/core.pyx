@@ -49,7 +49,8 @@ from cpython.pycapsule cimport PyCapsule_GetPointer
 
 from gexmk.memory import (HOST, mk_create as _mk_create, describe_kind as _describe_kind,
                           device_range as _device_range,
-                          pointer_attributes as _pointer_attributes_raw, infer_kind as _infer_kind)
+                          pointer_attributes as _pointer_attributes_raw, infer_kind as _infer_kind,
+                          is_cuda_dlpack as _is_cuda_dlpack)
 from gexmk.errors import (ArgumentError, BoundsError, RankError, StateError, SegmentError,
                           UnsupportedError, PeerDeadError, GexmkError)
 

@@ -177,13 +177,18 @@ def pointer_attributes(uintptr_t p):
         return None
 
 
+def is_cuda_dlpack(object obj):
+    """True for a DLPack array on a CUDA device (kDLCUDA, kDLCUDAManaged)."""
+    return (hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__")
+            and obj.__dlpack_device__()[0] in (2, 13))
+
+
 def infer_kind(client, object obj):
     """The memory kind of a device array or pointer ``obj`` (CUDA array
     interface, or (pointer, nbytes)) for ``segment_create(buffer=obj)`` with
     no ``kind=``: None for a PEP 3118 host buffer."""
     if not (hasattr(obj, "__cuda_array_interface__") or type(obj) is tuple):
-        if not (hasattr(obj, "__dlpack_device__") and not PyObject_CheckBuffer(obj)
-                and obj.__dlpack_device__()[0] in (2, 13)):     # kDLCUDA, kDLCUDAManaged
+        if PyObject_CheckBuffer(obj) or not is_cuda_dlpack(obj):
             return None
     ptr, nbytes = device_range(obj, "segment buffer")
     mk = client._kind_of_pointer(ptr, type(obj) is not tuple, True)
@@ -224,7 +229,7 @@ def device_range(object obj, str what):
             raise ArgumentError(f"{what}: the device array is read-only")
         return ptr, n
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-        if obj.__dlpack_device__()[0] not in (2, 13):      # kDLCUDA, kDLCUDAManaged
+        if not is_cuda_dlpack(obj):
             raise ArgumentError(f"{what}: a DLPack array on device {obj.__dlpack_device__()} is not "
                                 "CUDA memory")
         try:

@@ -89,11 +89,7 @@ cdef inline int _take(object obj, Py_buffer* view, _Local* loc, bint writable, s
 cdef bint _is_device_array(object obj) except -1:
     """A CUDA array interface, or a DLPack array on a CUDA device (JAX, and
     every DLPack producer without the interface)."""
-    if hasattr(obj, "__cuda_array_interface__"):
-        return True
-    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-        return obj.__dlpack_device__()[0] in (2, 13)      # kDLCUDA, kDLCUDAManaged
-    return False
+    return hasattr(obj, "__cuda_array_interface__") or _is_cuda_dlpack(obj)
 
 
 # Set once this process has a device memory kind: from then on a local

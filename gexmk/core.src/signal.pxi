@@ -651,20 +651,17 @@ cdef object _signal_issue(Team tm, str sig, object rank, object dest, object src
     _to_val(GX_DT_U64, signal, &v, sig, "signal")
     _take(src, &view, &loc, False, sig, b"src", &tm.c)
     try:
-        if loc.kind != GX_MK_HOST:
-            # device memory outside the segment: never the inline memcpy
-            rc = GX_NOT_MAPPED if loc.n < _NOGIL_BYTES else GX_OK
-        else:
-            rc = gx_put_signal(&tm.c, r, d, loc.p, loc.n, sa, v.u64, so) if loc.n < _NOGIL_BYTES \
-                else GX_NOT_MAPPED
-        if rc == GX_OK and loc.kind == GX_MK_HOST:
-            return None
+        # device memory outside the segment never takes the inline memcpy
+        rc = GX_NOT_MAPPED
+        if loc.kind == GX_MK_HOST and loc.n < _NOGIL_BYTES:
+            rc = gx_put_signal(&tm.c, r, d, loc.p, loc.n, sa, v.u64, so)
+            if rc == GX_OK:
+                return None
         tm.client._inflight += 1
         try:
             with nogil:
-                if loc.n >= _NOGIL_BYTES:
-                    rc = gx_put_signal(&tm.c, r, d, loc.p, loc.n, sa, v.u64, so) \
-                        if loc.kind == GX_MK_HOST else GX_NOT_MAPPED
+                if loc.kind == GX_MK_HOST and loc.n >= _NOGIL_BYTES:
+                    rc = gx_put_signal(&tm.c, r, d, loc.p, loc.n, sa, v.u64, so)
                 if rc != GX_OK:
                     _put_signal_k(&tm.c, r, d, loc.p, loc.n, sa, v.u64, so, mode,
                                   &op if mode == GX_NB else NULL, &ops, loc.kind, loc.device)
