@@ -100,8 +100,14 @@ def _worker(out, iters, cpu_wait, lat):
         tm.put(1 - me, tm.addr(1 - me, 4096), src)        # connected, warm
         tm.get(dst, 1 - me, tm.addr(1 - me, 4096))
         tm.barrier()
+        trace = None
+        if os.environ.get("GEXMK_OFI_TRACE", "0") not in ("", "0"):
+            from gexmk.transports import ofi as trace
+            res["trace"] = {}
         for sid, state in enumerate(STATES, start=1):
             tm.barrier()
+            if trace is not None:
+                trace._trace_dump()
             if me == 1:
                 t0 = time.perf_counter()
                 calls = 0
@@ -119,7 +125,7 @@ def _worker(out, iters, cpu_wait, lat):
                 res["states"][state] = {"seconds": time.perf_counter() - t0, "numpy_calls": calls}
             else:
                 time.sleep(0.3)
-                put, get = [], []
+                put, get, ops = [], [], []
                 a = tm.addr(1, 4096)
                 for _ in range(iters):
                     t0 = time.perf_counter_ns()
@@ -129,6 +135,7 @@ def _worker(out, iters, cpu_wait, lat):
                     t2 = time.perf_counter_ns()
                     put.append((t1 - t0) / 1e3)
                     get.append((t2 - t1) / 1e3)
+                    ops.append((t0, t1, t2))
                 res["states"][state] = {
                     "put_us": {"median": statistics.median(put), "p90": _pct(put, 0.9)},
                     "get_us": {"median": statistics.median(get), "p90": _pct(get, 0.9)}}
@@ -147,6 +154,10 @@ def _worker(out, iters, cpu_wait, lat):
                 else:
                     tm.put_signal(1, tm.addr(1, 8192), one, tm.addr(1, 0), sid, gexmk.SIGNAL_SET)
                     tm.quiet()
+                if trace is not None:
+                    res["states"][state]["ops"] = ops
+            if trace is not None:
+                res["trace"][state] = trace._trace_dump()
             tm.barrier()
     # CPU of a rank waiting in a barrier for a sleeping peer
     tm.barrier()
@@ -194,7 +205,10 @@ def run_job(args, tmp, transport, lat):
     _run(cmd, env, 320, f"gexmk job ({transport})")
     with open(out + ".0") as f0, open(out + ".1") as f1:
         r0, r1 = json.load(f0), json.load(f1)
-    return {"lat": r0["states"], "target": r1["states"], "cpu": r1["cpu"]}
+    out = {"lat": r0["states"], "target": r1["states"], "cpu": r1["cpu"]}
+    if "trace" in r0:
+        out["trace"] = [r0["trace"], r1["trace"]]
+    return out
 
 
 def run_c(args, exe):

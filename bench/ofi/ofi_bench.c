@@ -136,7 +136,7 @@ static struct {
     double op_timeout_s;     /* max seconds waiting for one completion batch */
     int watchdog_s;
     int pin;
-    enum { TP_AUTO, TP_POLL, TP_BLOCK, TP_WAIT } target_progress;
+    enum { TP_AUTO, TP_POLL, TP_BLOCK, TP_WAIT, TP_POLLFD } target_progress;
     enum { Y_AUTO, Y_ON, Y_OFF } yield;
 } opt = {
     .prov = "tcp;ofi_rxm",
@@ -190,7 +190,8 @@ static void usage(const char *argv0, int code)
         "  -T  timeout waiting for completions in seconds (default 10)\n"
         "  -W  whole-run watchdog in seconds (default 120)\n"
         "  -P  target progress: poll its CQ, block on the socket, wait (FI_WAIT_FD CQ +\n"
-        "      fi_trywait + poll), or auto\n"
+        "      fi_trywait + poll), pollfd (poll, but both sides' CQs have an FI_WAIT_FD\n"
+        "      wait object, as gexmk's do: what its signalling costs), or auto\n"
         "      (auto = poll unless data_progress is FI_PROGRESS_AUTO; default auto)\n"
         "  -y  sched_yield() after each empty CQ poll on the active side\n"
         "      (auto = on when data_progress is FI_PROGRESS_AUTO, so that provider\n"
@@ -228,6 +229,7 @@ static void parse_args(int argc, char **argv)
             else if (!strcmp(optarg, "poll")) opt.target_progress = TP_POLL;
             else if (!strcmp(optarg, "block")) opt.target_progress = TP_BLOCK;
             else if (!strcmp(optarg, "wait")) opt.target_progress = TP_WAIT;
+            else if (!strcmp(optarg, "pollfd")) opt.target_progress = TP_POLLFD;
             else usage(argv[0], 2);
             break;
         case 'y':
@@ -493,6 +495,7 @@ static void pp_write(uint64_t v)
 static int target_polls(void)
 {
     return opt.target_progress == TP_POLL || opt.target_progress == TP_WAIT ||
+           opt.target_progress == TP_POLLFD ||
            (opt.target_progress == TP_AUTO &&
             info->domain_attr->data_progress != FI_PROGRESS_AUTO);
 }
@@ -585,7 +588,7 @@ static void setup_fabric(void)
     struct fi_cq_attr cq_attr = {
         .size = 0, .format = FI_CQ_FORMAT_CONTEXT, .wait_obj = FI_WAIT_NONE,
     };
-    if (!is_active && opt.target_progress == TP_WAIT) {
+    if ((!is_active && opt.target_progress == TP_WAIT) || opt.target_progress == TP_POLLFD) {
         cq_attr.wait_obj = FI_WAIT_FD;
         cq_attr.wait_cond = FI_CQ_COND_NONE;
     }
@@ -679,7 +682,7 @@ static void teardown(void)
 
 static void target_loop(void)
 {
-    int poll_cq = opt.target_progress == TP_POLL ||
+    int poll_cq = opt.target_progress == TP_POLL || opt.target_progress == TP_POLLFD ||
                   (opt.target_progress == TP_AUTO &&
                    info->domain_attr->data_progress != FI_PROGRESS_AUTO);
     char c = 0;

@@ -107,20 +107,41 @@ cdef double PASS_FRESH = 5e-6
 # this long (us) between passes at first (nobody else would see its signal
 # land), longer (x 1.5 a quiet pass, up to the core's nap) while nothing comes.
 cdef int UNSERVED_NAP_US = 20
-# A wait asleep in the CQ fds (_wait_sleep) that traffic woke may poll instead of
-# sleeping for this long (s) after (a request/response stream brings more at
-# once, and each sleep costs a wake-up: a scheduler round trip per operation).
-# Off (0): measured with 200 and 500 us (bench/waiting.py, tcp;ofi_rxm), 8 B
-# put/get to a target in a barrier dropped from ~38 to 11-14 us in most rounds,
-# but in others every operation took the window + ~32 us (served only once the
-# wait slept again: the CQ reads of the polling passes did not land it, not yet
-# understood), and 512 KiB puts to it fell from 3-5 to 1.7-1.9 GB/s on 2 cores.
-cdef double WAIT_HOT = 0
+# A wait asleep in the CQ fds (_wait_sleep) that traffic woke polls instead of
+# sleeping for up to this long (s) after the last traffic (a request/response
+# stream brings more at once, and each sleep costs a wake-up: 8 B put/get to a
+# target in a barrier over tcp;ofi_rxm, 25-38 us sleeping, 11 us polling,
+# bench/waiting.py).  The window adapts (hot_win, progress.pxi): one that saw
+# no traffic halves the next, down to none (a wake-up per op); one that did,
+# doubles it.  A fixed window cost every operation the window + ~32 us in some
+# rounds on a loaded 2-core machine: the initiator shared the poller's core, and
+# its next operation (or its ack's reading) waited for the window to end.
+cdef double WAIT_HOT = 200e-6
+# ... the shortest window: a shorter one would close before a ping-pong's next
+# operation comes.  While the window is off, one wake in HOT_PROBE (doubling
+# after each probe that sees no traffic, up to HOT_PROBE_MAX) tries a quarter
+# of the longest window again.
+cdef double HOT_MIN = 20e-6
+cdef int HOT_PROBE = 8
+cdef int HOT_PROBE_MAX = 256
+# A polling pass longer than twice the shortest one + this (s) did work (an RMA
+# the provider served at this target leaves no CQ entry): traffic.
+cdef double HOT_BUSY = 1.5e-6
 # ... and while its sleeps end with nothing come, each is twice the last, up to
 # this long (us): traffic wakes it through the fds, so a longer sleep only
 # delays what no fd announces (a store of this process's own to the word, the
 # core's deadline and health checks) and saves the wake-ups of a quiet wait.
 cdef int QUIET_SLEEP_MAX_US = 5000
+# The progress thread, woken by traffic, polls for this long (s) before it
+# sleeps in the CQ fds again.
+cdef double PT_HOT = 0.001
+# Private, for experiments (bench/waiting.py): GEXMK_OFI_WAIT_TUNE="hot_us,pt_hot_us".
+_tune = os.environ.get("GEXMK_OFI_WAIT_TUNE", "")
+if _tune:
+    _tv = [float(x) for x in _tune.split(",")]
+    WAIT_HOT = _tv[0] * 1e-6
+    if len(_tv) > 1:
+        PT_HOT = _tv[1] * 1e-6
 
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"
@@ -153,6 +174,17 @@ cdef extern from *:
 
 
 cdef struct sig_rx
+
+
+cdef struct hot_win:        # polling for a while after traffic (WAIT_HOT, progress.pxi)
+    double until            # polling until then; 0: not polling
+    double win              # the window now (s); 0: none (a sleep after each wake)
+    double pass_min         # the shortest polling pass seen (s)
+    int caught              # traffic came in this window
+    int wakes               # wakes while there was no window (HOT_PROBE)
+    int probe_every         # ... one in this many tries a window again
+    int probing             # this window is such a try
+    int init
 
 
 cdef struct ofi_zone:       # a device-bound endpoint's landing zone (staged.pxi)
@@ -220,7 +252,7 @@ cdef struct ofi_dom:
     double last_app         # when an application thread last drove progress itself
     double driven_until     # a wait polls this domain's CQs itself until then (WAIT_ASIDE)
     double wait_pass_end    # when a wait's pass last finished reading its CQs (PASS_FRESH)
-    double wait_hot_until   # a sleeping wait polls instead until then (WAIT_HOT)
+    hot_win wait_hot        # a sleeping wait that traffic woke polls for a while (WAIT_HOT)
     int wait_quiet_us       # ... its next sleep's length while nothing comes (QUIET_SLEEP_MAX_US)
     int ordered             # FI_ORDER_RAW: a read issued after writes sees them (flush by read)
     size_t max_order_raw    # ... for writes up to this size

@@ -170,6 +170,7 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
     cdef int why = 0
     gx_add_long(&dom.waiters, 1)
     _app_active(dom)
+    _tr(TR_SPIN_IN)
     while gx_load_int(&op.state) != OP_DONE:
         if gx_load_int(&op.ep.closed):
             # closed: nothing reads its CQ any more (OfiEndpoint.close drained
@@ -193,6 +194,7 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
             elif _now() > deadline:
                 why = 2
                 break
+    _tr(TR_SPIN_OUT)
     _app_active(dom)
     gx_add_long(&dom.waiters, -1)
     return why
@@ -443,7 +445,8 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
     cdef fid* fids[2 * SLEEP_EPS]
     cdef pollfd pfds[2 * SLEEP_EPS]
     cdef timespec ts
-    cdef int nfd, i, rc, woke = 0
+    cdef int nfd, i, rc, got = 0, woke = 0
+    cdef bint hot = False
     cdef ofi_ep* e
     cdef double now
     if not ep.can_wait and _unserved(d):
@@ -477,8 +480,10 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
     else:
         nfd = -_ep_wait_fds(ep, fids, pfds, 0)      # own fds only
     now = _now()
-    if nfd > 0 and now < d.wait_hot_until:
-        # hot: traffic woke this wait lately; poll (below) rather than sleep.
+    if nfd > 0:
+        hot = _hot(&d.wait_hot, now, WAIT_HOT)
+    if hot:
+        # traffic came lately: poll (below) rather than sleep (hot_win).
         # (Not sched_yield between passes: on a loaded 2-core machine each yield
         # handed the core to another job for a time slice, ~200 us per op.)
         pass
@@ -489,27 +494,36 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
         i = d.wait_quiet_us if nfd > 0 else us
         ts.tv_sec = i // 1000000
         ts.tv_nsec = (i % 1000000) * 1000
+        _tr(TR_SLEEP)
         if ppoll(pfds, nfd if nfd > 0 else -nfd, &ts, NULL) > 0:
             woke = 1
+            _tr(TR_WOKE)
         elif nfd > 0:
+            _tr(TR_TIMEOUT)
             d.wait_quiet_us = i * 2 if i < QUIET_SLEEP_MAX_US // 2 else QUIET_SLEEP_MAX_US
     else:
         woke = 1            # work was pending
     if woke:
         d.wait_quiet_us = us
         if nfd > 0:
-            d.wait_hot_until = _now() + WAIT_HOT
+            _hot_open(&d.wait_hot, _now(), WAIT_HOT)
     # every CQ slept on, atomics CQs included (what woke it may be an atomic
     # its provider applies when that CQ is read)
     rc = 0
     if nfd > 0:
         for i in range(gx_load_long(&d.neps)):
             e = d.eps[i]
-            if _read_ep_cq(e) < 0 or (e.acq != NULL and _read_cq(e.acq) < 0):
+            rc = _read_ep_cq(e)
+            if rc < 0 or (e.acq != NULL and _read_cq(e.acq) < 0):
                 rc = -1
                 break
+            got += rc
         d.driven_until = _now() + WAIT_ASIDE
         gx_add_long(&d.waiters, -1)
+        if hot:
+            _hot_pass(&d.wait_hot, now, d.driven_until - WAIT_ASIDE, got)
+        if _tr_t != NULL:
+            _tr(TR_PASS if woke else <int>(1000 + (d.driven_until - WAIT_ASIDE - now) * 1e7))
     elif _read_ep_cq(ep) < 0 or (ep.acq != NULL and _read_cq(ep.acq) < 0):
         rc = -1
     gx_add_long(&d.readers, -1)

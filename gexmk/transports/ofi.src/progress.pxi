@@ -1,3 +1,117 @@
+# ---- tracing (private, for bench/waiting.py's hop breakdown) -------------------
+#
+# GEXMK_OFI_TRACE=1: the waits and the progress thread log (time, event) pairs
+# into a ring read back with _trace_dump(); off, each site costs one load.
+cdef double* _tr_t = NULL
+cdef int* _tr_e = NULL
+cdef long _tr_n = 0
+cdef long _tr_cap = 0
+
+cdef enum:
+    TR_SPIN_IN = 1          # an application thread starts waiting for an op (_spin)
+    TR_SPIN_OUT = 2         # ... the op completed
+    TR_SLEEP = 10           # a wait sleeps in the CQ fds (_wait_sleep)
+    TR_WOKE = 11            # ... traffic woke it
+    TR_TIMEOUT = 12         # ... its sleep ran out
+    TR_PASS = 13            # ... it read every CQ after waking
+    TR_HOT_IN = 14          # a wait starts polling after traffic
+    TR_HOT_OUT = 15         # ... stops
+    TR_PT_SLEEP = 20        # the progress thread sleeps in the CQ fds
+    TR_PT_WOKE = 21
+    TR_PT_PASS = 22
+
+
+cdef inline void _tr(int ev) noexcept nogil:
+    cdef long i
+    if _tr_t != NULL:
+        i = gx_add_long(&_tr_n, 1) - 1
+        if i < _tr_cap:
+            _tr_t[i] = _now()
+            _tr_e[i] = ev
+
+
+def _trace_dump(reset=True):
+    """Private: the [(seconds, event)] logged since the last reset
+    (GEXMK_OFI_TRACE=1), and TR_* names in events."""
+    global _tr_n
+    n = min(_tr_n, _tr_cap)
+    out = [(_tr_t[i], _tr_e[i]) for i in range(n)]
+    if reset:
+        _tr_n = 0
+    return out
+
+
+if os.environ.get("GEXMK_OFI_TRACE", "0") not in ("", "0"):
+    _tr_cap = 1 << 20
+    _tr_t = <double*>calloc(_tr_cap, sizeof(double))
+    _tr_e = <int*>calloc(_tr_cap, sizeof(int))
+
+
+# ---- polling for a while after traffic ---------------------------------------------
+#
+# A thread that sleeps in the CQ fds pays a wake-up per operation (a blocked
+# poll() woken by the send: ~7 us more per 8 B op than a target that polls,
+# raw libfabric over tcp;ofi_rxm).  Woken by traffic, it polls instead for a
+# window (hot_win) that each further sign of traffic extends.  The window
+# adapts: one that saw traffic doubles the next (up to the caller's longest),
+# one that saw none halves it, down to none.  What that guards against: on a
+# small node the initiator may share the poller's core (a third busy thread,
+# another job), and then a window only delays the initiator's next step by its
+# whole length; its windows see nothing, so they shrink away, and the poller
+# sleeps after each wake (HOT_PROBE tries again now and then).
+
+cdef inline void _hot_open(hot_win* h, double now, double longest) noexcept nogil:
+    """Traffic woke a sleeper at ``now``: poll for the window from then."""
+    if longest <= 0:
+        return
+    if not h.init:
+        h.init = 1
+        h.win = longest
+        h.probe_every = HOT_PROBE
+    if h.win <= 0:
+        h.wakes += 1
+        if h.wakes < h.probe_every:
+            return
+        h.wakes = 0
+        h.win = longest / 4
+        h.probing = 1
+    h.until = now + h.win
+    h.caught = 0
+
+
+cdef inline bint _hot(hot_win* h, double now, double longest) noexcept nogil:
+    """Whether to poll (rather than sleep) at ``now``; once a window has
+    ended, the next one's length (traffic in it or not)."""
+    if h.until == 0:
+        return False
+    if now < h.until:
+        return True
+    if h.caught:
+        h.win = h.win * 2 if h.win * 2 < longest else longest
+        h.probe_every = HOT_PROBE
+    elif h.probing:
+        h.win = 0
+        if h.probe_every < HOT_PROBE_MAX:
+            h.probe_every *= 2
+    else:
+        h.win = h.win / 2 if h.win / 2 >= HOT_MIN else 0
+    h.probing = 0
+    h.until = 0
+    return False
+
+
+cdef inline void _hot_pass(hot_win* h, double t0, double t1, int got) noexcept nogil:
+    """A polling pass ran from t0 to t1 and read ``got`` CQ entries: traffic
+    (entries, or a pass much longer than an idle one: an RMA the provider
+    served at this target leaves no entry) keeps the window open."""
+    cdef double dt = t1 - t0
+    if h.pass_min == 0 or dt < h.pass_min:
+        h.pass_min = dt
+    if got > 0 or dt > 2 * h.pass_min + HOT_BUSY:
+        h.caught = 1
+        h.until = t1 + h.win
+
+
 # ---- progress ------------------------------------------------------------------
 
 cdef int _read_cq(fid_cq* cq) noexcept nogil:
@@ -119,8 +233,10 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
     cdef fid* cqfids[2 * SLEEP_EPS]
     cdef int nfd
     cdef pollfd pfds[2 * SLEEP_EPS]
-    cdef double hot_until = 0
-    cdef double idle
+    cdef hot_win hot
+    cdef double idle, t0
+    cdef int r
+    memset(&hot, 0, sizeof(hot))
     # this thread's naps are short and frequent: 1 us timer slack, not 50
     prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
     while not stop[0]:
@@ -163,15 +279,17 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
             ts.tv_nsec = 1000000
             nanosleep(&ts, NULL)
             continue
-        if spin or _now() < hot_until:
+        if spin or _hot(&hot, _now(), PT_HOT):
             # spin mode, or just woken by traffic: poll without sleeping for a
             # while (a request/response exchange will bring more at once; a
-            # sleeping thread costs a wake-up per message).  Passes come in
-            # bursts: a clock read and a yield per pass cost a receiving target
-            # ~10% of its bandwidth; an application thread that starts to wait
-            # still takes over within one pass.
+            # sleeping thread costs a wake-up per message: hot_win).  Passes
+            # come in bursts: a yield per pass cost a receiving target ~10% of
+            # its bandwidth; an application thread that starts to wait still
+            # takes over within one pass.
             for i in range(16):
-                _progress_all(d)
+                t0 = _now()
+                r = _progress_all(d)
+                _hot_pass(&hot, t0, _now(), r)
                 if gx_load_long(&d.waiters) > 0:
                     break
             sched_yield()
@@ -191,13 +309,16 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
             # progress on any of them); then poll() the fds, as libfabric
             # prescribes.
             if fi_trywait(d.fabric, cqfids, nfd) == 0:
+                _tr(TR_PT_SLEEP)
                 if poll(pfds, nfd, 20) > 0:
-                    hot_until = _now() + 0.001
+                    _tr(TR_PT_WOKE)
+                    _hot_open(&hot, _now(), PT_HOT)
             else:
-                hot_until = _now() + 0.001     # work was pending: stay awake
+                _hot_open(&hot, _now(), PT_HOT)     # work was pending: stay awake
             n = gx_load_long(&d.neps)
             for i in range(n):
                 _progress_quiet(d.eps[i])
+            _tr(TR_PT_PASS)
             gx_add_long(&d.readers, -1)
             continue
         gx_add_long(&d.readers, -1)
