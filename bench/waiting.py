@@ -4,8 +4,8 @@
                                [--cpu-wait 3] [--json out.json]
 
 A 2-rank job over ofi (``GEXMK_TRANSPORT=ofi``, default settings otherwise):
-rank 0 issues 8 B blocking ``tm.put`` and ``tm.get`` (and, in the barrier, 512 KiB blocking
-puts) to rank 1 while rank 1 is
+rank 0 issues 8 B blocking ``tm.put`` and ``tm.get`` (and, in the barrier, 64 KiB, 512 KiB
+and 4 MiB blocking puts) to rank 1 while rank 1 is
 
 ==============  ===========================================================
 ``barrier``     inside ``tm.barrier()`` (rank 0 enters it when it is done)
@@ -21,7 +21,8 @@ reported: the median and p90 per state.  The baseline, in the same round:
 ``bench/ofi/ofi_bench`` (raw libfabric, built with meson into a temporary
 directory) with its target busy-polling its CQ (``-P poll``): a
 FI_DELIVERY_COMPLETE ``fi_writemsg`` (what a blocking put asks for) and an
-``fi_read``, 8 B, and a 512 KiB ``fi_write`` + 8 B read-back flush (``-w 1
+``fi_read``, 8 B (also with the target asleep in its CQ's fd, ``-P wait``: the
+floor for a target that sleeps), and 64 KiB / 512 KiB / 4 MiB ``fi_write`` + 8 B read-back flush (``-w 1
 -f``: the data at the target, as after a blocking put).  Ratios are gexmk / C
 of the medians.
 
@@ -48,7 +49,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 STATES = ["barrier", "wait_until", "idle", "numpy"]
-BW_SIZE = 1 << 19
+BW_SIZES = [1 << 16, 1 << 19, 1 << 22]
 
 
 def _load():
@@ -89,7 +90,7 @@ def _worker(out, iters, cpu_wait, lat):
     c = gexmk.init()
     tm = c.tm
     me = tm.rank
-    seg = c.segment_attach(1 << 21)
+    seg = c.segment_attach(1 << 23)
     flag = np.asarray(seg).view(np.uint64)
     res = {"states": {}, "cpu": None}
     src = np.arange(8, dtype=np.uint8)
@@ -140,15 +141,17 @@ def _worker(out, iters, cpu_wait, lat):
                     "put_us": {"median": statistics.median(put), "p90": _pct(put, 0.9)},
                     "get_us": {"median": statistics.median(get), "p90": _pct(get, 0.9)}}
                 if state == "barrier":
-                    # bandwidth to the waiting target: blocking 1 MiB puts
-                    big = np.ones(BW_SIZE, np.uint8)
-                    tm.put(1, tm.addr(1, 65536), big)
-                    bw = []
-                    for _ in range(max(5, iters // 20)):
-                        t0 = time.perf_counter_ns()
+                    # bandwidth to the waiting target: blocking 64 KiB-4 MiB puts
+                    res["states"][state]["put_GBps"] = {}
+                    for size in BW_SIZES:
+                        big = np.ones(size, np.uint8)
                         tm.put(1, tm.addr(1, 65536), big)
-                        bw.append(BW_SIZE / (time.perf_counter_ns() - t0))     # GB/s
-                    res["states"][state]["put_1m_GBps"] = statistics.median(bw)
+                        bw = []
+                        for _ in range(max(5, iters // 20)):
+                            t0 = time.perf_counter_ns()
+                            tm.put(1, tm.addr(1, 65536), big)
+                            bw.append(size / (time.perf_counter_ns() - t0))     # GB/s
+                        res["states"][state]["put_GBps"][str(size)] = statistics.median(bw)
                 if state == "barrier":
                     tm.barrier()
                 else:
@@ -216,12 +219,19 @@ def run_c(args, exe):
            "-i", "2000", "-t", "0.5", "-W", "60", "--json"]
     r = _run(cmd, None, 90, f"ofi_bench -p '{args.provider}' -P poll")
     j = json.loads(r.stdout)
-    cmd = [exe, "-p", args.provider, "-P", "poll", "-s", "8", "-b", str(BW_SIZE), "-w", "1",
+    sizes = ",".join(map(str, BW_SIZES))
+    cmd = [exe, "-p", args.provider, "-P", "poll", "-s", "8", "-b", sizes, "-w", "1",
            "-i", "100", "-t", "0.5", "-W", "60", "-f", "--json"]
-    r = _run(cmd, None, 90, f"ofi_bench -p '{args.provider}' -P poll -b {BW_SIZE} -w 1 -f")
-    bw = json.loads(r.stdout).get("bw_flush_GBps_rounds", {}).get(str(BW_SIZE))
+    r = _run(cmd, None, 90, f"ofi_bench -p '{args.provider}' -P poll -b {sizes} -w 1 -f")
+    bw = json.loads(r.stdout).get("bw_flush_GBps_rounds", {})
+    # the floor for a target that sleeps: the same, its CQ slept on (fi_trywait + poll)
+    cmd = [exe, "-p", args.provider, "-P", "wait", "-s", "8", "-b", "8", "-w", "16",
+           "-i", "2000", "-t", "0.5", "-W", "60", "--json"]
+    w = json.loads(_run(cmd, None, 90, f"ofi_bench -p '{args.provider}' -P wait").stdout)
     return {"put_us": j["write_dc_lat_us"]["8"]["median"], "get_us": j["read_lat_us"]["8"]["median"],
-            "put_bw_GBps": bw["median"] if bw else None}
+            "wait_put_us": w["write_dc_lat_us"]["8"]["median"],
+            "wait_get_us": w["read_lat_us"]["8"]["median"],
+            "put_bw_GBps": {k: v["median"] for k, v in bw.items()}}
 
 
 def main(argv=None):
@@ -270,8 +280,10 @@ def _report(rnd, R, args):
     c = R.get("c")
     if c:
         print(f"  C ofi_bench -P poll:       put {c['put_us']:7.2f} us   get {c['get_us']:7.2f} us"
-              + (f"   {BW_SIZE >> 10} KiB write+flush {c['put_bw_GBps']:.2f} GB/s"
-                 if c.get("put_bw_GBps") else ""))
+              + "   write+flush " + ", ".join(f"{int(k) >> 10} KiB {v:.2f}"
+                                             for k, v in c["put_bw_GBps"].items()) + " GB/s")
+        print(f"  C ofi_bench -P wait:       put {c['wait_put_us']:7.2f} us   get {c['wait_get_us']:7.2f} us"
+              "   (target asleep in its CQ fd: the floor for a sleeping target)")
     o = R.get("ofi")
     if o:
         for st in STATES:
@@ -283,10 +295,9 @@ def _report(rnd, R, args):
             extra = f"  [{o['target'][st]['numpy_calls']} numpy calls]" if st == "numpy" else ""
             print(f"  target in {st:<11} put {pu:7.2f} us (p90 {x['put_us']['p90']:6.1f})   "
                   f"get {ge:7.2f} us (p90 {x['get_us']['p90']:6.1f}){ratio}{extra}")
-            if "put_1m_GBps" in x:
-                bw = x["put_1m_GBps"]
-                cb = c.get("put_bw_GBps") if c else None
-                print(f"  target in {st:<11} {BW_SIZE >> 10} KiB blocking put {bw:.2f} GB/s"
+            for size, bw in x.get("put_GBps", {}).items():
+                cb = c["put_bw_GBps"].get(size) if c else None
+                print(f"  target in {st:<11} {int(size) >> 10} KiB blocking put {bw:.2f} GB/s"
                       + (f"  ({bw / cb:.2f}x C)" if cb else ""))
     for what in ("ofi", "nbrhd"):
         x = R.get(what)

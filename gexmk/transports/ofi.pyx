@@ -135,13 +135,19 @@ cdef int QUIET_SLEEP_MAX_US = 5000
 # The progress thread, woken by traffic, polls for this long (s) before it
 # sleeps in the CQ fds again.
 cdef double PT_HOT = 0.001
-# Private, for experiments (bench/waiting.py): GEXMK_OFI_WAIT_TUNE="hot_us,pt_hot_us".
+# Windows that do not adapt (each the longest, from the wake, not extended by
+# traffic: what was measured before), for experiments.
+cdef bint HOT_FIXED = False
+# Private, for experiments (bench/waiting.py):
+# GEXMK_OFI_WAIT_TUNE="hot_us[,pt_hot_us[,fixed]]".
 _tune = os.environ.get("GEXMK_OFI_WAIT_TUNE", "")
 if _tune:
     _tv = [float(x) for x in _tune.split(",")]
     WAIT_HOT = _tv[0] * 1e-6
     if len(_tv) > 1:
         PT_HOT = _tv[1] * 1e-6
+    if len(_tv) > 2:
+        HOT_FIXED = _tv[2] != 0
 
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"

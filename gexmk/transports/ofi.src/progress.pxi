@@ -14,8 +14,9 @@ cdef enum:
     TR_WOKE = 11            # ... traffic woke it
     TR_TIMEOUT = 12         # ... its sleep ran out
     TR_PASS = 13            # ... it read every CQ after waking
-    TR_HOT_IN = 14          # a wait starts polling after traffic
-    TR_HOT_OUT = 15         # ... stops
+    TR_HOT_IN = 14          # a poller opens a window after traffic (hot_win)
+    TR_HOT_CAUGHT = 15      # ... which ends, having seen traffic
+    TR_HOT_EMPTY = 16       # ... which ends, having seen none
     TR_PT_SLEEP = 20        # the progress thread sleeps in the CQ fds
     TR_PT_WOKE = 21
     TR_PT_PASS = 22
@@ -64,6 +65,9 @@ cdef inline void _hot_open(hot_win* h, double now, double longest) noexcept nogi
     """Traffic woke a sleeper at ``now``: poll for the window from then."""
     if longest <= 0:
         return
+    if HOT_FIXED:
+        h.until = now + longest
+        return
     if not h.init:
         h.init = 1
         h.win = longest
@@ -76,6 +80,7 @@ cdef inline void _hot_open(hot_win* h, double now, double longest) noexcept nogi
         h.win = longest / 4
         h.probing = 1
     h.until = now + h.win
+    _tr(TR_HOT_IN)
     h.caught = 0
 
 
@@ -86,6 +91,10 @@ cdef inline bint _hot(hot_win* h, double now, double longest) noexcept nogil:
         return False
     if now < h.until:
         return True
+    if HOT_FIXED:
+        h.until = 0
+        return False
+    _tr(TR_HOT_CAUGHT if h.caught else TR_HOT_EMPTY)
     if h.caught:
         h.win = h.win * 2 if h.win * 2 < longest else longest
         h.probe_every = HOT_PROBE
@@ -107,7 +116,7 @@ cdef inline void _hot_pass(hot_win* h, double t0, double t1, int got) noexcept n
     cdef double dt = t1 - t0
     if h.pass_min == 0 or dt < h.pass_min:
         h.pass_min = dt
-    if got > 0 or dt > 2 * h.pass_min + HOT_BUSY:
+    if (got > 0 or dt > 2 * h.pass_min + HOT_BUSY) and not HOT_FIXED:
         h.caught = 1
         h.until = t1 + h.win
 
@@ -289,7 +298,10 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
             for i in range(16):
                 t0 = _now()
                 r = _progress_all(d)
-                _hot_pass(&hot, t0, _now(), r)
+                idle = _now()
+                _hot_pass(&hot, t0, idle, r)
+                if _tr_t != NULL:
+                    _tr(<int>(1000 + (idle - t0) * 1e7) + (100000 if hot.caught else 0))
                 if gx_load_long(&d.waiters) > 0:
                     break
             sched_yield()
