@@ -119,11 +119,12 @@ cdef int UNSERVED_NAP_US = 20
 cdef double WAIT_HOT = 200e-6
 # ... the shortest window: a shorter one would close before a ping-pong's next
 # operation comes.  While the window is off, one wake in HOT_PROBE (doubling
-# after each probe that sees no traffic, up to HOT_PROBE_MAX) tries a quarter
-# of the longest window again.
+# after each probe that sees no traffic, up to HOT_PROBE_MAX) tries a window of
+# HOT_PROBE_WIN again (the load that starved the poller may have gone).
 cdef double HOT_MIN = 20e-6
 cdef int HOT_PROBE = 8
-cdef int HOT_PROBE_MAX = 256
+cdef int HOT_PROBE_MAX = 32
+cdef double HOT_PROBE_WIN = 50e-6
 # A polling pass longer than twice the shortest one + this (s) did work (an RMA
 # the provider served at this target leaves no CQ entry): traffic.
 cdef double HOT_BUSY = 1.5e-6

@@ -77,7 +77,7 @@ cdef inline void _hot_open(hot_win* h, double now, double longest) noexcept nogi
         if h.wakes < h.probe_every:
             return
         h.wakes = 0
-        h.win = longest / 4
+        h.win = HOT_PROBE_WIN if HOT_PROBE_WIN < longest else longest
         h.probing = 1
     h.until = now + h.win
     _tr(TR_HOT_IN)
