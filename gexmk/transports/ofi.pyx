@@ -41,6 +41,7 @@ from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC, nanosleep
 
 cdef extern from "<time.h>" nogil:
     enum: CLOCK_MONOTONIC_COARSE
+    enum: CLOCK_THREAD_CPUTIME_ID
 
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
@@ -125,8 +126,10 @@ cdef double HOT_MIN = 20e-6
 cdef int HOT_PROBE = 8
 cdef int HOT_PROBE_MAX = 32
 cdef double HOT_PROBE_WIN = 50e-6
-# A polling pass longer than twice the shortest one + this (s) did work (an RMA
-# the provider served at this target leaves no CQ entry): traffic.
+# A polling pass that took more than twice the shortest one's CPU time + this
+# (s) did work (an RMA the provider served at this target leaves no CQ entry):
+# traffic.  CPU time, not wall time: a pass that was preempted (the initiator
+# or another job took the core) is no sign of traffic, rather the opposite.
 cdef double HOT_BUSY = 1.5e-6
 # ... and while its sleeps end with nothing come, each is twice the last, up to
 # this long (us): traffic wakes it through the fds, so a longer sleep only

@@ -448,7 +448,7 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
     cdef int nfd, i, rc, got = 0, woke = 0
     cdef bint hot = False
     cdef ofi_ep* e
-    cdef double now
+    cdef double now, c0 = 0
     if not ep.can_wait and _unserved(d):
         # No progress thread: nothing would wake a futex sleeper when the
         # network brings its signal, and a wait's nap (up to 0.1 ms, plus 50 us
@@ -483,6 +483,7 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
     if nfd > 0:
         hot = _hot(&d.wait_hot, now, WAIT_HOT)
     if hot:
+        c0 = _cpu_now()
         # traffic came lately: poll (below) rather than sleep (hot_win).
         # (Not sched_yield between passes: on a loaded 2-core machine each yield
         # handed the core to another job for a time slice, ~200 us per op.)
@@ -521,9 +522,12 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
         d.driven_until = _now() + WAIT_ASIDE
         gx_add_long(&d.waiters, -1)
         if hot:
-            _hot_pass(&d.wait_hot, now, d.driven_until - WAIT_ASIDE, got)
-        if _tr_t != NULL:
-            _tr(TR_PASS if woke else <int>(1000 + (d.driven_until - WAIT_ASIDE - now) * 1e7))
+            now = _cpu_now() - c0
+            _hot_pass(&d.wait_hot, c0, c0 + now, d.driven_until - WAIT_ASIDE, got)
+            if _tr_t != NULL:
+                _tr(<int>(1000 + now * 1e7))
+        elif _tr_t != NULL:
+            _tr(TR_PASS if woke else TR_TIMEOUT_PASS)
     elif _read_ep_cq(ep) < 0 or (ep.acq != NULL and _read_cq(ep.acq) < 0):
         rc = -1
     gx_add_long(&d.readers, -1)

@@ -14,6 +14,7 @@ cdef enum:
     TR_WOKE = 11            # ... traffic woke it
     TR_TIMEOUT = 12         # ... its sleep ran out
     TR_PASS = 13            # ... it read every CQ after waking
+    TR_TIMEOUT_PASS = 17    # ... after its sleep ran out
     TR_HOT_IN = 14          # a poller opens a window after traffic (hot_win)
     TR_HOT_CAUGHT = 15      # ... which ends, having seen traffic
     TR_HOT_EMPTY = 16       # ... which ends, having seen none
@@ -22,18 +23,23 @@ cdef enum:
     TR_PT_PASS = 22
 
 
+cdef extern from "<sched.h>" nogil:
+    int sched_getcpu()
+
+
 cdef inline void _tr(int ev) noexcept nogil:
+    """Log ``ev`` (the CPU this thread runs on in bits 24 and up)."""
     cdef long i
     if _tr_t != NULL:
         i = gx_add_long(&_tr_n, 1) - 1
         if i < _tr_cap:
             _tr_t[i] = _now()
-            _tr_e[i] = ev
+            _tr_e[i] = ev | (sched_getcpu() << 24)
 
 
 def _trace_dump(reset=True):
-    """Private: the [(seconds, event)] logged since the last reset
-    (GEXMK_OFI_TRACE=1), and TR_* names in events."""
+    """Private: the [(seconds, event | cpu << 24)] logged since the last
+    reset (GEXMK_OFI_TRACE=1); events are the TR_* values."""
     global _tr_n
     n = min(_tr_n, _tr_cap)
     out = [(_tr_t[i], _tr_e[i]) for i in range(n)]
@@ -109,11 +115,19 @@ cdef inline bint _hot(hot_win* h, double now, double longest) noexcept nogil:
     return False
 
 
-cdef inline void _hot_pass(hot_win* h, double t0, double t1, int got) noexcept nogil:
-    """A polling pass ran from t0 to t1 and read ``got`` CQ entries: traffic
-    (entries, or a pass much longer than an idle one: an RMA the provider
-    served at this target leaves no entry) keeps the window open."""
-    cdef double dt = t1 - t0
+cdef inline double _cpu_now() noexcept nogil:
+    """This thread's CPU time (s)."""
+    cdef timespec ts
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef inline void _hot_pass(hot_win* h, double c0, double c1, double t1, int got) noexcept nogil:
+    """A polling pass that ended at t1 took the CPU time c1 - c0 and read
+    ``got`` CQ entries: traffic (entries, or a pass that worked much longer
+    than an idle one: an RMA the provider served at this target leaves no
+    entry) keeps the window open."""
+    cdef double dt = c1 - c0
     if h.pass_min == 0 or dt < h.pass_min:
         h.pass_min = dt
     if (got > 0 or dt > 2 * h.pass_min + HOT_BUSY) and not HOT_FIXED:
@@ -243,7 +257,7 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
     cdef int nfd
     cdef pollfd pfds[2 * SLEEP_EPS]
     cdef hot_win hot
-    cdef double idle, t0
+    cdef double idle, c0
     cdef int r
     memset(&hot, 0, sizeof(hot))
     # this thread's naps are short and frequent: 1 us timer slack, not 50
@@ -296,12 +310,12 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
             # its bandwidth; an application thread that starts to wait still
             # takes over within one pass.
             for i in range(16):
-                t0 = _now()
+                c0 = _cpu_now()
                 r = _progress_all(d)
-                idle = _now()
-                _hot_pass(&hot, t0, idle, r)
+                idle = _cpu_now()
+                _hot_pass(&hot, c0, idle, _now(), r)
                 if _tr_t != NULL:
-                    _tr(<int>(1000 + (idle - t0) * 1e7) + (100000 if hot.caught else 0))
+                    _tr(<int>(1000 + (idle - c0) * 1e7) + (100000 if hot.caught else 0))
                 if gx_load_long(&d.waiters) > 0:
                     break
             sched_yield()
