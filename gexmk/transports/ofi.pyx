@@ -114,9 +114,13 @@ cdef int UNSERVED_NAP_US = 20
 # target in a barrier over tcp;ofi_rxm, 25-38 us sleeping, 11 us polling,
 # bench/waiting.py).  The window adapts (hot_win, progress.pxi): one that saw
 # no traffic halves the next, down to none (a wake-up per op); one that did,
-# doubles it.  A fixed window cost every operation the window + ~32 us in some
-# rounds on a loaded 2-core machine: the initiator shared the poller's core, and
-# its next operation (or its ack's reading) waited for the window to end.
+# doubles it.  A fixed window cost every operation the window + ~25-30 us in
+# some rounds on a loaded 2-core machine: a thread woken by a socket send is put
+# on the sender's CPU (the scheduler's wake-affine placement: traced with
+# GEXMK_OFI_TRACE, the waiting target woke on the initiator's CPU for every op
+# whenever the other CPU ran another job), so the poller held the very core
+# the initiator needed for its next operation until the window ended.  Such
+# windows see no traffic, and shrink away.
 cdef double WAIT_HOT = 200e-6
 # ... the shortest window: a shorter one would close before a ping-pong's next
 # operation comes.  While the window is off, one wake in HOT_PROBE (doubling
