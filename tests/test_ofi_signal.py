@@ -373,3 +373,69 @@ def test_signals_that_do_not_fit_in_cq_data_keep_their_order(tmp_path, rank0_nod
     env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm", "FI_PROVIDER": None,
            "FIT_RANK0_NODATA": rank0_nodata, "GEXMK_TIMEOUT": 60}
     _run_ok(tmp_path, FIT, 2, env, "FIT", 100)
+
+
+# RMA to a target that waits (issue 21): rank 0 puts and gets back distinct
+# values, 8 B and 64 KiB, while rank 1 is inside tm.barrier(), then inside
+# wait_until.  A waiting target polls for a while after traffic (an adaptive
+# window, ofi.src/progress.pxi) and sleeps in its CQ fds otherwise; every
+# hand-off between the two must lose nothing: each get returns the value just
+# put, and each wait ends.  With GEXMK_OFI_TRACE the target's log must show
+# polling windows opened (default) or none (GEXMK_OFI_WAIT_TUNE=0: window off).
+HOTWIN = r'''
+from gexmk.transports import ofi
+c = gexmk.init()
+tm = c.tm
+me, peer = tm.rank, 1 - tm.rank
+seg = c.segment_attach(1 << 20)
+mine = np.asarray(seg)
+small, back = np.zeros(1, np.uint64), np.zeros(1, np.uint64)
+big, bigback = np.zeros(8192, np.uint64), np.zeros(8192, np.uint64)
+tm.put(peer, tm.addr(peer, 4096), small)       # connected
+tm.barrier()
+ofi._trace_dump()
+for state in (1, 2):
+    if me == 1:
+        if state == 1:
+            tm.barrier()
+        else:
+            tm.wait_until(tm.addr(me, 0), gexmk.CMP_GE, 2)
+    else:
+        time.sleep(0.05)        # the target is asleep by now
+        for i in range(300):
+            small[0] = state * 100000 + i
+            tm.put(1, tm.addr(1, 64), small)
+            tm.get(back, 1, tm.addr(1, 64))
+            assert back[0] == small[0], (state, i, back[0])
+            if i % 50 == 0:
+                big[:] = i + state
+                tm.put(1, tm.addr(1, 65536), big)
+                tm.get(bigback, 1, tm.addr(1, 65536))
+                assert (bigback == big).all(), (state, i)
+            if i % 100 == 99:
+                time.sleep(0.01)     # a quiet spell: the target's window closes, it sleeps
+        if state == 1:
+            tm.barrier()
+        else:
+            small[0] = 2
+            tm.put_signal(1, tm.addr(1, 4096), small, tm.addr(1, 0), 2)
+            tm.quiet()
+tm.barrier()
+if me == 1:
+    ev = [e & 0xffffff for t, e in ofi._trace_dump()]
+    opened = ev.count(14)
+    log(f"windows opened {opened}, sleeps {ev.count(10)}, wakes {ev.count(11)}")
+    assert (opened > 0) == (os.environ.get("GEXMK_OFI_WAIT_TUNE") != "0"), opened
+    assert ev.count(11) > 0         # it slept and traffic woke it
+print(f"HOTWIN-OK {me}", flush=True)
+c.finalize()
+'''
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("tune", [None, "0", "200,1000,1"], ids=["adaptive", "off", "fixed"])
+def test_rma_to_a_waiting_target_loses_nothing(tmp_path, tune):
+    _need_ofi("tcp;ofi_rxm")
+    env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm", "FI_PROVIDER": None,
+           "GEXMK_OFI_TRACE": "1", "GEXMK_OFI_WAIT_TUNE": tune, "GEXMK_TIMEOUT": 60}
+    _run_ok(tmp_path, HOTWIN, 2, env, "HOTWIN", 150)

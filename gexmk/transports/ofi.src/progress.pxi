@@ -74,6 +74,7 @@ cdef inline void _hot_open(hot_win* h, double now, double longest) noexcept nogi
         return
     if HOT_FIXED:
         h.until = now + longest
+        _tr(TR_HOT_IN)
         return
     if not h.init:
         h.init = 1
