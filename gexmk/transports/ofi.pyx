@@ -77,8 +77,24 @@ from gexmk.kinds.kind cimport gx_kind_ops
 # above the inject size go as RMA writes anyway, so it asks for 4 KiB unless
 # the user set FI_OFI_RXM_BUFFER_SIZE.  Set before this process's first
 # fi_getinfo, when rxm reads it; every rank of a job does the same.
-if os.environ.get("GEXMK_OFI_RXM_BUFFER", "4096") != "0":
-    os.environ.setdefault("FI_OFI_RXM_BUFFER_SIZE", os.environ.get("GEXMK_OFI_RXM_BUFFER", "4096"))
+#
+# Likewise the receive buffers rxm posts (FI_OFI_RXM_MSG_RX_SIZE): left unset,
+# rxm over tcp posts 4096 of them to tcp's shared receive context, 4096 bounce
+# buffers (~18 MB at 4 KiB) per rxm endpoint, and gexmk opens three or four
+# (the primordial endpoint's pair, the sync endpoint).  They take messages
+# only (rxm's emulated atomics, put_signal's signal messages): RMA never lands
+# in them, and a sender finding none posted waits in the socket's flow
+# control.  128 (rxm's figure without a shared context): 133 -> 77 MB
+# resident for a 2-rank job (bench/README.md, issue 23).  Bad values are left
+# for config.load to report at init.
+def _rxm_setting(name, default, fi_name):
+    text = os.environ.get(name, "").strip() or str(default)
+    if text.isdigit() and int(text) != 0:
+        os.environ.setdefault(fi_name, text)
+
+
+_rxm_setting("GEXMK_OFI_RXM_BUFFER", 4096, "FI_OFI_RXM_BUFFER_SIZE")
+_rxm_setting("GEXMK_OFI_RXM_MSG_RX", 128, "FI_OFI_RXM_MSG_RX_SIZE")
 
 cdef enum:
     OP_PENDING = 0
@@ -395,6 +411,12 @@ cdef int SAME_NODE_SCORE = 60
 cdef int FORCED_SCORE = 95
 
 
+def _ring_distance(int r, int me, int size):
+    """How far job rank r is from me around the ring of the job, either way."""
+    cdef int d = (r - me) % size if size else 0
+    return min(d, size - d)
+
+
 cdef class OfiPeer:
     """The per-target context: fi_addr(s), key and base of one peer segment.
     Updated in place at each publication and kept until the domain closes:
@@ -415,6 +437,8 @@ cdef class OfiTransport:
     cdef dict _peers                   # (jobrank, ep_index) -> OfiPeer
     cdef readonly dict connections     # eager connection set-up so far (see connect)
     cdef set _connected                # (ofi_ep*, fi_addr, which) already touched
+    cdef dict _eager_peers             # ofi_ep* -> job ranks connected eagerly from it
+    cdef readonly long connect_max     # GEXMK_OFI_CONNECT_MAX
 
     def __init__(self, job):
         cfg = job.config
@@ -422,8 +446,10 @@ cdef class OfiTransport:
         self.job = job
         self._peers = {}
         self._connected = set()
+        self._eager_peers = {}
+        self.connect_max = cfg.ofi_connect_max
         self.connections = {"mode": cfg.ofi_connect, "touched": 0, "failed": 0, "seconds": 0.0,
-                            "note": ""}
+                            "capped": 0, "note": ""}
         self.domain = Domain(cfg.ofi_provider, cfg.ofi_iface, skip_loopback=job.multi_node,
                              config=cfg)
         self.domain.d.stg_nrings = job.size
@@ -534,7 +560,10 @@ cdef class OfiTransport:
         atomics path.  Each new (libfabric endpoint, peer address) pair gets one
         small read, all posted at once and waited for at most 10 s; what did
         not answer is reported in a warning and in ``connections`` (its first
-        operation then sets the connection up, as with ``lazy``)."""
+        operation then sets the connection up, as with ``lazy``).  At most
+        ``GEXMK_OFI_CONNECT_MAX`` peer processes per endpoint, the nearest in
+        job rank first; ``connections["capped"]`` counts the pairs left to
+        their first operation for that reason."""
         cdef OfiEndpoint oe
         cdef ofi_peer* t
         st = self.connections
@@ -548,6 +577,16 @@ cdef class OfiTransport:
         seen = set()
         work = []
         skipped = 0
+        # At most connect_max peer processes per endpoint are connected up
+        # front, the nearest in job rank (both ways) first: a large job never
+        # opens a connection per job rank at publication (issue 23); the others
+        # connect on their first operation, as with GEXMK_OFI_CONNECT=lazy.
+        me, size = self.job.rank, self.job.size
+        order = []
+        for i, pr in enumerate(pairs):
+            t = <ofi_peer*><uintptr_t>pr[1]
+            order.append((_ring_distance(t.g.jobrank, me, size), i))
+        pairs = [pairs[i] for _, i in sorted(order)]
         for epctx, peer_h, rma in pairs:
             oe = epctx
             if oe.closed:
@@ -564,6 +603,12 @@ cdef class OfiTransport:
             key = (<uintptr_t>&oe.e, t.net_aaddr if which else t.net_addr, which)
             if key in seen or key in self._connected:
                 continue
+            peers = self._eager_peers.setdefault(<uintptr_t>&oe.e, set())
+            if t.g.jobrank not in peers:
+                if len(peers) >= self.connect_max:
+                    st["capped"] += 1
+                    continue
+                peers.add(t.g.jobrank)
             seen.add(key)
             work.append((<uintptr_t>&oe.e, peer_h, which))
         if skipped:

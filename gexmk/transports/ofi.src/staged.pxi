@@ -199,10 +199,16 @@ cdef int _zone_open(ofi_ep* e, Segment seg, int nrings) except -1:
         z.data_off = _stg_data_off(z.slots)
         z.ring_bytes = z.data_off + <size_t>z.slots * z.chunk
         z.bytes = <size_t>nrings * z.ring_bytes + <size_t>z.slots * z.chunk
-        if posix_memalign(&mem, 4096, z.bytes) != 0:
+        # Reserved, not allocated: an anonymous mapping reads as zeros and gets
+        # a page only where something is written, so a ring costs memory once
+        # its initiator first uses it (its words, the chunks it sends), never
+        # per job rank up front (issue 23).  A pinned zone (device segments)
+        # is still pinned whole below.
+        mem = mmap(NULL, z.bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+        if mem == MAP_FAILED:
             raise MemoryError(f"ofi: no memory for a landing zone of {z.bytes} bytes")
         z.mem = <char*>mem
-        memset(z.mem, 0, z.bytes)
         z.bounce = z.mem + <size_t>nrings * z.ring_bytes
         z.handled = <uint64_t*>calloc(<size_t>nrings * z.slots, sizeof(uint64_t))
         if z.handled == NULL:
@@ -264,7 +270,8 @@ cdef void _zone_close(ofi_ep* e) noexcept nogil:
 cdef void _zone_free(ofi_zone* z) noexcept nogil:
     if z.pinned and (<_raw_register_fn>z.kops.host_register)(z.kctx, z.mem, z.bytes, 0) == -1:
         _swallow()          # the kind's context is gone with its client: nothing to undo
-    free(z.mem)
+    if z.mem != NULL:
+        munmap(z.mem, z.bytes)
     free(z.handled)
     free(z)
 
