@@ -120,6 +120,10 @@ class Config:
     #: FI_OFI_RXM_MSG_RX_SIZE unless that is set; 0: rxm's own, 4096 with
     #: tcp's shared receive context, ~14 MB resident per rxm endpoint).
     ofi_rxm_msg_rx: int = 128
+    #: GEXMK_OFI_RXM_RX: rxm's receive queue per endpoint (FI_OFI_RXM_RX_SIZE
+    #: unless set; 0: rxm's 2048): gexmk posts 64 receives (put_signal's
+    #: signal messages), two 0.5 MB queues at 2048.
+    ofi_rxm_rx: int = 256
     #: GEXMK_NBRHD_STAGE: ``auto`` (default): a device segment that cannot be
     #: exported (stream-ordered pool memory) is reached by peers of its node
     #: through a landing zone of shared pinned host memory that the owner's
@@ -198,6 +202,7 @@ def load(env=None) -> Config:
         ofi_rxm_buffer=_bytes(env, "GEXMK_OFI_RXM_BUFFER", 4096, 0, 1 << 24, suffix=False),
         ofi_rxm_msg_rx=_bytes(env, "GEXMK_OFI_RXM_MSG_RX", RXM_MSG_RX_DEFAULT, 0, 1 << 16,
                               suffix=False),
+        ofi_rxm_rx=_bytes(env, "GEXMK_OFI_RXM_RX", 256, 0, 1 << 16, suffix=False),
         nbrhd_stage=_choice(env, "GEXMK_NBRHD_STAGE", {"auto": "auto", "all": "all"}, "auto"),
         nbrhd_stage_chunk=_bytes(env, "GEXMK_NBRHD_STAGE_CHUNK", 4 << 20, 4096, 1 << 30),
         nbrhd_stage_slots=_bytes(env, "GEXMK_NBRHD_STAGE_SLOTS", 4, 1, 16, suffix=False),

@@ -24,6 +24,7 @@ PROVIDER = "tcp;ofi_rxm"
 
 WORKER = r'''
 EAGER = os.environ.get("GEXMK_OFI_CONNECT", "eager") == "eager"
+CAP = int(os.environ.get("GEXMK_OFI_CONNECT_MAX") or 32)
 
 def tcp_established():
     """ESTABLISHED TCP sockets owned by this process."""
@@ -65,11 +66,19 @@ with gexmk.init() as c:
         ad.op(r, tm.addr(r, 4096), gexmk.OP_FADD, 1)
     after = tcp_established()
     log("tcp sockets before", before, "after", after)
-    if EAGER:
-        assert st["mode"] == "eager" and st["failed"] == 0, st
+    if EAGER and CAP >= len(peers):
+        assert st["mode"] == "eager" and st["failed"] == 0 and st["capped"] == 0, st
         assert st["touched"] == per_peer * len(peers), (st, per_peer)
         assert before >= per_peer * len(peers), before
         assert after == before, ("the first operations opened connections", before, after)
+    elif EAGER:
+        # GEXMK_OFI_CONNECT_MAX: the nearest CAP peers up front, the rest on first use
+        # (the sync endpoint's routes count too: at least those of endpoint 0)
+        assert st["mode"] == "eager" and st["failed"] == 0, st
+        assert st["capped"] >= per_peer * (len(peers) - CAP), st
+        assert st["touched"] <= 2 * per_peer * CAP, st
+        # (socket counts prove nothing here: peers' own connections to this
+        # process, and the barriers', come and go on their schedule)
     else:
         assert st["mode"] == "lazy" and st["touched"] == 0, st
         assert after > before, ("lazy: the first operations should have connected", before, after)
@@ -92,6 +101,31 @@ def test_first_op_is_not_a_connection_setup(tmp_path, n, mode):
     env["GEXMK_OFI_CONNECT"] = mode if mode == "lazy" else None     # eager is the default
     res = mp_util.run_job(tmp_path, WORKER, n, launcher_timeout=60, env=env)
     res.check()
+
+
+@pytest.mark.timeout(120)
+def test_eager_connections_are_capped(tmp_path):
+    # 5 ranks, at most one peer process connected up front per endpoint: the
+    # other three of every rank connect on first use, and every operation works
+    need(PROVIDER)
+    env = ofi_env(PROVIDER)
+    env["GEXMK_OFI_CONNECT_MAX"] = "1"
+    res = mp_util.run_job(tmp_path, WORKER, 5, launcher_timeout=90, env=env)
+    res.check()
+
+
+def test_connect_max_setting_checked():
+    from gexmk import config
+    from gexmk.errors import ArgumentError
+    assert config.load({}).ofi_connect_max == 32
+    assert config.load({"GEXMK_OFI_CONNECT_MAX": "0"}).ofi_connect_max == 0
+    with pytest.raises(ArgumentError, match="GEXMK_OFI_CONNECT_MAX='-1'"):
+        config.load({"GEXMK_OFI_CONNECT_MAX": "-1"})
+    assert config.load({}).ofi_rxm_msg_rx == 128
+    with pytest.raises(ArgumentError, match="GEXMK_OFI_RXM_MSG_RX='lots'"):
+        config.load({"GEXMK_OFI_RXM_MSG_RX": "lots"})
+    with pytest.raises(ArgumentError, match="GEXMK_OFI_RXM_BUFFER='4K'"):
+        config.load({"GEXMK_OFI_RXM_BUFFER": "4K"})
 
 
 def test_connect_setting_checked():

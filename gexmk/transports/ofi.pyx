@@ -95,6 +95,9 @@ def _rxm_setting(name, default, fi_name):
 
 _rxm_setting("GEXMK_OFI_RXM_BUFFER", 4096, "FI_OFI_RXM_BUFFER_SIZE")
 _rxm_setting("GEXMK_OFI_RXM_MSG_RX", 128, "FI_OFI_RXM_MSG_RX_SIZE")
+# rxm's own receive queue (application receives: gexmk posts SIG_RX = 64 per
+# endpoint) is 2048 entries by default, two 0.5 MB queues per rxm endpoint.
+_rxm_setting("GEXMK_OFI_RXM_RX", 256, "FI_OFI_RXM_RX_SIZE")
 
 cdef enum:
     OP_PENDING = 0

@@ -160,6 +160,15 @@ cdef class OfiEndpoint:
         return self.e.zone != NULL and not self.e.hmem
 
     @property
+    def zone_extent(self):
+        """``(address, bytes, ring_bytes)`` of this endpoint's landing zone
+        (its rings, one per job rank, then the bounce area), or None: for
+        tests and diagnostics of what the zone holds resident."""
+        if self.e.zone == NULL:
+            return None
+        return (<uintptr_t>self.e.zone.mem, self.e.zone.bytes, self.e.zone.ring_bytes)
+
+    @property
     def hmem(self):
         """True when the bound segment is registered natively (FI_HMEM): peers'
         puts and gets land in it directly (path ``ofi-hmem``)."""
