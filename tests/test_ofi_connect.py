@@ -135,3 +135,38 @@ def test_connect_setting_checked():
     assert config.load({"GEXMK_OFI_CONNECT": "Lazy"}).ofi_connect == "lazy"
     with pytest.raises(ArgumentError, match="GEXMK_OFI_CONNECT='sometimes'"):
         config.load({"GEXMK_OFI_CONNECT": "sometimes"})
+
+
+SYNC_WORKER = r'''
+# issue 23: where endpoints are split (tcp;ofi_rxm) and the RMA endpoint orders
+# writes, the library's sync endpoint is one rxm endpoint without atomics (its
+# barriers write counters by ordered stores); user endpoints keep the pair
+with gexmk.init() as c:
+    ofi = c.transports["ofi"]
+    seg = c.segment_attach(1 << 16)
+    tm = c.tm
+    eps = ofi.domain.endpoints
+    single = [e for e in eps if e.rma_only]
+    if ofi.split_endpoints and ofi.ordered_writes:
+        assert len(single) == 1 and len(eps) == 2, (len(single), len(eps))
+    else:
+        assert not single, len(single)
+    ad = tm.ad_create(gexmk.DT_I64, gexmk.OP_FADD)
+    for r in range(tm.size):
+        ad.op(r, tm.addr(r, 0), gexmk.OP_FADD, 1)
+    for _ in range(20):
+        tm.barrier()
+    out = np.zeros(1, np.int64)
+    tm.allreduce(np.array([tm.rank], np.int64), out, "sum")
+    assert out[0] == tm.size * (tm.size - 1) // 2, out
+    tm.barrier()
+    assert seg.view(np.int64)[0] == tm.size, seg.view(np.int64)[0]
+    tm.barrier()
+'''
+
+
+@pytest.mark.timeout(120)
+def test_sync_endpoint_has_no_atomics_endpoint(tmp_path):
+    need(PROVIDER)
+    res = mp_util.run_job(tmp_path, SYNC_WORKER, 3, launcher_timeout=90, env=ofi_env(PROVIDER))
+    res.check()

@@ -143,6 +143,7 @@ cdef int QUIET_SLEEP_MAX_US = 5000
 
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"
+_SINGLE_TAG = b"gexmk-rma:"     # a split domain's endpoint without atomics (the sync endpoint)
 
 
 cdef enum:
@@ -201,6 +202,7 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
                             # (remote_base with FI_MR_VIRT_ADDR, else 0)
     int answers             # the owner serves network operations while it computes (auto
                             # progress or a progress thread): connections may be set up eagerly
+    int no_amo              # its endpoint has no atomics (a split domain's sync endpoint)
     int sig_rx              # its endpoint takes put_signal's signal messages (signal.pxi)
     int sig_data            # ... and signals carried as a write's remote CQ data (signal.pxi)
     uint64_t sig_gen        # the target's binding generation as published (signal.pxi)
@@ -466,10 +468,13 @@ cdef class OfiTransport:
         return getattr(self.domain, name)
 
     def open_endpoint(self, int index):
-        ep = self.domain.endpoint()
-        # GEXMK_OFI_STAGE=all stages the application's host segments, never the
-        # library's own synchronisation endpoint (index 2**30, core.src/client.pxi)
-        (<OfiEndpoint>ep).plain = index >= (1 << 30)
+        # The library's own synchronisation endpoint (index 2**30, core.src/coll.pxi)
+        # writes its barrier counters by ordered stores where the network orders
+        # writes, so it needs no atomics endpoint (~10 MB less per process over
+        # tcp;ofi_rxm, issue 23); GEXMK_OFI_STAGE=all never stages it.
+        plain = index >= (1 << 30)
+        ep = self.domain.endpoint(rma_only=plain)
+        (<OfiEndpoint>ep).plain = plain
         return ep
 
     def apply(self, peer, blob):
@@ -491,6 +496,7 @@ cdef class OfiTransport:
             self._peers[key] = p
         p.c.g = <gx_target*><uintptr_t>peer.target
         p.c.net_addr, p.c.net_aaddr = self.domain.insert(name)
+        p.c.no_amo = name.startswith(_SINGLE_TAG)       # an endpoint without atomics
         old = (p.c.stg_key, p.c.stg_ring, p.c.stg or p.c.hmem)
         p.c.net_key = self.domain.map_key(rkey, base)   # raw keys are mapped here
         p.c.net_base = base
@@ -547,6 +553,8 @@ cdef class OfiTransport:
         staged = p.c.stg or epctx.staged_local
         if (p.c.stg or p.c.hmem) and not p.c.stg_amo:
             amo = 0
+        elif p.c.no_amo or (self.domain.d.split and (<OfiEndpoint>epctx).e.aep == (<OfiEndpoint>epctx).e.ep):
+            amo = 0         # either end is a split domain's endpoint without atomics
         else:
             amo = score
         # ofi-hmem: device memory at one end or both, registered with the provider

@@ -206,6 +206,11 @@ cdef class Domain:
         return bool(self.d.split)
 
     @property
+    def endpoints(self):
+        """The endpoints opened in this domain (the sync endpoint's included)."""
+        return tuple(self._eps)
+
+    @property
     def manual_progress(self):
         """True when targets must poll (FI_PROGRESS_MANUAL): a progress thread does."""
         return bool(self.d.manual)
@@ -282,6 +287,16 @@ cdef class Domain:
         if cached is not None:
             return cached
         split = name.startswith(_SPLIT_TAG)
+        if self.d.split and name.startswith(_SINGLE_TAG):
+            # a split domain's single endpoint (a sync endpoint): RMA only
+            raw = name[len(_SINGLE_TAG):]
+            p = raw
+            rc = fi_av_insert(self.d.av, p, 1, a, 0, NULL)
+            if rc != 1:
+                check("fi_av_insert", rc if rc < 0 else -FI_EINVAL)
+            out = (a[0], a[0])
+            self._addrs[name] = out
+            return out
         if split != bool(self.d.split):
             raise CommunicationError(
                 f"a peer's ofi endpoint is {'split' if split else 'single'}, this process's is "
@@ -317,13 +332,17 @@ cdef class Domain:
         self._raw_keys[(raw, base)] = out
         return out
 
-    def endpoint(self):
-        """A new libfabric endpoint with its own CQ, for one gexmk endpoint."""
+    def endpoint(self, bint rma_only=False):
+        """A new libfabric endpoint with its own CQ, for one gexmk endpoint.
+        ``rma_only``: where endpoints are split and the RMA one orders
+        writes (FI_ORDER_WAW), one endpoint without atomics instead of the
+        pair -- an rxm endpoint is ~10 MB resident (issue 23); its routes
+        offer no atomics (OfiTransport.reach)."""
         if self.closed:
             raise StateError("the ofi domain is closed")
         if self.d.neps >= MAX_EPS:
             raise UnsupportedError(f"more than {MAX_EPS} network endpoints in one process")
-        ep = OfiEndpoint._make(self)
+        ep = OfiEndpoint._make(self, rma_only and bool(self.d.split) and bool(self.d.waw))
         self._eps.append(ep)
         self.d.eps[self.d.neps] = &(<OfiEndpoint>ep).e
         gx_mem_fence()
