@@ -95,6 +95,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", default="16,64,128")
     ap.add_argument("--payload", type=int, default=93)
+    ap.add_argument("--no-mpirun", action="store_true", help="gexmk.run only")
     args = ap.parse_args()
     import tempfile
     from gexmk.bootstrap import registry
@@ -103,7 +104,8 @@ def main():
     with open(script, "w") as f:
         f.write(WORKER)
     env = dict(os.environ, GX_PAYLOAD=str(args.payload), GEXMK_TIMEOUT="600")
-    mpirun = openmpi_mpirun() if registry._available("pmix") is None else None
+    mpirun = openmpi_mpirun() if registry._available("pmix") is None and not args.no_mpirun \
+        else None
     ms = lambda x: "-" if x is None else f"{x * 1e3:.1f}"  # noqa: E731
     print(f"{'launcher':<10} {'n':>4} {'wall s':>7} {'init r0 ms':>10} {'allgather r0/max ms':>20} "
           f"{'PMIx fence r0/max ms':>21} {'attach+publish r0/max ms':>25} {'barrier ms':>10} "

@@ -5,8 +5,10 @@ transport side by side in the same run, each a fresh 2-rank job, alternated.
 
 Per job, rank 0 times on rank 1 (``gexmk.bench.measure``, interleaved
 batches): blocking 8 B ``tm.put`` and ``tm.get`` (µs), an 8 B ``atomic`` fetch-add
-(µs), and 4 MiB bandwidth as 8 x ``put_nbi(lc=LC_GROUP)`` + ``nbi_wait`` (GB/s),
-plus rank 0's VmRSS at the end.  Rounds alternate A, B, B, A, ...  Reported: the
+(µs), 4 MiB bandwidth as 8 x ``put_nbi(lc=LC_GROUP)`` + ``nbi_wait`` (GB/s),
+rank 0's VmRSS after those, then the mean of 300 ``tm.barrier()`` (both ranks).
+A configuration may set ``PYTHONPATH`` to run another build of gexmk (e.g.
+``main`` installed with ``pip install --target``) against this one.  Rounds alternate A, B, B, A, ...  Reported: the
 minimum and range over rounds of each run's median (bandwidth: maximum and
 range).  Both configurations run over ``tcp;ofi_rxm`` unless they set
 ``GEXMK_OFI_PROVIDER``.  Timings are reported, never asserted; the load
@@ -55,6 +57,13 @@ if c.rank == 0:
     with open("/proc/self/status") as f:
         out["rss_MB"] = [int(l.split()[1]) / 1024 for l in f if l.startswith("VmRSS")][0]
 tm.barrier()
+def barriers(k):
+    for _ in range(k):
+        tm.barrier()
+tm.barrier()
+t = __import__("time").perf_counter()
+barriers(300)
+out["barrier_us"] = (__import__("time").perf_counter() - t) / 300 * 1e6
 if c.rank == 0:
     print("RESULT " + json.dumps(out))
 c.finalize()
@@ -99,7 +108,7 @@ def main():
             v = [r[k] for r in res[name]]
             best = max(v) if k == "bw_GBps" else min(v)
             cells.append(f"{best:.2f} [{min(v):.2f}-{max(v):.2f}]")
-        unit = {"bw_GBps": "GB/s", "rss_MB": "MB"}.get(k, "us")
+        unit = {"bw_GBps": "GB/s", "rss_MB": "MB", "barrier_us": ""}.get(k, "us")
         print(f"{k + ' ' + unit:<10} {cells[0]:>24} {cells[1]:>24}")
 
 
