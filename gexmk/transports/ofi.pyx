@@ -84,9 +84,9 @@ from gexmk.kinds.kind cimport gx_kind_ops
 # (the primordial endpoint's pair, the sync endpoint).  They take messages
 # only (rxm's emulated atomics, put_signal's signal messages): RMA never lands
 # in them, and a sender finding none posted waits in the socket's flow
-# control.  128 (rxm's figure without a shared context): 133 -> 77 MB
-# resident for a 2-rank job (bench/README.md, issue 23).  Bad values are left
-# for config.load to report at init.
+# control.  128 (rxm's figure without a shared context): 120.8 -> 63.5 MB
+# resident for a 2-rank job with one 1 MiB segment (bench/README.md, issue
+# 23).  Bad values are left for config.load to report at init.
 def _rxm_setting(name, default, fi_name):
     text = os.environ.get(name, "").strip() or str(default)
     if text.isdigit() and int(text) != 0:

@@ -286,7 +286,7 @@ cdef class Domain:
         cached = self._addrs.get(name)
         if cached is not None:
             return cached
-        split = name.startswith(_SPLIT_TAG)
+        split = name.startswith(_SPLIT_TAG) or name.startswith(_SINGLE_TAG)
         if self.d.split and name.startswith(_SINGLE_TAG):
             # a split domain's single endpoint (a sync endpoint): RMA only
             raw = name[len(_SINGLE_TAG):]
