@@ -210,6 +210,9 @@ cdef struct ofi_dom:
     fid_av* av
     uint64_t mr_mode
     size_t inject_size
+    size_t vis_iov          # local iovecs per fi_writemsg/fi_readmsg of a VIS call (vis.pxi)
+    size_t vis_rma_iov      # ... and remote ones (the provider's iov_limit, rma_iov_limit)
+    size_t vis_max_msg      # ... and bytes per message (max_msg_size)
     int inject_ctx          # injected writes carry an op as their context (rma.pxi _inject_write)
     int manual              # FI_PROGRESS_MANUAL data progress: targets must poll
     int thread_on           # the background progress thread runs (start_progress)
@@ -318,6 +321,10 @@ cdef struct gx_op:
     gx_val operand          # atomic operands and result live here until completion
     gx_val compare
     gx_val result
+    gx_op* parent           # a message of a VIS op (vis.pxi): completes into it, not the CQ's reader
+    long pending            # a VIS op: its messages not yet complete, + 1 while being issued
+    int vis_err             # ... the first failure among them (fi errno)
+    void* vis_buf           # a VIS message's packed blocks (vis.pxi), freed at its completion
 
 
 
@@ -330,6 +337,7 @@ cdef struct sig_rx:         # a receive of signal messages (signal.pxi)
 include "ofi.src/completion.pxi"
 include "ofi.src/progress.pxi"
 include "ofi.src/rma.pxi"
+include "ofi.src/vis.pxi"
 include "ofi.src/atomic.pxi"
 include "ofi.src/staged.pxi"
 include "ofi.src/hmem.pxi"
@@ -385,6 +393,8 @@ _OPS.orphan = net_orphan
 _OPS.sync = net_nbi_wait
 _OPS.nbi_test = net_nbi_test
 _OPS.put_signal = ofi_put_signal
+_OPS.put_vis = ofi_put_vis            # vis.pxi: iovec messages, one op per chunk
+_OPS.get_vis = ofi_get_vis
 
 
 # Scores against the local transport's (gexmk/transports/local.pyx): the only
