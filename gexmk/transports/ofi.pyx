@@ -395,6 +395,10 @@ _OPS.nbi_test = net_nbi_test
 _OPS.put_signal = ofi_put_signal
 _OPS.put_vis = ofi_put_vis            # vis.pxi: iovec messages, one op per chunk
 _OPS.get_vis = ofi_get_vis
+if os.environ.get("GEXMK_OFI_VIS") == "loop":
+    # the core's loop of single puts and gets instead (bench/vis.py's baseline)
+    _OPS.put_vis = NULL
+    _OPS.get_vis = NULL
 
 
 # Scores against the local transport's (gexmk/transports/local.pyx): the only
