@@ -143,6 +143,7 @@ def gexmk_ofi(rounds):
         out["path"] = tm.transport(1)
         out["provider"] = os.environ.get("GEXMK_OFI_PROVIDER")
         out["vis"] = os.environ.get("GEXMK_OFI_VIS") or "transport"
+        out["vis"] += ", landing zones" if os.environ.get("GEXMK_OFI_STAGE") == "all" else ""
     tm.barrier()
     c.finalize()
     return out
@@ -318,7 +319,7 @@ def _have_gpu():
         return False
 
 
-def run(only, rounds, per_rank, providers=("tcp;ofi_rxm",)):
+def run(only, rounds, per_rank, providers=("tcp;ofi_rxm",), stage_all=False):
     res = {}
     r = ["--rounds", str(rounds)]
     if "host" in only:
@@ -333,6 +334,10 @@ def run(only, rounds, per_rank, providers=("tcp;ofi_rxm",)):
         res["ofi " + prov] = _job(["--role", "gexmk-ofi", *r], env=env)
         res["ofi " + prov + " (core loop)"] = _job(["--role", "gexmk-ofi", *r],
                                                     env=dict(env, GEXMK_OFI_VIS="loop"))
+        if stage_all:
+            # host segments through landing zones: small blocks packed, unpacked by the lander
+            res["ofi " + prov + " (GEXMK_OFI_STAGE=all)"] = _job(
+                ["--role", "gexmk-ofi", *r], env=dict(env, GEXMK_OFI_STAGE="all"))
     if "gpu" in only:
         res["gpu"] = _job(["--role", "gexmk-gpu", *r, *(["--gpu-per-rank"] if per_rank else [])]) \
             if _have_gpu() else {"skipped": "no NVIDIA driver or GPU on this machine"}
@@ -407,6 +412,8 @@ def main(argv=None):
     ap.add_argument("--only", default="host,ofi,gpu")
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--gpu-per-rank", action="store_true")
+    ap.add_argument("--stage-all", action="store_true",
+                    help="ofi: also a job with GEXMK_OFI_STAGE=all (VIS packed through landing zones)")
     ap.add_argument("--providers", default="tcp;ofi_rxm",
                     help="libfabric providers of the ofi case, comma-separated (e.g. tcp;ofi_rxm,shm)")
     ap.add_argument("--json", action="store_true")
@@ -422,7 +429,7 @@ def main(argv=None):
             print(json.dumps(out), flush=True)
         return 0
     res = run(set(args.only.split(",")), args.rounds, args.gpu_per_rank,
-              tuple(args.providers.split(",")))
+              tuple(args.providers.split(",")), args.stage_all)
     if args.json:
         print(json.dumps(res, indent=1))
     else:

@@ -183,3 +183,74 @@ def test_vis_packed_through_the_landing_zone(tmp_path):
     staged one by one; slots reused many times over (3 slots of 64 KiB)."""
     _run(tmp_path, "tcp;ofi_rxm", "ofi-staged", GEXMK_OFI_STAGE="all",
          GEXMK_OFI_STAGE_CHUNK="64K", GEXMK_OFI_STAGE_SLOTS="3")
+
+
+GPU_WORKER = r'''
+from cuda.bindings import driver as cu
+SEG = 8 << 20
+c = gexmk.init()
+tm = c.tm
+me, peer = tm.rank, 1 - tm.rank
+mk = c.mk_create(gexmk.CUDA_UVA, 0)
+d = c.segment_create(SEG, kind=mk)
+c.ep(0).bind_segment(d)
+tm.publish_bound_segment([c.ep(0)])
+assert tm.transport(peer) == "ofi-staged", tm.transport(peer)
+cu.cuCtxPushCurrent(mk.impl.context)
+
+def dev_fill(off, data):
+    cu.cuMemcpyHtoD(d.address + off, data.ctypes.data, data.nbytes)
+
+def dev_read(off, n):
+    out = np.zeros(n, np.uint8)
+    cu.cuMemcpyDtoH(out.ctypes.data, d.address + off, n)
+    return out
+
+rng = np.random.default_rng(5)
+src = pattern(SEG // 2, me)
+dev_fill(SEG // 2, src)                       # sources: the upper half of my device segment
+dev_fill(0, np.zeros(SEG // 2, np.uint8))
+tm.barrier()
+if me == 0:
+    base = tm.addr(peer, 0)
+    # the KV shape: blocks of 4 KiB (packed) and 200 KiB (one staged transfer each),
+    # device -> remote device, indexed and vector, then back with get_indexed
+    for blk, n in ((4096, 300), (200 << 10, 6)):
+        so = rng.permutation((SEG // 2) // blk)[:n] * blk
+        do = rng.permutation((SEG // 2) // blk)[:n] * blk
+        tm.put_indexed(peer, (base + do).astype(np.uint64), blk,
+                       (d.address + SEG // 2 + so).astype(np.uint64), blk)
+        back = np.zeros(n * blk, np.uint8)
+        tm.get_indexed(back.ctypes.data + np.arange(n, dtype=np.uint64) * np.uint64(blk), blk, peer,
+                       (base + do).astype(np.uint64), blk)
+        for i in range(n):
+            assert np.array_equal(back[i * blk:(i + 1) * blk], src[so[i]:so[i] + blk]), (blk, i)
+        # remote device -> local device blocks
+        lo = rng.permutation((SEG // 2) // blk)[:n] * blk
+        tm.get_vector([(d.address + int(x), blk) for x in lo], peer,
+                      [(base + int(x), blk) for x in do])
+        for i in range(n):
+            assert np.array_equal(dev_read(int(lo[i]), blk), src[so[i]:so[i] + blk]), ("get", blk, i)
+    log("OK")
+tm.barrier()
+cu.cuCtxPopCurrent()
+c.finalize()
+print("OK")
+'''
+
+
+@pytest.mark.gpu
+def test_vis_device_segments_over_tcp_staged(tmp_path):
+    """Device segments over tcp (ofi-staged, 2 ranks on one GPU): small device
+    blocks packed through the target's lander, large ones staged one by one."""
+    try:
+        from .test_cuda_segments import HAVE_GPU
+    except ImportError:
+        from test_cuda_segments import HAVE_GPU
+    if not HAVE_GPU:
+        pytest.skip("no NVIDIA driver or device on this machine")
+    need("tcp;ofi_rxm")
+    env = ofi_env("tcp;ofi_rxm")
+    r = mp_util.run_job(tmp_path, GPU_WORKER, 2, launcher_timeout=200, env=env)
+    assert r.returncode == 0, r.report()
+    assert r.stdout.count("OK") == 2, r.report()

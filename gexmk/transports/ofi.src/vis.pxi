@@ -561,6 +561,36 @@ cdef int _stg_vis_get(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
     return 0
 
 
+# One packing buffer kept for the process's staged VIS calls (a fresh 4 MiB
+# malloc per call cost its page faults every time); a call that finds it in
+# use or too small mallocs its own.
+cdef char* _pack_keep = NULL
+cdef size_t _pack_keep_n = 0
+cdef int _pack_lock = 0
+
+
+cdef char* _pack_take(size_t n, bint* kept) noexcept nogil:
+    global _pack_keep, _pack_keep_n
+    kept[0] = False
+    if gx_xchg_int(&_pack_lock, 1) == 0:
+        if _pack_keep_n < n:
+            free(_pack_keep)
+            _pack_keep = <char*>malloc(n)
+            _pack_keep_n = n if _pack_keep != NULL else 0
+        if _pack_keep != NULL:
+            kept[0] = True
+            return _pack_keep
+        gx_xchg_int(&_pack_lock, 0)
+    return <char*>malloc(n)
+
+
+cdef void _pack_give(char* buf, bint kept) noexcept nogil:
+    if kept:
+        gx_xchg_int(&_pack_lock, 0)
+    else:
+        free(buf)
+
+
 cdef int _stg_vis(gx_xfer* x, bint put) except -1 nogil:
     """A chunk of fragments to or from a staged target: small ones packed
     (_stg_vis_put/_get), the rest one staged transfer each; complete on
@@ -572,11 +602,12 @@ cdef int _stg_vis(gx_xfer* x, bint put) except -1 nogil:
     cdef size_t C = t.stg_chunk, i
     cdef int W = t.stg_slots
     cdef char* buf = NULL
+    cdef bint kept = False
     cdef uint64_t off
     if lstg and ep.zone == NULL:
         with gil:
             raise StateError("ofi-staged: the endpoint's device segment is no longer bound")
-    buf = <char*>malloc(<size_t>W * C)
+    buf = _pack_take(<size_t>W * C, &kept)
     if buf == NULL:
         with gil:
             raise MemoryError(f"ofi-staged VIS: no memory for {W} x {C} bytes of packing buffers")
@@ -600,7 +631,7 @@ cdef int _stg_vis(gx_xfer* x, bint put) except -1 nogil:
         gx_xchg_int(&t.stg_lock, 0)
         if lstg:
             gx_xchg_int(&ep.bb_lock, 0)
-        free(buf)
+        _pack_give(buf, kept)
     if x.handle != NULL:
         x.handle[0] = NULL
     return 0
