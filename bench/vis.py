@@ -286,8 +286,10 @@ def _last_json(r, what):
     for line in reversed((r.stdout or "").splitlines()):
         if line.startswith("{"):
             return json.loads(line)
-    return {"skipped": f"{what} printed no result (exit {r.returncode}): "
-                       f"{(r.stderr or '').strip()[-400:]}"}
+    err = (r.stderr or "").strip()
+    first = err.find("Traceback")             # the first rank's error, then how the job ended
+    head = err[first:first + 1500] + "\n...\n" if first >= 0 else ""
+    return {"skipped": f"{what} printed no result (exit {r.returncode}): {head}{err[-400:]}"}
 
 
 def _job(args, env=None, mpi=False, timeout=600):

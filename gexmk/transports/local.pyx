@@ -82,6 +82,7 @@ cdef struct lp_kind:
     const gx_kind_ops* ops     # NULL: host memory
     void* kctx
     gx_mk_atomic_fn atomic     # device atomics (NULL where the kind has none)
+    int device                 # the kind's device ordinal (-1: host memory)
 
 
 # Copies whose host side is pageable go through pinned bounce buffers of the
@@ -564,12 +565,14 @@ cdef int _set_kind(lp_kind* k, object mk) except -1:
     k.ops = NULL
     k.kctx = NULL
     k.atomic = NULL
+    k.device = -1
     impl = mk.impl
     if impl is None:
         return 0
     k.ops = <const gx_kind_ops*>PyCapsule_GetPointer(impl.ops_capsule(), b"gexmk.kind_ops")
     k.kctx = <void*><uintptr_t>impl.handle
     k.atomic = k.ops.atomic         # NULL where the kind has no device atomics
+    k.device = mk.device
     return 0
 
 

@@ -30,11 +30,13 @@ FAST_SIZES = ("0", "1", "8", "4095", "chunk+1", "3chunks+5")
 DATA_OFF = 8192 + 3
 SIG_OFF = 64
 ATOMIC_OFF = 128
-#: Target segments are REGION bytes of target area, then REGION bytes the initiator
-#: uses as its local source/destination when a local buffer lives in a segment.
+#: Target segments are REGION bytes of target area, then 2 x REGION bytes the initiator
+#: uses as its local source/destination when a local buffer lives in a segment (a
+#: strided local, every other byte, takes twice its size).
 REGION = 256 * KiB
-SEG_BYTES = 2 * REGION
+SEG_BYTES = 3 * REGION
 assert DATA_OFF + max(SIZES.values()) + 4 * KiB <= REGION
+assert REGION + 2 * max(SIZES.values()) + 2 * 64 <= SEG_BYTES      # 64: worker.GUARD
 
 
 @dataclass(frozen=True)
