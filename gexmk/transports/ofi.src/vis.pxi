@@ -22,6 +22,9 @@ cdef enum:
     VIS_IOV_MAX = 64        # iovecs per message we build, whatever the provider allows
 
 
+cdef size_t _VIS_IOV_CAP = int(os.environ.get("GEXMK_OFI_VIS_IOV") or 0)
+
+
 cdef void _vis_limits(ofi_dom* d, fi_info* rma) noexcept nogil:
     """The message shape of VIS transfers, from the RMA endpoints' info."""
     cdef size_t a = rma.tx_attr.iov_limit, b = rma.tx_attr.rma_iov_limit
@@ -31,6 +34,9 @@ cdef void _vis_limits(ofi_dom* d, fi_info* rma) noexcept nogil:
         a = 3 if a > 3 else a       # a message's own registrations: gx_op.mr[3]
     d.vis_iov = a if a < VIS_IOV_MAX else VIS_IOV_MAX
     d.vis_rma_iov = b if b < VIS_IOV_MAX else VIS_IOV_MAX
+    if _VIS_IOV_CAP > 0:            # GEXMK_OFI_VIS_IOV: fewer ranges per message (measurements)
+        d.vis_iov = d.vis_iov if d.vis_iov < _VIS_IOV_CAP else _VIS_IOV_CAP
+        d.vis_rma_iov = d.vis_rma_iov if d.vis_rma_iov < _VIS_IOV_CAP else _VIS_IOV_CAP
     d.vis_max_msg = rma.ep_attr.max_msg_size if rma.ep_attr.max_msg_size > 0 else (1 << 30)
 
 
