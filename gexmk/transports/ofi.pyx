@@ -3,7 +3,9 @@
 Laid out by concern (``ofi.src/``): ``domain`` (fabric, domain, address
 vector, provider choice), ``endpoint`` (one libfabric endpoint + CQ per gexmk
 endpoint, registrations; the transport's control plane), ``rma`` (puts, gets,
-the remote-completion flush), ``atomic`` (fi_atomic and the CAS fallback),
+the remote-completion flush), ``vis`` (vector, indexed and strided transfers:
+fi_writemsg/fi_readmsg with several ranges per message, one op per call;
+packed requests to staged targets), ``atomic`` (fi_atomic and the CAS fallback),
 ``completion`` (ops, errors, waits, nbi sync), ``progress`` (CQ reading and
 the background progress thread), ``signal`` (put_signal: the signal never
 before the data, three ways, and the target's side of signal messages and of
