@@ -177,11 +177,12 @@ def test_vis_over_tcp_with_a_small_transmit_queue(tmp_path):
          FI_OFI_RXM_MSG_TX_SIZE="16")
 
 
-def test_vis_packed_through_the_landing_zone(tmp_path):
+@pytest.mark.parametrize("provider", ["tcp;ofi_rxm", "shm"])
+def test_vis_packed_through_the_landing_zone(tmp_path, provider):
     """A staged target (GEXMK_OFI_STAGE=all): small blocks packed into one
     request per landing slot, unpacked by the target's lander; large ones
     staged one by one; slots reused many times over (3 slots of 64 KiB)."""
-    _run(tmp_path, "tcp;ofi_rxm", "ofi-staged", GEXMK_OFI_STAGE="all",
+    _run(tmp_path, provider, "ofi-staged", GEXMK_OFI_STAGE="all",
          GEXMK_OFI_STAGE_CHUNK="64K", GEXMK_OFI_STAGE_SLOTS="3")
 
 
