@@ -195,7 +195,7 @@ def gexmk_gpu(rounds, per_rank):
         out = {}
         if lib is not None:
             view = tm.peer_view(1)
-            mapped = view.__cuda_array_interface__["data"][0]
+            mapped = view.address               # the peer's segment as mapped here
             lib.kv_init.argtypes = [ctypes.c_int]
             lib.kv_loop.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p,
                                     ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -225,11 +225,13 @@ def gexmk_gpu(rounds, per_rank):
                 own[32 * MIB:] = cp.random.randint(0, 256, 32 * MIB, dtype=cp.uint8)
                 cp.cuda.runtime.deviceSynchronize()
                 tm.put_indexed(1, ra, blk, la, blk)
+            # the peer's segment lives on its GPU: CuPy views it there
+            with cp.cuda.Device(1 % ndev if per_rank else 0):
                 there = cp.asarray(tm.peer_view(1)).view(cp.uint8)
                 for i in (0, 1, n // 2, n - 1):
                     s0, d0 = int(soff[i]) + 32 * MIB, int(doff[i])
-                    assert bool((there[d0:d0 + blk] == own[s0:s0 + blk]).all()), \
-                        f"put_indexed: block {i} wrong at the target"
+                    assert bytes(cp.asnumpy(there[d0:d0 + blk])) == \
+                        bytes(cp.asnumpy(own[s0:s0 + blk])), f"put_indexed: block {i} wrong at the target"
             out["checked"] = True
         out.update(_timed(cases, rounds, {k: 20 for k in cases}))
         for k in cases:

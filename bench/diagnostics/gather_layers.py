@@ -65,11 +65,38 @@ def main():
         before = mk.impl.gather_launches
         res = {k: med(f, a.iters) for k, f in cases.items()}
         res["nbi x 8 + wait (per put)"] /= 8
+        try:
+            import cupy as cp
+        except ImportError:
+            cp = None
+        if cp is not None:
+            s = cp.cuda.Stream(non_blocking=True)
+            for blk_, name in ((blk, "16 KiB"), (16, "16 B")):
+                for _ in range(20):
+                    tm.put_indexed_on_stream(0, ra, blk_, la, blk_, s)
+                s.synchronize()
+                t0 = time.perf_counter_ns()
+                for _ in range(200):
+                    tm.put_indexed_on_stream(0, ra, blk_, la, blk_, s)
+                t1 = time.perf_counter_ns()
+                s.synchronize()
+                t2 = time.perf_counter_ns()
+                res[f"on_stream x 200, {name}: issue"] = (t1 - t0) / 200e3
+                res[f"on_stream x 200, {name}: all"] = (t2 - t0) / 200e3
+                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                gpu = []
+                for _ in range(50):
+                    e0.record(s)
+                    tm.put_indexed_on_stream(0, ra, blk_, la, blk_, s)
+                    e1.record(s)
+                    e1.synchronize()
+                    gpu.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3)
+                res[f"one on_stream, {name}: GPU time"] = statistics.median(gpu)
         env = {k: v for k, v in os.environ.items() if k.startswith("GEXMK_CUDA_GATHER")}
         print(f"gather kernel launches: {mk.impl.gather_launches - before}; settings {env}")
         for k, v in res.items():
-            print(f"  {k:28s} {v:8.1f} us  {n * blk / (v * 1e3):8.1f} GB/s" if "16 B" not in k
-                  else f"  {k:28s} {v:8.1f} us")
+            print(f"  {k:36s} {v:8.1f} us  {n * blk / (v * 1e3):8.1f} GB/s" if "16 B" not in k
+                  and "issue" not in k else f"  {k:36s} {v:8.1f} us")
 
 
 if __name__ == "__main__":

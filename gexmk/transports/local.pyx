@@ -230,6 +230,7 @@ cdef int _pvm_device(gx_xfer* x, bint write) except -1 nogil:
     through a host buffer (process_vm_* moves host memory only)."""
     cdef lp_ep* ep = <lp_ep*>x.ep
     cdef void* dev = x.local
+    cdef int kind = x.local_kind
     cdef void* tmp
     if ep == NULL or ep.k.ops == NULL:
         with gil:
@@ -249,7 +250,8 @@ cdef int _pvm_device(gx_xfer* x, bint write) except -1 nogil:
             _pvm(x, False)
             ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>dev, <uintptr_t>tmp, x.n)
     finally:
-        x.local = dev
+        x.local = dev              # x as it came: _pvm_vis reuses it for the next block
+        x.local_kind = kind
         free(tmp)
     return 0
 

@@ -280,10 +280,13 @@ def expected_path(path, target, local):
     """The path name ``tm.paths`` must give: by (target, local memory) where the table
     distinguishes them (a device-bound initiating endpoint may take another path), else
     by target memory, else by its class.  Device memory outside the segment of a
-    device-bound endpoint takes that endpoint's paths, as its segment does."""
+    device-bound endpoint takes that endpoint's paths, as its segment does, and every
+    local memory of one segment (devseg, devseg-strided) takes the same paths."""
     mem = LOCAL_BY.get(local)
     if mem is not None and mem.cls == "device" and mem.ep:
         local = next(m.name for m in LOCAL if m.segment == mem.ep)
+    elif mem is not None and mem.segment:
+        local = next(m.name for m in LOCAL if m.segment == mem.segment)
     for key in ((target.name, local), target.name, (target.cls, local), target.cls):
         if key in path.expect:
             return path.expect[key]

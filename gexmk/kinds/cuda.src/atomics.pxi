@@ -136,13 +136,15 @@ L_COPY_END:
 
 
 # Lists of copies (copy_gather, issue 22's KV-cache shape): one descriptor of three
-# 64-bit words (dst, src, bytes) per copy, read by the kernel from pinned host
-# memory.  Block b takes descriptors b, b + gridDim, ...; its threads copy one
-# descriptor together, 16 bytes a load (four loads in flight per thread) where
-# dst, src and the length are all 16-byte aligned, else byte by byte.
+# 64-bit words (dst, src, bytes) per copy, in device memory.  Block b takes
+# descriptors b, b + gridDim, ...: three of its threads read one into shared
+# memory, then all of them copy it, 16
+# bytes a load (four loads in flight per thread) where dst, src and the length are
+# all 16-byte aligned, else byte by byte.
 _PTX_LIST = """
 .visible .entry gx_copy_list(.param .u64 p_desc, .param .u32 p_count)
 {
+    .shared .align 16 .b64 s_desc[3];
     .reg .pred %p<4>;
     .reg .b16 %c;
     .reg .b32 %i, %cnt, %nct, %tx, %nt;
@@ -155,14 +157,24 @@ _PTX_LIST = """
     mov.u32 %nct, %nctaid.x;
     mov.u32 %tx, %tid.x;
     mov.u32 %nt, %ntid.x;
+    setp.lt.u32 %p3, %tx, 3;
 L_LIST_NEXT:
     setp.ge.u32 %p0, %i, %cnt;
     @%p0 bra L_LIST_END;
+    @!%p3 bra L_LIST_READ;
     mul.wide.u32 %de, %i, 24;
     add.u64 %de, %desc, %de;
-    ld.global.u64 %d, [%de];
-    ld.global.u64 %s, [%de+8];
-    ld.global.u64 %n, [%de+16];
+    mul.wide.u32 %x, %tx, 8;
+    add.u64 %de, %de, %x;
+    ld.global.u64 %y, [%de];
+    mov.u64 %z, s_desc;
+    add.u64 %z, %z, %x;
+    st.shared.u64 [%z], %y;
+L_LIST_READ:
+    bar.sync 0;
+    ld.shared.u64 %d, [s_desc];
+    ld.shared.u64 %s, [s_desc+8];
+    ld.shared.u64 %n, [s_desc+16];
     cvta.to.global.u64 %d, %d;
     cvta.to.global.u64 %s, %s;
     or.b64 %x, %d, %s;
@@ -219,6 +231,7 @@ L_LIST_B1:
     add.u64 %o, %o, %st;
     bra.uni L_LIST_B1;
 L_LIST_STEP:
+    bar.sync 0;
     add.u32 %i, %i, %nct;
     bra.uni L_LIST_NEXT;
 L_LIST_END:

@@ -20,7 +20,8 @@ cdef struct CudaCtx:
     CUfunction copy_fn        # the small-copy kernel of the same module
     void* atom_res            # pinned host result word of synchronous atomics
     CUfunction list_fn        # the gather kernel of the same module (copy_gather)
-    uint64_t* ring            # copy_gather's descriptor slots, pinned host memory the kernel reads
+    uint64_t* ring            # copy_gather's descriptor slots, pinned host memory filled here
+    CUdeviceptr ring_dev      # ... and their device copies, which the kernel reads
     CUevent ring_ev[4]        # per slot: recorded after the launch that last read it
     int ring_next             # the slot the next launch fills
     uint64_t gather_launches  # copy_gather's kernel launches so far (CudaKind.gather_launches)
@@ -153,6 +154,9 @@ cdef void _kctx_close(CudaCtx* k) noexcept nogil:
     if k.ring != NULL:
         cydriver.cuMemFreeHost(k.ring)
         k.ring = NULL
+    if k.ring_dev != 0:
+        cydriver.cuMemFree(k.ring_dev)
+        k.ring_dev = 0
     if k.atom_mod != NULL:
         cydriver.cuModuleUnload(k.atom_mod)
         k.atom_mod = NULL

@@ -53,8 +53,10 @@ cdef int _cu_copy_batch(void* kctx, void* stream, const uintptr_t* dst, const ui
 # copy_gather: lists of small device copies by the gather kernel (atomics.pxi's
 # gx_copy_list).  The copy engine takes a few microseconds per copy whatever its size
 # (1024 x 16 KiB: ~4 GB/s, batched or not); one launch reading a list moves them at
-# memory or NVLink speed.  Descriptors go into one of four slots of pinned host memory
-# the kernel reads; a slot is refilled once the launch that read it is done (its event).
+# memory or NVLink speed.  Descriptors go into one of four slots of pinned host memory,
+# are copied (one DMA, on the same stream) into the slot's twin in device memory, which
+# the kernel reads (thousands of blocks each reading host memory over PCIe took ~30 us);
+# a slot is refilled once the launch that read it is done (its event).
 cdef enum:
     GATHER_SLOTS = 4
     GATHER_ENTRIES = 2048            # descriptors a slot (48 KiB) and a launch
@@ -77,15 +79,14 @@ cdef int _gather_ring(CudaCtx* k) except -1 nogil:
     cdef int i
     if k.ring != NULL:
         return 0
-    check("cuMemHostAlloc", cydriver.cuMemHostAlloc(
-        &mem, GATHER_SLOTS * GATHER_ENTRIES * 24,
-        cydriver.CU_MEMHOSTALLOC_PORTABLE | cydriver.CU_MEMHOSTALLOC_DEVICEMAP))
+    if k.ring_dev == 0:
+        check("cuMemAlloc", cydriver.cuMemAlloc(&k.ring_dev, GATHER_SLOTS * GATHER_ENTRIES * 24))
     for i in range(GATHER_SLOTS):
         if k.ring_ev[i] == NULL:
-            rc = cydriver.cuEventCreate(&k.ring_ev[i], cydriver.CU_EVENT_DISABLE_TIMING)
-            if rc != CUDA_SUCCESS:
-                cydriver.cuMemFreeHost(mem)
-                return check("cuEventCreate", rc)
+            check("cuEventCreate", cydriver.cuEventCreate(&k.ring_ev[i],
+                                                          cydriver.CU_EVENT_DISABLE_TIMING))
+    check("cuMemHostAlloc", cydriver.cuMemHostAlloc(&mem, GATHER_SLOTS * GATHER_ENTRIES * 24,
+                                                    cydriver.CU_MEMHOSTALLOC_PORTABLE))
     k.ring = <uint64_t*>mem
     k.ring_next = 0
     return 0
@@ -147,8 +148,10 @@ cdef int _cu_copy_gather(void* kctx, void* stream, const uintptr_t* dst, const u
                         off = 0
                 if m == 0:
                     break
-                dptr = <uint64_t><uintptr_t>d
+                dptr = <uint64_t>k.ring_dev + <uint64_t>slot * GATHER_ENTRIES * 24
                 m32 = <uint32_t>m
+                check("cuMemcpyHtoDAsync", cydriver.cuMemcpyHtoDAsync(<CUdeviceptr>dptr, d,
+                                                                      m * 24, s))
                 check("cuLaunchKernel", cydriver.cuLaunchKernel(
                     k.list_fn, <unsigned int>(m if m < GATHER_BLOCKS else GATHER_BLOCKS), 1, 1,
                     _gather_threads, 1, 1, 0, s, params, NULL))
