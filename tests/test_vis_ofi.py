@@ -105,6 +105,20 @@ if me == 0:
     flat = np.concatenate([src[x:x + 3000] for x in ls])
     model[100000:148000] = flat
     check("cut differently")
+    # small blocks that run on at the target (packed into one message), zero-length
+    # blocks among them (first too), put then get back into scattered places
+    ls = scattered(60, 64, SEG)
+    srcl = [(src.ctypes.data + int(x), 0 if k % 7 == 0 else 24) for k, x in enumerate(ls)]
+    nb = sum(n for _, n in srcl)
+    tm.put_vector(peer, [(base + 200000, nb)], srcl)
+    model[200000:200000 + nb] = np.concatenate([src[x:x + n] for (x, n) in
+                                                ((a - src.ctypes.data, n) for a, n in srcl)])
+    check("small blocks contiguous at the target, zero-length among them")
+    out = np.zeros(SEG, np.uint8)
+    gl = [(out.ctypes.data + int(x), 0 if k % 7 == 0 else 24) for k, x in enumerate(ls)]
+    tm.get_vector(gl, peer, [(base + 200000, nb)])
+    got = np.concatenate([out[a - out.ctypes.data:a - out.ctypes.data + n] for a, n in gl])
+    assert np.array_equal(got, model[200000:200000 + nb]), "packed get with zero-length blocks"
     # 5. indexed and strided forms
     ra = (base + scattered(300, 512, SEG)).astype(np.uint64)
     la = (src.ctypes.data + scattered(300, 512, SEG)).astype(np.uint64)

@@ -159,12 +159,14 @@ cdef int _vis_get_packed(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t i0, s
     buffer, unpacked here (blocking, as the core's packed runs were)."""
     cdef char* buf = <char*>malloc(nbytes)
     cdef char* pos
-    cdef size_t i
+    cdef size_t i, first = i0
     if buf == NULL:
         with gil:
             raise MemoryError("ofi VIS: no memory for a packed get")
+    while f[first].n == 0:          # the run starts at its first non-empty fragment
+        first += 1
     try:
-        net_get(ep, t, f[i0].remote, buf, nbytes, GX_BLOCKING, NULL)
+        net_get(ep, t, f[first].remote, buf, nbytes, GX_BLOCKING, NULL)
         pos = buf
         for i in range(i0, i1):
             memcpy(f[i].local, pos, f[i].n)
