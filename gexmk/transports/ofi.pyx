@@ -3,7 +3,9 @@
 Laid out by concern (``ofi.src/``): ``domain`` (fabric, domain, address
 vector, provider choice), ``endpoint`` (one libfabric endpoint + CQ per gexmk
 endpoint, registrations; the transport's control plane), ``rma`` (puts, gets,
-the remote-completion flush), ``atomic`` (fi_atomic and the CAS fallback),
+the remote-completion flush), ``vis`` (vector, indexed and strided transfers:
+fi_writemsg/fi_readmsg with several ranges per message, one op per call;
+packed requests to staged targets), ``atomic`` (fi_atomic and the CAS fallback),
 ``completion`` (ops, errors, waits, nbi sync), ``progress`` (CQ reading and
 the background progress thread), ``signal`` (put_signal: the signal never
 before the data, three ways, and the target's side of signal messages and of
@@ -231,6 +233,9 @@ cdef struct ofi_dom:
     fid_av* av
     uint64_t mr_mode
     size_t inject_size
+    size_t vis_iov          # local iovecs per fi_writemsg/fi_readmsg of a VIS call (vis.pxi)
+    size_t vis_rma_iov      # ... and remote ones (the provider's iov_limit, rma_iov_limit)
+    size_t vis_max_msg      # ... and bytes per message (max_msg_size)
     int inject_ctx          # injected writes carry an op as their context (rma.pxi _inject_write)
     int manual              # FI_PROGRESS_MANUAL data progress: targets must poll
     int thread_on           # the background progress thread runs (start_progress)
@@ -339,6 +344,10 @@ cdef struct gx_op:
     gx_val operand          # atomic operands and result live here until completion
     gx_val compare
     gx_val result
+    gx_op* parent           # a message of a VIS op (vis.pxi): completes into it, not the CQ's reader
+    long pending            # a VIS op: its messages not yet complete, + 1 while being issued
+    int vis_err             # ... the first failure among them (fi errno)
+    void* vis_buf           # a VIS message's packed blocks (vis.pxi), freed at its completion
 
 
 
@@ -351,6 +360,7 @@ cdef struct sig_rx:         # a receive of signal messages (signal.pxi)
 include "ofi.src/completion.pxi"
 include "ofi.src/progress.pxi"
 include "ofi.src/rma.pxi"
+include "ofi.src/vis.pxi"
 include "ofi.src/atomic.pxi"
 include "ofi.src/staged.pxi"
 include "ofi.src/hmem.pxi"
@@ -406,6 +416,12 @@ _OPS.orphan = net_orphan
 _OPS.sync = net_nbi_wait
 _OPS.nbi_test = net_nbi_test
 _OPS.put_signal = ofi_put_signal
+_OPS.put_vis = ofi_put_vis            # vis.pxi: iovec messages, one op per chunk
+_OPS.get_vis = ofi_get_vis
+if os.environ.get("GEXMK_OFI_VIS") == "loop":
+    # the core's loop of single puts and gets instead (bench/vis.py's baseline)
+    _OPS.put_vis = NULL
+    _OPS.get_vis = NULL
 
 
 # Scores against the local transport's (gexmk/transports/local.pyx): the only

@@ -157,6 +157,7 @@ cdef class Domain:
         self.d.inject_ctx = self.provider in ("tcp;ofi_rxm", "net;ofi_rxm")
         self.d.manual = self.d.info.domain_attr.data_progress == FI_PROGRESS_MANUAL
         cdef fi_info* rma = self.d.rma_info if self.d.split else self.d.info
+        _vis_limits(&self.d, rma)           # vis.pxi
         self.d.ordered = _raw_ordered(rma) and ordered_flush
         self.d.max_order_raw = rma.ep_attr.max_order_raw_size
         self.d.waw = (rma.tx_attr.msg_order & (FI_ORDER_WAW | FI_ORDER_RMA_WAW)) != 0 \

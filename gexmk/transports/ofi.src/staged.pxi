@@ -64,6 +64,8 @@ cdef enum:
     STG_PUT = 1
     STG_GET = 2
     STG_AMO = 3
+    STG_PUTV = 4             # VIS (vis.pxi): the data slot holds a block list, then the blocks
+    STG_GETV = 5
     STG_OK = 0
     STG_EBOUNDS = 1          # status words: what went wrong at the target
     STG_ECOPY = 2
@@ -116,6 +118,8 @@ cdef int _land_one(ofi_zone* z, char* ring, int s, uint64_t* desc, uint64_t* wor
     cdef uintptr_t data = <uintptr_t>(ring + z.data_off + <size_t>s * z.chunk)
     cdef gx_val a, b, res
     cdef int st
+    if op == STG_PUTV or op == STG_GETV:
+        return _land_vis(z, <char*>data, off, n, op == STG_PUTV)
     if op == STG_AMO:
         n = gx_dt_size(<int>desc[4])     # a 4-byte word may end the segment
     if n > z.chunk or off > z.seg_size or n > z.seg_size - off:
@@ -132,6 +136,38 @@ cdef int _land_one(ofi_zone* z, char* ring, int s, uint64_t* desc, uint64_t* wor
         gx_stg_store(&words[z.slots + s], res.u64)
         return st
     return STG_EOP
+
+
+cdef int _land_vis(ofi_zone* z, char* data, uint64_t k, uint64_t nbytes, bint put) noexcept nogil:
+    """A packed VIS request (vis.pxi): the data slot holds k (offset, length)
+    pairs, then (put) the k blocks back to back, unpacked here into the
+    segment, or (get) room for them, gathered here from it.  Every block is
+    checked before a byte moves (STG_EBOUNDS)."""
+    cdef const uint64_t* lst = <const uint64_t*>data
+    cdef uint64_t i, off, n, sum = 0
+    cdef char* pos = data + 16 * k
+    cdef int st
+    if k == 0 or k > z.chunk // 16 or nbytes > z.chunk - 16 * k:
+        return STG_EBOUNDS
+    for i in range(k):
+        off = lst[2 * i]
+        n = lst[2 * i + 1]
+        if off > z.seg_size or n > z.seg_size - off or n > nbytes - sum:
+            return STG_EBOUNDS
+        sum += n
+    if sum != nbytes:
+        return STG_EBOUNDS
+    for i in range(k):
+        off = lst[2 * i]
+        n = lst[2 * i + 1]
+        if put:
+            st = _land_copy(z, z.seg_base + off, <uintptr_t>pos, n)
+        else:
+            st = _land_copy(z, <uintptr_t>pos, z.seg_base + off, n)
+        if st != STG_OK:
+            return st
+        pos += n
+    return STG_OK
 
 
 cdef long _land_pass(ofi_dom* d) noexcept nogil:
