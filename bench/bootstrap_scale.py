@@ -8,7 +8,9 @@ Each size runs as ``python -m gexmk.run -n N`` and, where Open MPI's mpirun and
 the pmix plug-in exist, as ``mpirun --oversubscribe -n N`` (same run, one after
 the other).  Ranks are oversubscribed on a small machine: each rank's O(N) work
 then costs O(N²) of the machine's time, which is what the wall clock shows.
-Rank 0's figures and the slowest rank's are printed.  The payload defaults to a
+Rank 0's figures and the slowest rank's are printed, and after attach+publish
+rank 0's (and the largest) VmRSS, its count of memory mappings and of open
+file descriptors (what per-rank state grows with).  The payload defaults to a
 publication's (93 B per rank with one host segment).
 """
 import argparse
@@ -54,7 +56,13 @@ t = time.perf_counter()
 for _ in range(20):
     c.tm.barrier()
 barrier = (time.perf_counter() - t) / 20
-mine = {"init": t1 - t0, "allgather": rdv, "fence": fence, "attach": attach, "barrier": barrier}
+def _rss_mb():
+    with open("/proc/self/status") as f:
+        return [int(l.split()[1]) / 1024 for l in f if l.startswith("VmRSS")][0]
+with open("/proc/self/maps") as f:
+    maps = sum(1 for _ in f)
+mine = {"init": t1 - t0, "allgather": rdv, "fence": fence, "attach": attach, "barrier": barrier,
+        "rss": _rss_mb(), "maps": maps, "fds": len(os.listdir("/proc/self/fd"))}
 every = [json.loads(x) for x in b.allgather(json.dumps(mine).encode())]
 if c.rank == 0:
     worst = {k: max((e[k] for e in every if e[k] is not None), default=None) for k in mine}
@@ -87,6 +95,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", default="16,64,128")
     ap.add_argument("--payload", type=int, default=93)
+    ap.add_argument("--no-mpirun", action="store_true", help="gexmk.run only")
     args = ap.parse_args()
     import tempfile
     from gexmk.bootstrap import registry
@@ -95,10 +104,12 @@ def main():
     with open(script, "w") as f:
         f.write(WORKER)
     env = dict(os.environ, GX_PAYLOAD=str(args.payload), GEXMK_TIMEOUT="600")
-    mpirun = openmpi_mpirun() if registry._available("pmix") is None else None
+    mpirun = openmpi_mpirun() if registry._available("pmix") is None and not args.no_mpirun \
+        else None
     ms = lambda x: "-" if x is None else f"{x * 1e3:.1f}"  # noqa: E731
     print(f"{'launcher':<10} {'n':>4} {'wall s':>7} {'init r0 ms':>10} {'allgather r0/max ms':>20} "
-          f"{'PMIx fence r0/max ms':>21} {'attach+publish r0/max ms':>25} {'barrier ms':>10}")
+          f"{'PMIx fence r0/max ms':>21} {'attach+publish r0/max ms':>25} {'barrier ms':>10} "
+          f"{'RSS r0/max MB':>14} {'maps r0':>7} {'fds r0':>6}")
     try:
         for n in map(int, args.ranks.split(",")):
             cmds = [("gexmk.run", [sys.executable, "-m", "gexmk.run", "-n", str(n), "--timeout",
@@ -113,7 +124,8 @@ def main():
                 print(f"{name:<10} {n:>4} {r['wall']:>7.2f} {ms(a['init']):>10} "
                       f"{ms(a['allgather']) + ' / ' + ms(m['allgather']):>20} "
                       f"{ms(a['fence']) + ' / ' + ms(m['fence']):>21} "
-                      f"{ms(a['attach']) + ' / ' + ms(m['attach']):>25} {ms(a['barrier']):>10}",
+                      f"{ms(a['attach']) + ' / ' + ms(m['attach']):>25} {ms(a['barrier']):>10} "
+                      f"{a['rss']:>6.1f} / {m['rss']:<5.1f} {a['maps']:>7} {a['fds']:>6}",
                       flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

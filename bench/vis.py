@@ -9,10 +9,14 @@ of a 4096 x 4096 float64 array), beside mpi4py + MPICH ``Win.Put`` with an
 target, ``Lock_all``; run under the mpich wheel's ``mpiexec``), and beside both
 libraries' contiguous 32 KiB put of the same bytes.  Target: gexmk / MPI <= 1.0.
 
-``ofi``: two processes over libfabric tcp;ofi_rxm (``GEXMK_TRANSPORT=ofi``): a
-vector put of 1024 blocks of 4 KiB from shuffled places to shuffled places
-(``put_vector``, and ``put_indexed`` with uint64 address arrays) beside one
-contiguous 4 MiB put.  Target: >= 0.8x the contiguous bandwidth.
+``ofi``: two processes over libfabric tcp;ofi_rxm (``GEXMK_TRANSPORT=ofi``;
+``--providers tcp;ofi_rxm,shm`` for more): a vector put of 1024 blocks of 4 KiB
+from shuffled places to shuffled places (``put_vector``, its NBI form + quiet,
+and ``put_indexed`` with uint64 address arrays) beside one contiguous 4 MiB put,
+and ``get_vector`` of the same blocks beside one contiguous 4 MiB get.  Each
+job runs twice: VIS through the transport (ofi.src/vis.pxi) and, as the
+same-run baseline of what came before, the core's loop of single puts and gets
+(``GEXMK_OFI_VIS=loop``).  Target: >= 0.8x the contiguous bandwidth.
 
 ``gpu`` (a GPU machine only): two processes on one GPU (``--gpu-per-rank``: one
 each on two), device segments of 64 MiB, the KV-cache shape: 1024 blocks of 16 KiB
@@ -118,14 +122,28 @@ def gexmk_ofi(rounds):
         for li, ri in zip(lperm, rperm):
             want[ri * blk:(ri + 1) * blk] = src[li * blk:(li + 1) * blk]
         assert np.array_equal(back, want), "put_vector: wrong data at the target"
+        back2 = np.zeros_like(back)
+        gl = [(back2.ctypes.data + blk * int(i), blk) for i in lperm]
+        tm.get_vector(gl, 1, dsts)
+        assert all(np.array_equal(back2[li * blk:(li + 1) * blk], back[ri * blk:(ri + 1) * blk])
+                   for li, ri in zip(lperm, rperm)), "get_vector: wrong data"
+
+        def put_nbi():
+            tm.put_vector_nbi(1, dsts, srcs, lc=gexmk.LC_DEFER)
+            tm.quiet()
         cases = {"put_vector 1024 x 4 KiB": lambda: tm.put_vector(1, dsts, srcs),
+                 "put_vector_nbi 1024 x 4 KiB + quiet": put_nbi,
                  "put_indexed 1024 x 4 KiB": lambda: tm.put_indexed(1, ra, blk, la, blk),
-                 "put 4 MiB contiguous": lambda: tm.put(1, base, src)}
+                 "get_vector 1024 x 4 KiB": lambda: tm.get_vector(gl, 1, dsts),
+                 "put 4 MiB contiguous": lambda: tm.put(1, base, src),
+                 "get 4 MiB contiguous": lambda: tm.get(back, 1, base)}
         out = _timed(cases, rounds, {k: 3 for k in cases})
         for k in cases:
             out[k]["GB_s"] = n * blk / (out[k]["median_us"] * 1e3)
         out["path"] = tm.transport(1)
         out["provider"] = os.environ.get("GEXMK_OFI_PROVIDER")
+        out["vis"] = os.environ.get("GEXMK_OFI_VIS") or "transport"
+        out["vis"] += ", landing zones" if os.environ.get("GEXMK_OFI_STAGE") == "all" else ""
     tm.barrier()
     c.finalize()
     return out
@@ -177,7 +195,7 @@ def gexmk_gpu(rounds, per_rank):
         out = {}
         if lib is not None:
             view = tm.peer_view(1)
-            mapped = view.__cuda_array_interface__["data"][0]
+            mapped = view.address               # the peer's segment as mapped here
             lib.kv_init.argtypes = [ctypes.c_int]
             lib.kv_loop.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p,
                                     ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -207,11 +225,13 @@ def gexmk_gpu(rounds, per_rank):
                 own[32 * MIB:] = cp.random.randint(0, 256, 32 * MIB, dtype=cp.uint8)
                 cp.cuda.runtime.deviceSynchronize()
                 tm.put_indexed(1, ra, blk, la, blk)
+            # the peer's segment lives on its GPU: CuPy views it there
+            with cp.cuda.Device(1 % ndev if per_rank else 0):
                 there = cp.asarray(tm.peer_view(1)).view(cp.uint8)
                 for i in (0, 1, n // 2, n - 1):
                     s0, d0 = int(soff[i]) + 32 * MIB, int(doff[i])
-                    assert bool((there[d0:d0 + blk] == own[s0:s0 + blk]).all()), \
-                        f"put_indexed: block {i} wrong at the target"
+                    assert bytes(cp.asnumpy(there[d0:d0 + blk])) == \
+                        bytes(cp.asnumpy(own[s0:s0 + blk])), f"put_indexed: block {i} wrong at the target"
             out["checked"] = True
         out.update(_timed(cases, rounds, {k: 20 for k in cases}))
         for k in cases:
@@ -268,8 +288,10 @@ def _last_json(r, what):
     for line in reversed((r.stdout or "").splitlines()):
         if line.startswith("{"):
             return json.loads(line)
-    return {"skipped": f"{what} printed no result (exit {r.returncode}): "
-                       f"{(r.stderr or '').strip()[-400:]}"}
+    err = (r.stderr or "").strip()
+    first = err.find("Traceback")             # the first rank's error, then how the job ended
+    head = err[first:first + 1500] + "\n...\n" if first >= 0 else ""
+    return {"skipped": f"{what} printed no result (exit {r.returncode}): {head}{err[-400:]}"}
 
 
 def _job(args, env=None, mpi=False, timeout=600):
@@ -301,15 +323,25 @@ def _have_gpu():
         return False
 
 
-def run(only, rounds, per_rank):
+def run(only, rounds, per_rank, providers=("tcp;ofi_rxm",), stage_all=False):
     res = {}
     r = ["--rounds", str(rounds)]
     if "host" in only:
         res["host"] = {"gexmk": _job(["--role", "gexmk-host", *r]),
                        "mpi": _job(["--role", "mpi-host", *r], mpi=True)}
-    if "ofi" in only:
-        res["ofi"] = _job(["--role", "gexmk-ofi", *r],
-                          env={"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm"})
+    for prov in providers:
+        if "ofi" not in only:
+            break
+        # the transport's VIS path and, in the same run, the core's loop of single
+        # puts/gets (GEXMK_OFI_VIS=loop: what every VIS call over ofi did before)
+        env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": prov}
+        res["ofi " + prov] = _job(["--role", "gexmk-ofi", *r], env=env)
+        res["ofi " + prov + " (core loop)"] = _job(["--role", "gexmk-ofi", *r],
+                                                    env=dict(env, GEXMK_OFI_VIS="loop"))
+        if stage_all:
+            # host segments through landing zones: small blocks packed, unpacked by the lander
+            res["ofi " + prov + " (GEXMK_OFI_STAGE=all)"] = _job(
+                ["--role", "gexmk-ofi", *r], env=dict(env, GEXMK_OFI_STAGE="all"))
     if "gpu" in only:
         res["gpu"] = _job(["--role", "gexmk-gpu", *r, *(["--gpu-per-rank"] if per_rank else [])]) \
             if _have_gpu() else {"skipped": "no NVIDIA driver or GPU on this machine"}
@@ -320,7 +352,8 @@ def report(res, file=sys.stdout):
     def line(name, v, base=None, key="median_us"):
         if v is None:
             return
-        ratio = f"  {v[key] / base[key]:.2f}x" if base else ""
+        ratio = f"  {base[key] / v[key]:.2f}x of the baseline's rate ({key[:-3]})" \
+            if base and key == "min_us" else (f"  {v[key] / base[key]:.2f}x" if base else "")
         gb = f"  {v['GB_s']:.2f} GB/s" if "GB_s" in v else ""
         print(f"  {name:40s} {v['median_us']:10.1f} us (min {v['min_us']:.1f}){gb}{ratio}",
               file=file)
@@ -341,17 +374,24 @@ def report(res, file=sys.stdout):
             if mv:
                 print(f"  target: gexmk strided / MPI vector <= 1.0: "
                       f"{g['put column (strided)']['median_us'] / mv['median_us']:.2f}", file=file)
-    o = res.get("ofi")
-    if o:
-        print(f"ofi ({o.get('provider', '?')}; path {o.get('path', '?')})", file=file)
+    for name, o in res.items():
+        if not name.startswith("ofi"):
+            continue
+        print(f"{name} (path {o.get('path', '?')}; VIS through {o.get('vis', '?')})", file=file)
         if "skipped" in o:
             print(f"  skipped: {o['skipped']}", file=file)
         else:
             base = o["put 4 MiB contiguous"]
-            for k in ("put_vector 1024 x 4 KiB", "put_indexed 1024 x 4 KiB", "put 4 MiB contiguous"):
-                line(k, o[k])
+            gbase = o.get("get 4 MiB contiguous")
+            for k in ("put_vector 1024 x 4 KiB", "put_vector_nbi 1024 x 4 KiB + quiet",
+                      "put_indexed 1024 x 4 KiB", "put 4 MiB contiguous"):
+                line(k, o.get(k), base, key="min_us")
+            for k in ("get_vector 1024 x 4 KiB", "get 4 MiB contiguous"):
+                line(k, o.get(k), gbase, key="min_us")
             print(f"  target: vector / contiguous bandwidth >= 0.8: "
-                  f"{o['put_vector 1024 x 4 KiB']['GB_s'] / base['GB_s']:.2f}", file=file)
+                  f"{o['put_vector 1024 x 4 KiB']['GB_s'] / base['GB_s']:.2f} on medians, "
+                  f"{base['min_us'] / o['put_vector 1024 x 4 KiB']['min_us']:.2f} on minima",
+                  file=file)
     gp = res.get("gpu")
     if gp:
         print(f"gpu (path {gp.get('path', '?')}, devices {gp.get('devices')})", file=file)
@@ -376,6 +416,10 @@ def main(argv=None):
     ap.add_argument("--only", default="host,ofi,gpu")
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--gpu-per-rank", action="store_true")
+    ap.add_argument("--stage-all", action="store_true",
+                    help="ofi: also a job with GEXMK_OFI_STAGE=all (VIS packed through landing zones)")
+    ap.add_argument("--providers", default="tcp;ofi_rxm",
+                    help="libfabric providers of the ofi case, comma-separated (e.g. tcp;ofi_rxm,shm)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--role", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -388,7 +432,8 @@ def main(argv=None):
         if out is not None:
             print(json.dumps(out), flush=True)
         return 0
-    res = run(set(args.only.split(",")), args.rounds, args.gpu_per_rank)
+    res = run(set(args.only.split(",")), args.rounds, args.gpu_per_rank,
+              tuple(args.providers.split(",")), args.stage_all)
     if args.json:
         print(json.dumps(res, indent=1))
     else:

@@ -23,6 +23,9 @@ __all__ = ["Config", "load", "timeout", "DEFAULT_TIMEOUT"]
 #: Seconds a collective or a blocking wait gives a peer when GEXMK_TIMEOUT is not set.
 DEFAULT_TIMEOUT = 300.0
 
+#: GEXMK_OFI_RXM_MSG_RX's default (see Config.ofi_rxm_msg_rx)
+RXM_MSG_RX_DEFAULT = 128
+
 _TRANSPORTS = ("auto", "self", "nbrhd", "pvm", "ofi")
 _PROGRESS = {"auto": "auto", "1": "on", "on": "on", "yes": "on", "0": "off", "off": "off",
              "no": "off", "spin": "spin"}
@@ -88,6 +91,11 @@ class Config:
     #: publication (the first operation costs what the rest do); ``lazy`` leaves
     #: each to the first operation between two endpoints.
     ofi_connect: str = "eager"
+    #: GEXMK_OFI_CONNECT_MAX: the most peer processes an endpoint connects to
+    #: eagerly (those nearest in job rank, both ways, first); the rest connect
+    #: on first use, so a large job never opens a connection per job rank up
+    #: front.  0: none (as ``lazy``).
+    ofi_connect_max: int = 32
     #: GEXMK_OFI_STAGE: ``auto`` (default): device segments are reached over the
     #: network through a landing zone of pinned host memory that the owner's
     #: lander thread copies in and out of (path ``ofi-staged``); ``all``: host
@@ -105,6 +113,17 @@ class Config:
     #: bench/ofi_staged.py sweeps them.
     ofi_stage_chunk: int = 1 << 20
     ofi_stage_slots: int = 4
+    #: GEXMK_OFI_RXM_BUFFER: bytes of each ofi_rxm bounce buffer (given to
+    #: libfabric as FI_OFI_RXM_BUFFER_SIZE unless that is set; 0: rxm's own).
+    ofi_rxm_buffer: int = 4096
+    #: GEXMK_OFI_RXM_MSG_RX: receive buffers rxm posts per endpoint (its
+    #: FI_OFI_RXM_MSG_RX_SIZE unless that is set; 0: rxm's own, 4096 with
+    #: tcp's shared receive context, ~14 MB resident per rxm endpoint).
+    ofi_rxm_msg_rx: int = 128
+    #: GEXMK_OFI_RXM_RX: rxm's receive queue per endpoint (FI_OFI_RXM_RX_SIZE
+    #: unless set; 0: rxm's 2048): gexmk posts 64 receives (put_signal's
+    #: signal messages), two 0.5 MB queues at 2048.
+    ofi_rxm_rx: int = 256
     #: GEXMK_NBRHD_STAGE: ``auto`` (default): a device segment that cannot be
     #: exported (stream-ordered pool memory) is reached by peers of its node
     #: through a landing zone of shared pinned host memory that the owner's
@@ -174,11 +193,16 @@ def load(env=None) -> Config:
         ofi_ordered_signal=_choice(env, "GEXMK_OFI_ORDERED_SIGNAL", _BOOL, True),
         ofi_signal_data=_choice(env, "GEXMK_OFI_SIGNAL_DATA", _BOOL, True),
         ofi_connect=_choice(env, "GEXMK_OFI_CONNECT", {"eager": "eager", "lazy": "lazy"}, "eager"),
+        ofi_connect_max=_bytes(env, "GEXMK_OFI_CONNECT_MAX", 32, 0, 1 << 20, suffix=False),
         ofi_stage=_choice(env, "GEXMK_OFI_STAGE", {"auto": "auto", "all": "all"}, "auto"),
         ofi_hmem=_choice(env, "GEXMK_OFI_HMEM", {"auto": "auto", "off": "off", "system": "system"},
                          "auto"),
         ofi_stage_chunk=_bytes(env, "GEXMK_OFI_STAGE_CHUNK", 1 << 20, 4096, 1 << 30),
         ofi_stage_slots=_bytes(env, "GEXMK_OFI_STAGE_SLOTS", 4, 1, 16, suffix=False),
+        ofi_rxm_buffer=_bytes(env, "GEXMK_OFI_RXM_BUFFER", 4096, 0, 1 << 24, suffix=False),
+        ofi_rxm_msg_rx=_bytes(env, "GEXMK_OFI_RXM_MSG_RX", RXM_MSG_RX_DEFAULT, 0, 1 << 16,
+                              suffix=False),
+        ofi_rxm_rx=_bytes(env, "GEXMK_OFI_RXM_RX", 256, 0, 1 << 16, suffix=False),
         nbrhd_stage=_choice(env, "GEXMK_NBRHD_STAGE", {"auto": "auto", "all": "all"}, "auto"),
         nbrhd_stage_chunk=_bytes(env, "GEXMK_NBRHD_STAGE_CHUNK", 4 << 20, 4096, 1 << 30),
         nbrhd_stage_slots=_bytes(env, "GEXMK_NBRHD_STAGE_SLOTS", 4, 1, 16, suffix=False),

@@ -766,3 +766,95 @@ def test_mpi_mode(tmp_path, mode):
                                  timeout=50, env=env, cwd=str(tmp_path), script=script)
     result.check(0)
     oks(result, range(2))
+
+
+def _rendezvous(n):
+    """A rendezvous of n ranks, every one said hello; (rdv, peers, sent)."""
+    from gexmk.bootstrap.protocol import _Peer, _Rendezvous
+    sent = []
+    rdv = _Rendezvous(n, lambda p, m: sent.append((p, m)))
+    peers = [_Peer() for _ in range(n)]
+    for r, p in enumerate(peers):
+        rdv.handle(p, ("hello", None, r, n, 1000 + r, "node"))
+    sent.clear()
+    return rdv, peers, sent
+
+
+def test_rendezvous_takes_whole_job_members_as_a_count():
+    # issue 23: ranks 0..n-1 travel as n (O(1) for the server to read, check and
+    # compare); the result is the same payload list as with the list form
+    from gexmk.bootstrap.client import _wire_members
+    assert _wire_members([0, 1, 2]) == 3
+    assert _wire_members([0, 2]) == [0, 2] and _wire_members([1, 0]) == [1, 0]
+    rdv, peers, sent = _rendezvous(3)
+    for r in range(3):
+        rdv.handle(peers[r], ("contrib", "k", 3, r, b"p%d" % r))
+    assert [m for _, m in sent] == [("result", "k", [b"p0", b"p1", b"p2"])] * 3
+    # a subset as a list next to a count of other ranks: a mismatch, as before
+    sent.clear()
+    rdv.handle(peers[0], ("contrib", "m", 2, 0, b""))
+    rdv.handle(peers[1], ("contrib", "m", [0, 1, 2], 1, b""))
+    assert {m[0] for _, m in sent} == {"fail"} and "different member lists" in sent[0][1][4]
+
+
+@pytest.mark.parametrize("members", [0, 4, -1, True])
+def test_rendezvous_refuses_a_bad_member_count(members):
+    from gexmk.bootstrap.protocol import _ProtocolError
+    rdv, peers, sent = _rendezvous(3)
+    with pytest.raises(_ProtocolError, match="malformed contribution"):
+        rdv.handle(peers[0], ("contrib", "k", members, 0, b""))
+
+
+def test_rendezvous_sends_alike_payloads_once():
+    # a barrier's result is one copy and a count ...
+    rdv, peers, sent = _rendezvous(3)
+    for r in range(3):
+        rdv.handle(peers[r], ("contrib", "b", 3, r, b"same"))
+    assert [m for _, m in sent] == [("result", "b", [b"same"], 3)] * 3
+
+
+@pytest.mark.timeout(60)
+def test_exchange_of_alike_and_subset_payloads_over_a_server(monkeypatch):
+    # ... which the client expands: every member gets one payload per member
+    monkeypatch.delenv("GEXMK_TIMEOUT", raising=False)
+    n = 3
+    server = B.RendezvousServer(n)
+    server.start()
+    try:
+        clients = [None] * n
+
+        def connect(r):
+            clients[r] = B.Bootstrap(rank=r, size=n, kind="launcher", timeout=10,
+                                     connect=B._connect_socket(server.address, 10),
+                                     token=server.token(r))
+
+        threads = [threading.Thread(target=connect, args=(r,)) for r in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        got = {}
+
+        def call(r):
+            got[r] = [clients[r].exchange("alike", list(range(n)), r, b"x"),
+                      clients[r].exchange("mine", list(range(n)), r, b"%d" % r)]
+            if r != 1:   # a subset, as a list
+                sub = [0, 2]
+                got[r].append(clients[r].exchange("sub", sub, sub.index(r), b"s%d" % r))
+            clients[r].barrier()
+
+        threads = [threading.Thread(target=call, args=(r,)) for r in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        for r in range(n):
+            assert got[r][0] == [b"x"] * n, got[r]
+            assert got[r][1] == [b"0", b"1", b"2"], got[r]
+            if r != 1:
+                assert got[r][2] == [b"s0", b"s2"], got[r]
+        for c in clients:
+            c.close()
+        assert server.wait_finished(5)
+    finally:
+        server.close()

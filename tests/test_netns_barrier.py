@@ -268,3 +268,37 @@ def test_skipped_barrier_names_the_rank(tmp_path, two_nodes, skip):
             errs
         # the other node's member: every member of its node arrived
         assert "every member of this node arrived" in errs[other_leader + 1], errs
+
+
+# ---- 3. landing zones serve the processes of their node ------------------------------
+
+LANDED = r'''
+# issue 23: an nbrhd-landed zone has one ring per process of its node, by
+# node-local index: ranks 2 and 3 (node 1) use rings 0 and 1 of each other's
+# 2-ring zones, never ring 2 or 3 of a job-sized zone
+c = gexmk.init()
+tm = c.tm
+me = tm.rank
+mate = me ^ 1
+seg = c.segment_attach(1 << 20)
+assert tm.paths(mate)["rma"] == "nbrhd-landed", tm.paths(mate)
+src = (np.arange(300000) * 7 + me).astype(np.uint8)
+tm.put(mate, tm.addr(mate, 4096), src)
+tm.barrier()
+got = np.zeros_like(src)
+tm.get(got, mate, tm.addr(mate, 4096))
+assert np.array_equal(got, src), "landed get (of what this rank put there)"
+assert np.array_equal(seg.view(np.uint8)[4096:4096 + src.size],
+                      (np.arange(300000) * 7 + mate).astype(np.uint8)), "landed put"
+tm.barrier()
+print("LANDED-OK", me, flush=True)
+c.finalize()
+'''
+
+
+@pytest.mark.timeout(150)
+def test_landing_zone_rings_by_node_index(tmp_path, two_nodes):
+    env = {"GEXMK_TIMEOUT": 60, "GEXMK_NBRHD_STAGE": "all", "GEXMK_NBRHD_STAGE_CHUNK": "64K"}
+    res = run_four(tmp_path, two_nodes, LANDED, env, timeout=130)
+    res.check()
+    assert res.stdout.count("LANDED-OK") == 4, res.report()

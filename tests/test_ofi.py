@@ -488,6 +488,18 @@ def test_split_endpoints_where_atomics_cost_ordering():
             split.insert(b.name)
         with pytest.raises(CommunicationError, match="not two addresses"):
             split.insert(b"gexmk-split:" + b"x" * 17)
+        # a split domain's endpoint without atomics (the sync endpoint's kind,
+        # issue 23): one address, its RMA and atomics addresses the same; a
+        # domain that is not split refuses it as it refuses a split name
+        if split.ordered_writes:
+            c = split.endpoint(rma_only=True)
+            assert c.rma_only and c.name.startswith(b"gexmk-rma:"), c.name
+            assert not a.rma_only
+            r1, r2 = split.insert(c.name)
+            assert r1 == r2
+            with pytest.raises(CommunicationError, match="disagree"):
+                single.insert(c.name)
+        assert not single.endpoint(rma_only=True).rma_only   # nothing to leave out
         os.environ["GEXMK_OFI_SPLIT"] = "no"
         with pytest.raises(ArgumentError, match="GEXMK_OFI_SPLIT"):
             ofi_transport.Domain("tcp;ofi_rxm")

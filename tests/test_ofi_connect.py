@@ -24,6 +24,7 @@ PROVIDER = "tcp;ofi_rxm"
 
 WORKER = r'''
 EAGER = os.environ.get("GEXMK_OFI_CONNECT", "eager") == "eager"
+CAP = int(os.environ.get("GEXMK_OFI_CONNECT_MAX") or 32)
 
 def tcp_established():
     """ESTABLISHED TCP sockets owned by this process."""
@@ -65,11 +66,19 @@ with gexmk.init() as c:
         ad.op(r, tm.addr(r, 4096), gexmk.OP_FADD, 1)
     after = tcp_established()
     log("tcp sockets before", before, "after", after)
-    if EAGER:
-        assert st["mode"] == "eager" and st["failed"] == 0, st
+    if EAGER and CAP >= len(peers):
+        assert st["mode"] == "eager" and st["failed"] == 0 and st["capped"] == 0, st
         assert st["touched"] == per_peer * len(peers), (st, per_peer)
         assert before >= per_peer * len(peers), before
         assert after == before, ("the first operations opened connections", before, after)
+    elif EAGER:
+        # GEXMK_OFI_CONNECT_MAX: the nearest CAP peers up front, the rest on first use
+        # (the sync endpoint's routes count too: at least those of endpoint 0)
+        assert st["mode"] == "eager" and st["failed"] == 0, st
+        assert st["capped"] >= per_peer * (len(peers) - CAP), st
+        assert st["touched"] <= 2 * per_peer * CAP, st
+        # (socket counts prove nothing here: peers' own connections to this
+        # process, and the barriers', come and go on their schedule)
     else:
         assert st["mode"] == "lazy" and st["touched"] == 0, st
         assert after > before, ("lazy: the first operations should have connected", before, after)
@@ -94,6 +103,31 @@ def test_first_op_is_not_a_connection_setup(tmp_path, n, mode):
     res.check()
 
 
+@pytest.mark.timeout(120)
+def test_eager_connections_are_capped(tmp_path):
+    # 5 ranks, at most one peer process connected up front per endpoint: the
+    # other three of every rank connect on first use, and every operation works
+    need(PROVIDER)
+    env = ofi_env(PROVIDER)
+    env["GEXMK_OFI_CONNECT_MAX"] = "1"
+    res = mp_util.run_job(tmp_path, WORKER, 5, launcher_timeout=90, env=env)
+    res.check()
+
+
+def test_connect_max_setting_checked():
+    from gexmk import config
+    from gexmk.errors import ArgumentError
+    assert config.load({}).ofi_connect_max == 32
+    assert config.load({"GEXMK_OFI_CONNECT_MAX": "0"}).ofi_connect_max == 0
+    with pytest.raises(ArgumentError, match="GEXMK_OFI_CONNECT_MAX='-1'"):
+        config.load({"GEXMK_OFI_CONNECT_MAX": "-1"})
+    assert config.load({}).ofi_rxm_msg_rx == 128
+    with pytest.raises(ArgumentError, match="GEXMK_OFI_RXM_MSG_RX='lots'"):
+        config.load({"GEXMK_OFI_RXM_MSG_RX": "lots"})
+    with pytest.raises(ArgumentError, match="GEXMK_OFI_RXM_BUFFER='4K'"):
+        config.load({"GEXMK_OFI_RXM_BUFFER": "4K"})
+
+
 def test_connect_setting_checked():
     from gexmk import config
     from gexmk.errors import ArgumentError
@@ -101,3 +135,38 @@ def test_connect_setting_checked():
     assert config.load({"GEXMK_OFI_CONNECT": "Lazy"}).ofi_connect == "lazy"
     with pytest.raises(ArgumentError, match="GEXMK_OFI_CONNECT='sometimes'"):
         config.load({"GEXMK_OFI_CONNECT": "sometimes"})
+
+
+SYNC_WORKER = r'''
+# issue 23: where endpoints are split (tcp;ofi_rxm) and the RMA endpoint orders
+# writes, the library's sync endpoint is one rxm endpoint without atomics (its
+# barriers write counters by ordered stores); user endpoints keep the pair
+with gexmk.init() as c:
+    ofi = c.transports["ofi"]
+    seg = c.segment_attach(1 << 16)
+    tm = c.tm
+    eps = ofi.domain.endpoints
+    single = [e for e in eps if e.rma_only]
+    if ofi.split_endpoints and ofi.ordered_writes:
+        assert len(single) == 1 and len(eps) == 2, (len(single), len(eps))
+    else:
+        assert not single, len(single)
+    ad = tm.ad_create(gexmk.DT_I64, gexmk.OP_FADD)
+    for r in range(tm.size):
+        ad.op(r, tm.addr(r, 0), gexmk.OP_FADD, 1)
+    for _ in range(20):
+        tm.barrier()
+    out = np.zeros(1, np.int64)
+    tm.allreduce(np.array([tm.rank], np.int64), out, "sum")
+    assert out[0] == tm.size * (tm.size - 1) // 2, out
+    tm.barrier()
+    assert seg.view(np.int64)[0] == tm.size, seg.view(np.int64)[0]
+    tm.barrier()
+'''
+
+
+@pytest.mark.timeout(120)
+def test_sync_endpoint_has_no_atomics_endpoint(tmp_path):
+    need(PROVIDER)
+    res = mp_util.run_job(tmp_path, SYNC_WORKER, 3, launcher_timeout=90, env=ofi_env(PROVIDER))
+    res.check()

@@ -90,12 +90,19 @@ for v, t in zip(victims, pairs):
         time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGKILL)
     a = t.addr(1, 64)
+    vdst = [(t.addr(1, 128 * (i * 7 % 200)), 64) for i in range(200)]
+    vback = np.zeros(64 * 200, np.uint8)
     ways = {
         "put": lambda: t.put(1, a, small),
         "put_nb": lambda: t.put_nb(1, a, small).wait(),
         "put_nbi": lambda: (t.put_nbi(1, a, small), gexmk.nbi_wait()),
         "atomic": lambda: ad.op(1, a, gexmk.OP_FADD, 1),
         "put_64k": lambda: t.put(1, a, big),
+        # VIS (issue 22): 200 scattered blocks, many messages completing into one op
+        "put_vector": lambda: t.put_vector(1, vdst, [small] * 200),
+        "put_vector_nb": lambda: t.put_vector_nb(1, vdst, [small] * 200).wait(),
+        "put_vector_nbi": lambda: (t.put_vector_nbi(1, vdst, [small] * 200), gexmk.nbi_wait()),
+        "get_vector": lambda: t.get_vector([vback[64 * i:64 * i + 64] for i in range(200)], 1, vdst),
     }
     t0 = time.monotonic()
     try:
@@ -115,7 +122,8 @@ if tm.rank == 0:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("way", ["put", "put_nb", "put_nbi", "atomic", "put_64k"])
+@pytest.mark.parametrize("way", ["put", "put_nb", "put_nbi", "atomic", "put_64k", "put_vector",
+                                 "put_vector_nb", "put_vector_nbi", "get_vector"])
 def test_barrier_after_killed_peer_raises_peer_dead(tmp_path, way):
     need("tcp;ofi_rxm")
     res = run(tmp_path, KILLED_PEER, 3, "tcp;ofi_rxm", launcher_timeout=80, args=[way],

@@ -219,3 +219,51 @@ def test_pool_memory_reached_over_ofi_staged(tmp_path):
     r = mp_util.run_job(tmp_path, POOL_WORKER, 2, launcher_timeout=120, env=env)
     assert r.returncode == 0, r.report()
     assert r.stdout.count("OK") == 2, r.stdout
+
+
+ZONE_WORKER = r'''
+# issue 23: a landing zone costs memory per initiator that used it, not per
+# job rank: every rank stages puts and gets to its right neighbour only, and
+# its own zone holds resident pages of (at most) one ring and the bounce area
+def resident(lo, size):
+    """Bytes of [lo, lo + size) resident, from /proc/self/smaps."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                a, b = (int(x, 16) for x in head.split("-"))
+                inside = a < lo + size and b > lo
+            elif inside and head == "Rss:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+with gexmk.init() as c:
+    tm = c.tm
+    seg = c.segment_attach(1 << 20)
+    right, left = (tm.rank + 1) % tm.size, (tm.rank - 1) % tm.size
+    assert tm.paths(right)["rma"] == "ofi-staged", tm.paths(right)
+    src = np.arange(200000, dtype=np.uint8) + tm.rank
+    tm.put(right, tm.addr(right, 0), src)           # several chunks through one ring
+    back = np.zeros_like(src)
+    tm.barrier()
+    tm.get(back, right, tm.addr(right, 0))
+    assert np.array_equal(back, src), "staged get returned other bytes"
+    tm.barrier()
+    mine = seg.view(np.uint8)[:src.size]
+    assert np.array_equal(mine, np.arange(200000, dtype=np.uint8) + left), "lost put"
+    lo, size, ring = c.ep(0).contexts["ofi"].zone_extent
+    rings = tm.size                                  # one per job rank
+    bounce = size - rings * ring
+    rss = resident(lo, size)
+    log("zone", size, "ring", ring, "resident", rss)
+    assert rss <= ring + bounce + 8192, (rss, ring, bounce, size)
+    tm.barrier()
+'''
+
+
+@pytest.mark.timeout(180)
+def test_zone_is_resident_per_active_initiator(tmp_path):
+    need(PROVIDER)
+    r = mp_util.run_job(tmp_path, ZONE_WORKER, 6, launcher_timeout=150, env=staged_env())
+    r.check()

@@ -174,3 +174,68 @@ def test_device_blocks_to_a_host_segment(dev, mode):
     for i in range(n):
         d0 = int(ra[i] - host.address)
         assert bytes(h[d0:d0 + blk]) == bytes(src[i * blk:(i + 1) * blk]), f"block {i}"
+
+
+def _gather_count(seg):
+    return seg.kind.impl.gather_launches          # the kind whose device copies to the segment
+
+
+@pytest.mark.parametrize("mode", ["blocking", "nb", "nbi", "stream"])
+def test_device_lists_go_to_the_gather_kernel(dev, mode):
+    """Lists of small device<->device copies take one launch of the gather kernel
+    (copy_gather) instead of the copy engine: blocks of every alignment (16-byte
+    and byte paths), blocks over 64 KiB (cut into pieces), and more pieces than one
+    launch takes (2048: four launches wrap the descriptor slots), checked byte for
+    byte, both ways."""
+    tm, cp, arr, seg = dev
+    rng = np.random.default_rng(23)
+    src = cp.asarray(rng.integers(0, 256, 3 * MiB, dtype=np.uint8))   # own kind, outside the segment
+    # 7000 blocks: small aligned, odd lengths at odd offsets, and two of 200 KiB
+    sizes = [16 * ((i % 5) + 1) if i % 3 else 1 + (i % 37) for i in range(6998)] + [200 << 10] * 2
+    sizes = np.array(sizes, dtype=np.int64)
+    pos = np.concatenate([[0], np.cumsum(sizes + 16)])[:-1] + 3   # gaps, odd starts
+    assert pos[-1] + sizes[-1] < 3 * MiB
+    perm = rng.permutation(len(sizes))
+    dpos = np.concatenate([[0], np.cumsum((sizes + 32)[perm])])[:-1] + 1
+    dst = np.empty(len(sizes), np.int64)
+    dst[perm] = dpos
+    assert dpos[-1] + sizes[perm][-1] < 4 * MiB
+    before = _gather_count(seg)
+    local = [(src.data.ptr + int(p), int(n)) for p, n in zip(pos, sizes)]
+    remote = [(tm.addr(0, int(d)), int(n)) for d, n in zip(dst, sizes)]
+    if mode == "blocking":
+        tm.put_vector(0, remote, local)
+    elif mode == "nb":
+        tm.put_vector_nb(0, remote, local).wait()
+    elif mode == "nbi":
+        tm.put_vector_nbi(0, remote, local)
+        gexmk.nbi_wait(gexmk.EC_PUT)
+    else:
+        s = cp.cuda.Stream(non_blocking=True)
+        tm.put_vector_on_stream(0, remote, local, s)
+        s.synchronize()
+    assert _gather_count(seg) >= before + 4         # > 2048 pieces: several launches
+    got, want = cp.asnumpy(arr), cp.asnumpy(src)
+    for i in range(len(sizes)):
+        d0, s0, n = int(dst[i]), int(pos[i]), int(sizes[i])
+        assert bytes(got[d0:d0 + n]) == bytes(want[s0:s0 + n]), f"block {i} ({n} bytes)"
+    back = cp.zeros(3 * MiB, dtype=cp.uint8)
+    tm.get_vector([(back.data.ptr + int(p), int(n)) for p, n in zip(pos, sizes)], 0, remote)
+    b = cp.asnumpy(back)
+    for i in range(len(sizes)):
+        s0, n = int(pos[i]), int(sizes[i])
+        assert bytes(b[s0:s0 + n]) == bytes(want[s0:s0 + n]), f"block {i} back"
+
+
+def test_host_lists_stay_on_the_copy_engine(dev):
+    """A list with host blocks on one side is not the kernel's (it reaches device
+    memory only): the copy engine moves it, and the kernel is not launched."""
+    tm, cp, arr, seg = dev
+    before = _gather_count(seg)
+    data = np.arange(64 * 256, dtype=np.uint8) % 251
+    tm.put_indexed(0, [tm.addr(0, 4096 * i) for i in range(64)], 256,
+                   [data.ctypes.data + 256 * i for i in range(64)], 256)
+    got = cp.asnumpy(arr)
+    for i in range(64):
+        assert bytes(got[4096 * i:4096 * i + 256]) == bytes(data[256 * i:256 * (i + 1)])
+    assert _gather_count(seg) == before

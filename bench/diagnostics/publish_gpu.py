@@ -20,6 +20,8 @@ def main():
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--precreate", action="store_true")
     ap.add_argument("--c", action="store_true", help="then the C program's import of 1 GiB")
+    ap.add_argument("--profile", action="store_true",
+                    help="rank 0 prints where its first publication's time goes (cProfile)")
     args = ap.parse_args()
     with gexmk.init() as c:
         tm = c.tm
@@ -37,9 +39,18 @@ def main():
             seg = c.segment_create(int(args.gib * (1 << 30)), kind=mk)
             ep.bind_segment(seg)
             tm.barrier()
+            prof = None
+            if args.profile and tm.rank == 0 and not figures:
+                import cProfile
+                prof = cProfile.Profile()
+                prof.enable()
             t = time.perf_counter()
             tm.publish_bound_segment([ep])
             figures.append(time.perf_counter() - t)
+            if prof is not None:
+                prof.disable()
+                import pstats
+                pstats.Stats(prof).sort_stats("tottime").print_stats(14)
             tm.barrier()
         if tm.rank == 0:
             print(f"kind on GPU 0: {t_kind * 1e3:.2f} ms"

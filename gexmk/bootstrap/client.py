@@ -20,6 +20,15 @@ from gexmk.errors import (
 )
 
 
+def _wire_members(members):
+    """``members`` as sent: n when they are job ranks 0..n-1 in order (the
+    server then reads, checks and compares them in O(1)), else the list."""
+    n = len(members)
+    if members[0] == 0 and members[-1] == n - 1 and members == list(range(n)):
+        return n
+    return members
+
+
 class _Slot:
     """Waiting state of one key in this process (shared by its threads in that exchange)."""
 
@@ -173,7 +182,7 @@ class Bootstrap:
             slot.indices.add(index)
         try:
             try:
-                self._transport.send(("contrib", key, members, index, payload))
+                self._transport.send(("contrib", key, _wire_members(members), index, payload))
             except OSError as exc:
                 raise self._lost_error(f"exchange {key!r}: lost the rendezvous server: {exc}") from exc
             with self._cond:
@@ -353,7 +362,8 @@ class Bootstrap:
                 slot = self._slots.get(msg[1])
                 if slot is not None:  # else: every waiter timed out and left
                     if tag == "result":
-                        slot.result = msg[2]
+                        # ("result", key, [p], n): every member contributed p
+                        slot.result = msg[2] if len(msg) == 3 else list(msg[2]) * msg[3]
                     else:
                         slot.error = tuple(msg[2:5])
             elif tag == "status":

@@ -16,6 +16,8 @@ from gexmk.bootstrap.wire import _ProtocolError, _node_name
 # client -> server                               server -> client
 #   ("hello", token, rank, size, pid, node)        ("welcome", pids, nodes)
 #   ("contrib", key, members, index, payload)      ("result", key, payloads)
+#     (members: a list of job ranks, or n for   ("result", key, [payload], n): n alike
+#      ranks 0..n-1)
 #   ("withdraw", key, index)                       ("fail", key, kind, rank, text)
 #   ("bye",)                                       ("status", key, index, missing_indices)
 #                                                  ("dead", rank)
@@ -170,8 +172,15 @@ class _Rendezvous:
     def _contribute(self, peer, msg):
         try:
             _, key, members, index, payload = msg
-            ok = (isinstance(key, str) and isinstance(members, list) and members
-                  and all(isinstance(m, int) and 0 <= m < self.size for m in members)
+            if isinstance(members, int) and not isinstance(members, bool) \
+                    and 0 < members <= self.size:
+                # job ranks 0..n-1 (every rank of a whole-job exchange) sent as n:
+                # O(1) to read, check and compare, where a list is O(N) per
+                # contribution and O(N^2) per exchange at this server (issue 23)
+                members = range(members)
+            ok = (isinstance(key, str) and isinstance(members, (list, range)) and members
+                  and (isinstance(members, range)
+                       or all(isinstance(m, int) and 0 <= m < self.size for m in members))
                   and isinstance(index, int) and 0 <= index < len(members)
                   and members[index] == peer.rank and isinstance(payload, bytes))
         except ValueError:
@@ -192,7 +201,7 @@ class _Rendezvous:
                 self._fail(key, [peer], self.gone[r], r, _gone_text(r, self.gone[r], key))
                 return
             st = self.keys[key] = _KeyState(members)
-        elif st.members != members:
+        elif st.members != members and list(st.members) != list(members):
             del self.keys[key]
             self._fail(key, st.contributors() + [peer], "mismatch", -1,
                        f"exchange {key!r}: participants passed different member lists "
@@ -208,7 +217,14 @@ class _Rendezvous:
         st.withdrawn.discard(index)
         if len(st.payloads) == len(members):
             del self.keys[key]
-            reply = ("result", key, [st.payloads[i] for i in range(len(members))])
+            parts = [st.payloads[i] for i in range(len(members))]
+            first = parts[0]
+            if len(parts) > 1 and all(p == first for p in parts):
+                # a barrier (every payload alike): one copy, not one per member,
+                # so each rank receives O(1) bytes, not O(N) (issue 23)
+                reply = ("result", key, [first], len(parts))
+            else:
+                reply = ("result", key, parts)
             for p in st.contributors():
                 self.send(p, reply)
 

@@ -113,6 +113,9 @@ cdef struct gx_kind_ops:
                                   # is done; later work waits for it (fn must not call the driver)
     gx_mk_copyv_fn copy_batch     # count copies dst[i] <- src[i], n[i] bytes, at once (VIS vector and
                                   # indexed lists); stream NULL: complete on return
+    gx_mk_copyv_fn copy_gather    # as copy_batch, every operand device memory this kind's device reaches
+                                  # (its own, or mapped for it): by a gather kernel where the lists are
+                                  # of small copies, else as copy_batch; stream NULL: complete on return
     gx_mk_copys_fn copy_strided   # a strided shape (dimension 0 fastest, positive byte strides,
                                   # contiguous elements of elem bytes, ndim <= 8) by 2-D/3-D copies;
                                   # stream NULL: complete on return

@@ -82,6 +82,7 @@ cdef struct lp_kind:
     const gx_kind_ops* ops     # NULL: host memory
     void* kctx
     gx_mk_atomic_fn atomic     # device atomics (NULL where the kind has none)
+    int device                 # the kind's device ordinal (-1: host memory)
 
 
 # Copies whose host side is pageable go through pinned bounce buffers of the
@@ -229,6 +230,7 @@ cdef int _pvm_device(gx_xfer* x, bint write) except -1 nogil:
     through a host buffer (process_vm_* moves host memory only)."""
     cdef lp_ep* ep = <lp_ep*>x.ep
     cdef void* dev = x.local
+    cdef int kind = x.local_kind
     cdef void* tmp
     if ep == NULL or ep.k.ops == NULL:
         with gil:
@@ -248,7 +250,8 @@ cdef int _pvm_device(gx_xfer* x, bint write) except -1 nogil:
             _pvm(x, False)
             ep.k.ops.copy(ep.k.kctx, NULL, <uintptr_t>dev, <uintptr_t>tmp, x.n)
     finally:
-        x.local = dev
+        x.local = dev              # x as it came: _pvm_vis reuses it for the next block
+        x.local_kind = kind
         free(tmp)
     return 0
 
@@ -564,12 +567,14 @@ cdef int _set_kind(lp_kind* k, object mk) except -1:
     k.ops = NULL
     k.kctx = NULL
     k.atomic = NULL
+    k.device = -1
     impl = mk.impl
     if impl is None:
         return 0
     k.ops = <const gx_kind_ops*>PyCapsule_GetPointer(impl.ops_capsule(), b"gexmk.kind_ops")
     k.kctx = <void*><uintptr_t>impl.handle
     k.atomic = k.ops.atomic         # NULL where the kind has no device atomics
+    k.device = mk.device
     return 0
 
 

@@ -3,7 +3,9 @@
 Laid out by concern (``ofi.src/``): ``domain`` (fabric, domain, address
 vector, provider choice), ``endpoint`` (one libfabric endpoint + CQ per gexmk
 endpoint, registrations; the transport's control plane), ``rma`` (puts, gets,
-the remote-completion flush), ``atomic`` (fi_atomic and the CAS fallback),
+the remote-completion flush), ``vis`` (vector, indexed and strided transfers:
+fi_writemsg/fi_readmsg with several ranges per message, one op per call;
+packed requests to staged targets), ``atomic`` (fi_atomic and the CAS fallback),
 ``completion`` (ops, errors, waits, nbi sync), ``progress`` (CQ reading and
 the background progress thread), ``signal`` (put_signal: the signal never
 before the data, three ways, and the target's side of signal messages and of
@@ -78,8 +80,27 @@ from gexmk.kinds.kind cimport gx_kind_ops
 # above the inject size go as RMA writes anyway, so it asks for 4 KiB unless
 # the user set FI_OFI_RXM_BUFFER_SIZE.  Set before this process's first
 # fi_getinfo, when rxm reads it; every rank of a job does the same.
-if os.environ.get("GEXMK_OFI_RXM_BUFFER", "4096") != "0":
-    os.environ.setdefault("FI_OFI_RXM_BUFFER_SIZE", os.environ.get("GEXMK_OFI_RXM_BUFFER", "4096"))
+#
+# Likewise the receive buffers rxm posts (FI_OFI_RXM_MSG_RX_SIZE): left unset,
+# rxm over tcp posts 4096 of them to tcp's shared receive context, 4096 bounce
+# buffers (~18 MB at 4 KiB) per rxm endpoint, and gexmk opens three or four
+# (the primordial endpoint's pair, the sync endpoint).  They take messages
+# only (rxm's emulated atomics, put_signal's signal messages): RMA never lands
+# in them, and a sender finding none posted waits in the socket's flow
+# control.  128 (rxm's figure without a shared context): 120.8 -> 63.5 MB
+# resident for a 2-rank job with one 1 MiB segment (bench/README.md, issue
+# 23).  Bad values are left for config.load to report at init.
+def _rxm_setting(name, default, fi_name):
+    text = os.environ.get(name, "").strip() or str(default)
+    if text.isdigit() and int(text) != 0:
+        os.environ.setdefault(fi_name, text)
+
+
+_rxm_setting("GEXMK_OFI_RXM_BUFFER", 4096, "FI_OFI_RXM_BUFFER_SIZE")
+_rxm_setting("GEXMK_OFI_RXM_MSG_RX", 128, "FI_OFI_RXM_MSG_RX_SIZE")
+# rxm's own receive queue (application receives: gexmk posts SIG_RX = 64 per
+# endpoint) is 2048 entries by default, two 0.5 MB queues per rxm endpoint.
+_rxm_setting("GEXMK_OFI_RXM_RX", 256, "FI_OFI_RXM_RX_SIZE")
 
 cdef enum:
     OP_PENDING = 0
@@ -159,6 +180,7 @@ if _tune:
 
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"
+_SINGLE_TAG = b"gexmk-rma:"     # a split domain's endpoint without atomics (the sync endpoint)
 
 
 cdef enum:
@@ -228,6 +250,7 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
                             # (remote_base with FI_MR_VIRT_ADDR, else 0)
     int answers             # the owner serves network operations while it computes (auto
                             # progress or a progress thread): connections may be set up eagerly
+    int no_amo              # its endpoint has no atomics (a split domain's sync endpoint)
     int sig_rx              # its endpoint takes put_signal's signal messages (signal.pxi)
     int sig_data            # ... and signals carried as a write's remote CQ data (signal.pxi)
     uint64_t sig_gen        # the target's binding generation as published (signal.pxi)
@@ -256,6 +279,9 @@ cdef struct ofi_dom:
     fid_av* av
     uint64_t mr_mode
     size_t inject_size
+    size_t vis_iov          # local iovecs per fi_writemsg/fi_readmsg of a VIS call (vis.pxi)
+    size_t vis_rma_iov      # ... and remote ones (the provider's iov_limit, rma_iov_limit)
+    size_t vis_max_msg      # ... and bytes per message (max_msg_size)
     int inject_ctx          # injected writes carry an op as their context (rma.pxi _inject_write)
     int manual              # FI_PROGRESS_MANUAL data progress: targets must poll
     int thread_on           # the background progress thread runs (start_progress)
@@ -364,6 +390,10 @@ cdef struct gx_op:
     gx_val operand          # atomic operands and result live here until completion
     gx_val compare
     gx_val result
+    gx_op* parent           # a message of a VIS op (vis.pxi): completes into it, not the CQ's reader
+    long pending            # a VIS op: its messages not yet complete, + 1 while being issued
+    int vis_err             # ... the first failure among them (fi errno)
+    void* vis_buf           # a VIS message's packed blocks (vis.pxi), freed at its completion
 
 
 
@@ -376,6 +406,7 @@ cdef struct sig_rx:         # a receive of signal messages (signal.pxi)
 include "ofi.src/completion.pxi"
 include "ofi.src/progress.pxi"
 include "ofi.src/rma.pxi"
+include "ofi.src/vis.pxi"
 include "ofi.src/atomic.pxi"
 include "ofi.src/staged.pxi"
 include "ofi.src/hmem.pxi"
@@ -431,6 +462,12 @@ _OPS.orphan = net_orphan
 _OPS.sync = net_nbi_wait
 _OPS.nbi_test = net_nbi_test
 _OPS.put_signal = ofi_put_signal
+_OPS.put_vis = ofi_put_vis            # vis.pxi: iovec messages, one op per chunk
+_OPS.get_vis = ofi_get_vis
+if os.environ.get("GEXMK_OFI_VIS") == "loop":
+    # the core's loop of single puts and gets instead (bench/vis.py's baseline)
+    _OPS.put_vis = NULL
+    _OPS.get_vis = NULL
 
 
 # Scores against the local transport's (gexmk/transports/local.pyx): the only
@@ -439,6 +476,12 @@ _OPS.put_signal = ofi_put_signal
 cdef int OTHER_NODE_SCORE = 80
 cdef int SAME_NODE_SCORE = 60
 cdef int FORCED_SCORE = 95
+
+
+def _ring_distance(int r, int me, int size):
+    """How far job rank r is from me around the ring of the job, either way."""
+    cdef int d = (r - me) % size if size else 0
+    return min(d, size - d)
 
 
 cdef class OfiPeer:
@@ -461,6 +504,8 @@ cdef class OfiTransport:
     cdef dict _peers                   # (jobrank, ep_index) -> OfiPeer
     cdef readonly dict connections     # eager connection set-up so far (see connect)
     cdef set _connected                # (ofi_ep*, fi_addr, which) already touched
+    cdef dict _eager_peers             # ofi_ep* -> job ranks connected eagerly from it
+    cdef readonly long connect_max     # GEXMK_OFI_CONNECT_MAX
 
     def __init__(self, job):
         cfg = job.config
@@ -468,8 +513,10 @@ cdef class OfiTransport:
         self.job = job
         self._peers = {}
         self._connected = set()
+        self._eager_peers = {}
+        self.connect_max = cfg.ofi_connect_max
         self.connections = {"mode": cfg.ofi_connect, "touched": 0, "failed": 0, "seconds": 0.0,
-                            "note": ""}
+                            "capped": 0, "note": ""}
         self.domain = Domain(cfg.ofi_provider, cfg.ofi_iface, skip_loopback=job.multi_node,
                              config=cfg)
         self.domain.d.stg_nrings = job.size
@@ -483,10 +530,13 @@ cdef class OfiTransport:
         return getattr(self.domain, name)
 
     def open_endpoint(self, int index):
-        ep = self.domain.endpoint()
-        # GEXMK_OFI_STAGE=all stages the application's host segments, never the
-        # library's own synchronisation endpoint (index 2**30, core.src/client.pxi)
-        (<OfiEndpoint>ep).plain = index >= (1 << 30)
+        # The library's own synchronisation endpoint (index 2**30, core.src/coll.pxi)
+        # writes its barrier counters by ordered stores where the network orders
+        # writes, so it needs no atomics endpoint (~10 MB less per process over
+        # tcp;ofi_rxm, issue 23); GEXMK_OFI_STAGE=all never stages it.
+        plain = index >= (1 << 30)
+        ep = self.domain.endpoint(rma_only=plain)
+        (<OfiEndpoint>ep).plain = plain
         return ep
 
     def apply(self, peer, blob):
@@ -508,6 +558,7 @@ cdef class OfiTransport:
             self._peers[key] = p
         p.c.g = <gx_target*><uintptr_t>peer.target
         p.c.net_addr, p.c.net_aaddr = self.domain.insert(name)
+        p.c.no_amo = name.startswith(_SINGLE_TAG)       # an endpoint without atomics
         old = (p.c.stg_key, p.c.stg_ring, p.c.stg or p.c.hmem)
         p.c.net_key = self.domain.map_key(rkey, base)   # raw keys are mapped here
         p.c.net_base = base
@@ -564,6 +615,8 @@ cdef class OfiTransport:
         staged = p.c.stg or epctx.staged_local
         if (p.c.stg or p.c.hmem) and not p.c.stg_amo:
             amo = 0
+        elif p.c.no_amo or (self.domain.d.split and (<OfiEndpoint>epctx).e.aep == (<OfiEndpoint>epctx).e.ep):
+            amo = 0         # either end is a split domain's endpoint without atomics
         else:
             amo = score
         # ofi-hmem: device memory at one end or both, registered with the provider
@@ -580,7 +633,10 @@ cdef class OfiTransport:
         atomics path.  Each new (libfabric endpoint, peer address) pair gets one
         small read, all posted at once and waited for at most 10 s; what did
         not answer is reported in a warning and in ``connections`` (its first
-        operation then sets the connection up, as with ``lazy``)."""
+        operation then sets the connection up, as with ``lazy``).  At most
+        ``GEXMK_OFI_CONNECT_MAX`` peer processes per endpoint, the nearest in
+        job rank first; ``connections["capped"]`` counts the pairs left to
+        their first operation for that reason."""
         cdef OfiEndpoint oe
         cdef ofi_peer* t
         st = self.connections
@@ -594,6 +650,16 @@ cdef class OfiTransport:
         seen = set()
         work = []
         skipped = 0
+        # At most connect_max peer processes per endpoint are connected up
+        # front, the nearest in job rank (both ways) first: a large job never
+        # opens a connection per job rank at publication (issue 23); the others
+        # connect on their first operation, as with GEXMK_OFI_CONNECT=lazy.
+        me, size = self.job.rank, self.job.size
+        order = []
+        for i, pr in enumerate(pairs):
+            t = <ofi_peer*><uintptr_t>pr[1]
+            order.append((_ring_distance(t.g.jobrank, me, size), i))
+        pairs = [pairs[i] for _, i in sorted(order)]
         for epctx, peer_h, rma in pairs:
             oe = epctx
             if oe.closed:
@@ -610,6 +676,12 @@ cdef class OfiTransport:
             key = (<uintptr_t>&oe.e, t.net_aaddr if which else t.net_addr, which)
             if key in seen or key in self._connected:
                 continue
+            peers = self._eager_peers.setdefault(<uintptr_t>&oe.e, set())
+            if t.g.jobrank not in peers:
+                if len(peers) >= self.connect_max:
+                    st["capped"] += 1
+                    continue
+                peers.add(t.g.jobrank)
             seen.add(key)
             work.append((<uintptr_t>&oe.e, peer_h, which))
         if skipped:

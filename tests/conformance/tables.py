@@ -30,11 +30,13 @@ FAST_SIZES = ("0", "1", "8", "4095", "chunk+1", "3chunks+5")
 DATA_OFF = 8192 + 3
 SIG_OFF = 64
 ATOMIC_OFF = 128
-#: Target segments are REGION bytes of target area, then REGION bytes the initiator
-#: uses as its local source/destination when a local buffer lives in a segment.
+#: Target segments are REGION bytes of target area, then 2 x REGION bytes the initiator
+#: uses as its local source/destination when a local buffer lives in a segment (a
+#: strided local, every other byte, takes twice its size).
 REGION = 256 * KiB
-SEG_BYTES = 2 * REGION
+SEG_BYTES = 3 * REGION
 assert DATA_OFF + max(SIZES.values()) + 4 * KiB <= REGION
+assert REGION + 2 * max(SIZES.values()) + 2 * 64 <= SEG_BYTES      # 64: worker.GUARD
 
 
 @dataclass(frozen=True)
@@ -278,10 +280,13 @@ def expected_path(path, target, local):
     """The path name ``tm.paths`` must give: by (target, local memory) where the table
     distinguishes them (a device-bound initiating endpoint may take another path), else
     by target memory, else by its class.  Device memory outside the segment of a
-    device-bound endpoint takes that endpoint's paths, as its segment does."""
+    device-bound endpoint takes that endpoint's paths, as its segment does, and every
+    local memory of one segment (devseg, devseg-strided) takes the same paths."""
     mem = LOCAL_BY.get(local)
     if mem is not None and mem.cls == "device" and mem.ep:
         local = next(m.name for m in LOCAL if m.segment == mem.ep)
+    elif mem is not None and mem.segment:
+        local = next(m.name for m in LOCAL if m.segment == mem.segment)
     for key in ((target.name, local), target.name, (target.cls, local), target.cls):
         if key in path.expect:
             return path.expect[key]

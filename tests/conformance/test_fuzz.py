@@ -141,6 +141,14 @@ REGRESSIONS = [
     # queue from that peer (shm, too, addresses by offset with keys of ours, so the
     # retired registration of seeds 7 and 10 serves the stale access now)
     pytest.param(314, "ofi-shm-staged", {}, id="ofi-shm-staged-314-barrier-arrival-lost"),
+    # found by the issue-22 (VIS over ofi) soak, 2026-11-28, not analysed: a rank hangs
+    # making a TM-pair (fuzz.py handle -> ep.pair) until the harness's 11 s, every run;
+    # the same with GEXMK_OFI_VIS=loop (not the VIS path); plans of 4 ranks that
+    # destroyed endpoints before
+    pytest.param(384362, "ofi-tcp", {}, id="ofi-tcp-384362-pair-hangs",
+                 marks=_slow("making a TM-pair hangs over tcp;ofi_rxm")),
+    pytest.param(290645, "ofi-tcp-staged", {}, id="ofi-tcp-staged-290645-pair-hangs",
+                 marks=_slow("making a TM-pair hangs over tcp;ofi_rxm, staged")),
 ]
 
 

@@ -1,5 +1,5 @@
 # ---------------------------------------------------------------------------
-# Device atomics: one-thread kernels from embedded PTX
+# Device atomics and copy kernels from embedded PTX
 # ---------------------------------------------------------------------------
 # Hand-written PTX (ISA 6.0, sm_70 and newer; the driver JIT-compiles it for
 # the device on cuModuleLoadData, once per kind).  One kernel per gexmk data
@@ -135,8 +135,113 @@ L_COPY_END:
 """
 
 
+# Lists of copies (copy_gather, issue 22's KV-cache shape): one descriptor of three
+# 64-bit words (dst, src, bytes) per copy, in device memory.  Block b takes
+# descriptors b, b + gridDim, ...: three of its threads read one into shared
+# memory, then all of them copy it, 16
+# bytes a load (four loads in flight per thread) where dst, src and the length are
+# all 16-byte aligned, else byte by byte.
+_PTX_LIST = """
+.visible .entry gx_copy_list(.param .u64 p_desc, .param .u32 p_count)
+{
+    .shared .align 16 .b64 s_desc[3];
+    .reg .pred %p<4>;
+    .reg .b16 %c;
+    .reg .b32 %i, %cnt, %nct, %tx, %nt;
+    .reg .b32 %a<4>, %b<4>, %e<4>, %f<4>;
+    .reg .b64 %desc, %de, %d, %s, %n, %o, %st, %st2, %st3, %st4, %x, %y, %z;
+    ld.param.u64 %desc, [p_desc];
+    ld.param.u32 %cnt, [p_count];
+    cvta.to.global.u64 %desc, %desc;
+    mov.u32 %i, %ctaid.x;
+    mov.u32 %nct, %nctaid.x;
+    mov.u32 %tx, %tid.x;
+    mov.u32 %nt, %ntid.x;
+    setp.lt.u32 %p3, %tx, 3;
+L_LIST_NEXT:
+    setp.ge.u32 %p0, %i, %cnt;
+    @%p0 bra L_LIST_END;
+    @!%p3 bra L_LIST_READ;
+    mul.wide.u32 %de, %i, 24;
+    add.u64 %de, %desc, %de;
+    mul.wide.u32 %x, %tx, 8;
+    add.u64 %de, %de, %x;
+    ld.global.u64 %y, [%de];
+    mov.u64 %z, s_desc;
+    add.u64 %z, %z, %x;
+    st.shared.u64 [%z], %y;
+L_LIST_READ:
+    bar.sync 0;
+    ld.shared.u64 %d, [s_desc];
+    ld.shared.u64 %s, [s_desc+8];
+    ld.shared.u64 %n, [s_desc+16];
+    cvta.to.global.u64 %d, %d;
+    cvta.to.global.u64 %s, %s;
+    or.b64 %x, %d, %s;
+    or.b64 %x, %x, %n;
+    and.b64 %x, %x, 15;
+    setp.ne.u64 %p1, %x, 0;
+    cvt.u64.u32 %o, %tx;
+    @%p1 bra L_LIST_BYTES;
+    shl.b64 %o, %o, 4;
+    mul.wide.u32 %st, %nt, 16;
+    add.u64 %st2, %st, %st;
+    add.u64 %st3, %st2, %st;
+    add.u64 %st4, %st2, %st2;
+L_LIST_V4:
+    add.u64 %x, %o, %st3;
+    setp.ge.u64 %p2, %x, %n;
+    @%p2 bra L_LIST_V1;
+    add.u64 %x, %s, %o;
+    ld.global.v4.u32 {%a0, %a1, %a2, %a3}, [%x];
+    add.u64 %y, %x, %st;
+    ld.global.v4.u32 {%b0, %b1, %b2, %b3}, [%y];
+    add.u64 %y, %x, %st2;
+    ld.global.v4.u32 {%e0, %e1, %e2, %e3}, [%y];
+    add.u64 %y, %x, %st3;
+    ld.global.v4.u32 {%f0, %f1, %f2, %f3}, [%y];
+    add.u64 %z, %d, %o;
+    st.global.v4.u32 [%z], {%a0, %a1, %a2, %a3};
+    add.u64 %y, %z, %st;
+    st.global.v4.u32 [%y], {%b0, %b1, %b2, %b3};
+    add.u64 %y, %z, %st2;
+    st.global.v4.u32 [%y], {%e0, %e1, %e2, %e3};
+    add.u64 %y, %z, %st3;
+    st.global.v4.u32 [%y], {%f0, %f1, %f2, %f3};
+    add.u64 %o, %o, %st4;
+    bra.uni L_LIST_V4;
+L_LIST_V1:
+    setp.ge.u64 %p2, %o, %n;
+    @%p2 bra L_LIST_STEP;
+    add.u64 %x, %s, %o;
+    ld.global.v4.u32 {%a0, %a1, %a2, %a3}, [%x];
+    add.u64 %z, %d, %o;
+    st.global.v4.u32 [%z], {%a0, %a1, %a2, %a3};
+    add.u64 %o, %o, %st;
+    bra.uni L_LIST_V1;
+L_LIST_BYTES:
+    cvt.u64.u32 %st, %nt;
+L_LIST_B1:
+    setp.ge.u64 %p2, %o, %n;
+    @%p2 bra L_LIST_STEP;
+    add.u64 %x, %s, %o;
+    ld.global.u8 %c, [%x];
+    add.u64 %z, %d, %o;
+    st.global.u8 [%z], %c;
+    add.u64 %o, %o, %st;
+    bra.uni L_LIST_B1;
+L_LIST_STEP:
+    bar.sync 0;
+    add.u32 %i, %i, %nct;
+    bra.uni L_LIST_NEXT;
+L_LIST_END:
+    ret;
+}
+"""
+
+
 cdef str _ptx_source():
-    out = [_PTX_HEAD, _PTX_COPY]
+    out = [_PTX_HEAD, _PTX_COPY, _PTX_LIST]
     for name, w, add, mm, fp in (("i32", 32, "u32", "s32", False), ("u32", 32, "u32", "u32", False),
                                   ("i64", 64, "u64", "s64", False), ("u64", 64, "u64", "u64", False),
                                   ("flt", 32, "f32", "f32", True), ("dbl", 64, "f64", "f64", True)):
@@ -187,6 +292,8 @@ cdef int _atomics_load(CudaCtx* k) except -1 nogil:
             cydriver.cuModuleUnload(mod)
             return check("cuModuleGetFunction", rc)
     rc = cydriver.cuModuleGetFunction(&k.copy_fn, mod, b"gx_copy_small")
+    if rc == CUDA_SUCCESS:
+        rc = cydriver.cuModuleGetFunction(&k.list_fn, mod, b"gx_copy_list")
     if rc != CUDA_SUCCESS:
         cydriver.cuModuleUnload(mod)
         return check("cuModuleGetFunction", rc)

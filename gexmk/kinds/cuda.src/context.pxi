@@ -19,6 +19,12 @@ cdef struct CudaCtx:
     CUfunction atom_fn[6]     # one kernel per GX_DT_*
     CUfunction copy_fn        # the small-copy kernel of the same module
     void* atom_res            # pinned host result word of synchronous atomics
+    CUfunction list_fn        # the gather kernel of the same module (copy_gather)
+    uint64_t* ring            # copy_gather's descriptor slots, pinned host memory filled here
+    CUdeviceptr ring_dev      # ... and their device copies, which the kernel reads
+    CUevent ring_ev[4]        # per slot: recorded after the launch that last read it
+    int ring_next             # the slot the next launch fills
+    uint64_t gather_launches  # copy_gather's kernel launches so far (CudaKind.gather_launches)
 
 
 cdef inline int _closed(const CudaCtx* k) except -1 nogil:
@@ -134,12 +140,23 @@ cdef void _kctx_close(CudaCtx* k) noexcept nogil:
     (a context torn down at exit took its objects with it); idempotent."""
     cdef CUcontext c
     cdef bint pushed = False
+    cdef int i
     k.closed = True
     if k.ctx != NULL:
         pushed = cydriver.cuCtxPushCurrent(k.ctx) == CUDA_SUCCESS
     if k.atom_res != NULL:
         cydriver.cuMemFreeHost(k.atom_res)
         k.atom_res = NULL
+    for i in range(4):
+        if k.ring_ev[i] != NULL:
+            cydriver.cuEventDestroy(k.ring_ev[i])
+            k.ring_ev[i] = NULL
+    if k.ring != NULL:
+        cydriver.cuMemFreeHost(k.ring)
+        k.ring = NULL
+    if k.ring_dev != 0:
+        cydriver.cuMemFree(k.ring_dev)
+        k.ring_dev = 0
     if k.atom_mod != NULL:
         cydriver.cuModuleUnload(k.atom_mod)
         k.atom_mod = NULL

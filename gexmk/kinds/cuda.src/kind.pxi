@@ -30,6 +30,7 @@ _OPS.wait_value = _cu_wait_value
 _OPS.launch_host = _cu_launch_host
 _OPS.copy_batch = _cu_copy_batch
 _OPS.copy_strided = _cu_copy_strided
+_OPS.copy_gather = _cu_copy_gather
 
 cdef object _UINTPTR_MAX = <uintptr_t>-1
 cdef object _SIZE_MAX = <size_t>-1
@@ -141,6 +142,13 @@ cdef class CudaKind:
     @property
     def closed(self) -> bool:
         return self._k == NULL or bool(self._k.closed)
+
+    @property
+    def gather_launches(self) -> int:
+        """Launches of the gather kernel so far: lists of small device copies (VIS
+        vectors and indexed lists between device memory this kind's device reaches)
+        go to it instead of the copy engine, unless ``GEXMK_CUDA_GATHER=0``."""
+        return 0 if self._k == NULL else self._k.gather_launches
 
     def ops_capsule(self):
         """A PyCapsule named ``b"gexmk.kind_ops"`` around the module's static

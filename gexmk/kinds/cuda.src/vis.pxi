@@ -50,6 +50,122 @@ cdef int _cu_copy_batch(void* kctx, void* stream, const uintptr_t* dst, const ui
     return check("cuMemcpyAsync/cuMemcpyBatchAsync", rc)
 
 
+# copy_gather: lists of small device copies by the gather kernel (atomics.pxi's
+# gx_copy_list).  The copy engine takes a few microseconds per copy whatever its size
+# (1024 x 16 KiB: ~4 GB/s, batched or not); one launch reading a list moves them at
+# memory or NVLink speed.  Descriptors go into one of four slots of pinned host memory,
+# are copied (one DMA, on the same stream) into the slot's twin in device memory, which
+# the kernel reads (thousands of blocks each reading host memory over PCIe took ~30 us);
+# a slot is refilled once the launch that read it is done (its event).
+cdef enum:
+    GATHER_SLOTS = 4
+    GATHER_ENTRIES = 2048            # descriptors a slot (48 KiB) and a launch
+    GATHER_PIECE = 65536             # longer copies are cut into pieces of this size
+    GATHER_BLOCKS = 1024
+    GATHER_MAX_MEAN = 1 << 20        # lists of larger copies (on average) go to the copy engine
+
+# GEXMK_CUDA_GATHER=0: lists always go to the copy engine (copy_batch);
+# GEXMK_CUDA_GATHER_THREADS: threads a block (a multiple of 32, 32..1024; default 256)
+cdef bint _gather_on = os.environ.get("GEXMK_CUDA_GATHER", "1") != "0"
+cdef unsigned int _gather_threads = min(1024, max(32, int(
+    os.environ.get("GEXMK_CUDA_GATHER_THREADS", "256") or 256) // 32 * 32))
+
+
+cdef int _gather_ring(CudaCtx* k) except -1 nogil:
+    """The descriptor slots and their events, made once; k.lock is held and the
+    kind's context is current."""
+    cdef void* mem = NULL
+    cdef CUresult rc
+    cdef int i
+    if k.ring != NULL:
+        return 0
+    if k.ring_dev == 0:
+        check("cuMemAlloc", cydriver.cuMemAlloc(&k.ring_dev, GATHER_SLOTS * GATHER_ENTRIES * 24))
+    for i in range(GATHER_SLOTS):
+        if k.ring_ev[i] == NULL:
+            check("cuEventCreate", cydriver.cuEventCreate(&k.ring_ev[i],
+                                                          cydriver.CU_EVENT_DISABLE_TIMING))
+    check("cuMemHostAlloc", cydriver.cuMemHostAlloc(&mem, GATHER_SLOTS * GATHER_ENTRIES * 24,
+                                                    cydriver.CU_MEMHOSTALLOC_PORTABLE))
+    k.ring = <uint64_t*>mem
+    k.ring_next = 0
+    return 0
+
+
+cdef int _cu_copy_gather(void* kctx, void* stream, const uintptr_t* dst, const uintptr_t* src,
+                         const size_t* n, size_t count) except -1 nogil:
+    """copy_batch's contract, for operands that are all device memory this kind's
+    device reaches (its own, or mapped for it: the caller knows).  Lists of small
+    copies go to the gather kernel, one launch per 2048 pieces of at most 64 KiB;
+    lists of large copies, single copies, a stream being captured into a graph (the
+    slots are reused, a graph would replay stale descriptors) and GEXMK_CUDA_GATHER=0
+    go to copy_batch.  stream NULL: on the kind's internal stream, complete on return."""
+    cdef CudaCtx* k = <CudaCtx*>kctx
+    cdef CUstream s = <CUstream>stream
+    cdef size_t i = 0, off = 0, total = 0, piece, m
+    cdef uint64_t* d
+    cdef uint64_t dptr
+    cdef uint32_t m32
+    cdef void* params[2]
+    cdef int slot
+    cdef CUresult rc = CUDA_SUCCESS
+    if k == NULL or k.closed:
+        return _closed(k)
+    for i in range(count):
+        total += n[i]
+    if (not _gather_on or count < 2 or total == 0 or total // count > GATHER_MAX_MEAN
+            or (stream != NULL and _cu_stream_capturing(kctx, stream))):
+        return _cu_copy_batch(kctx, stream, dst, src, n, count)
+    if s == NULL:
+        s = k.sync_stream
+    params[0] = &dptr
+    params[1] = &m32
+    i = 0
+    _push(k)
+    try:
+        k.lock.lock()
+        try:
+            _atomics_load(k)
+            _gather_ring(k)
+            while i < count:
+                slot = k.ring_next
+                k.ring_next = (slot + 1) % GATHER_SLOTS
+                check("cuEventSynchronize", cydriver.cuEventSynchronize(k.ring_ev[slot]))
+                d = k.ring + <size_t>slot * GATHER_ENTRIES * 3
+                m = 0
+                while i < count and m < GATHER_ENTRIES:
+                    piece = n[i] - off
+                    if piece > GATHER_PIECE:
+                        piece = GATHER_PIECE
+                    if piece:
+                        d[3 * m] = dst[i] + off
+                        d[3 * m + 1] = src[i] + off
+                        d[3 * m + 2] = piece
+                        m += 1
+                    off += piece
+                    if off >= n[i]:
+                        i += 1
+                        off = 0
+                if m == 0:
+                    break
+                dptr = <uint64_t>k.ring_dev + <uint64_t>slot * GATHER_ENTRIES * 24
+                m32 = <uint32_t>m
+                check("cuMemcpyHtoDAsync", cydriver.cuMemcpyHtoDAsync(<CUdeviceptr>dptr, d,
+                                                                      m * 24, s))
+                check("cuLaunchKernel", cydriver.cuLaunchKernel(
+                    k.list_fn, <unsigned int>(m if m < GATHER_BLOCKS else GATHER_BLOCKS), 1, 1,
+                    _gather_threads, 1, 1, 0, s, params, NULL))
+                check("cuEventRecord", cydriver.cuEventRecord(k.ring_ev[slot], s))
+                k.gather_launches += 1
+        finally:
+            k.lock.unlock()
+        if stream == NULL:
+            check("cuStreamSynchronize", cydriver.cuStreamSynchronize(s))
+    finally:
+        _pop(k)
+    return 0
+
+
 cdef CUresult _cu_2d(CUstream s, uintptr_t dst, size_t dpitch, uintptr_t src, size_t spitch,
                      size_t width, size_t height) noexcept nogil:
     cdef cydriver.CUDA_MEMCPY2D c

@@ -127,6 +127,8 @@ cdef class LocalTransport:
     cdef readonly bint stage_all   # GEXMK_NBRHD_STAGE=all: host segments land too (tests)
     cdef int stage_slots           # GEXMK_NBRHD_STAGE_SLOTS / _CHUNK: landing zones' shape
     cdef size_t stage_chunk
+    cdef int node_size             # processes of this node: an nbrhd-landed zone's rings
+    cdef int node_index            # this process's ring in a zone of its node
     cdef readonly bint closed
 
     def __init__(self, job):
@@ -145,6 +147,12 @@ cdef class LocalTransport:
         self.stage_all = getattr(job.config, "nbrhd_stage", "auto") == "all"
         self.stage_slots = getattr(job.config, "nbrhd_stage_slots", 4)
         self.stage_chunk = getattr(job.config, "nbrhd_stage_chunk", 4 << 20)
+        # A landing zone serves the peers of its node only: one ring per
+        # process of the node, by node-local index (not per job rank: issue 23)
+        mine = job.nodes[job.rank] if job.nodes else None
+        self.node_size = sum(1 for nd in job.nodes if nd == mine) if job.nodes else job.size
+        self.node_index = sum(1 for nd in job.nodes[:job.rank] if nd == mine) if job.nodes \
+            else job.rank
         _configure(job.config)
 
     def open_endpoint(self, int index):
@@ -267,7 +275,7 @@ cdef class LocalTransport:
             return None
         z = _LandingZone()
         try:
-            z.open(seg, self.job.size, self.stage_slots, self.stage_chunk)
+            z.open(seg, self.node_size, self.stage_slots, self.stage_chunk)
             self._gen += 1
             name = f"zone-{self._gen}"
             server = fdpass.process_server()
@@ -303,7 +311,7 @@ cdef class LocalTransport:
             fds = fdpass.fetch(desc[1], desc[2], self.job.config.timeout)
             lc = _LandContext()
             try:
-                lc.map(fds[0], tuple(desc[3]), self.job.rank, self.job.config.timeout)
+                lc.map(fds[0], tuple(desc[3]), self.node_index, self.job.config.timeout)
             finally:
                 for fd in fds:
                     os.close(fd)

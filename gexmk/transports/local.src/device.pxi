@@ -254,7 +254,10 @@ cdef int _dev_vis(gx_xfer* x, bint put) except -1 nogil:
     cdef uintptr_t delta = 0
     if d.local_base != NULL:
         delta = <uintptr_t>d.local_base - x.t.remote_base     # wraps: added back below
-    return _kind_vis(x, &d.k, delta, put)
+    # the gather kernel where the kind's device reaches both sides: the local blocks
+    # are its own memory and the segment is its own or mapped for it (not staged)
+    return _kind_vis(x, &d.k, delta, put, not d.staged and x.local_kind != GX_MK_HOST
+                     and x.local_device == d.k.device)
 
 
 cdef int _mapped_vis(gx_xfer* x, bint put) except -1 nogil:
@@ -284,7 +287,7 @@ cdef int _mapped_vis(gx_xfer* x, bint put) except -1 nogil:
                                    "engine does the copy)")
     if p != NULL:
         delta = <uintptr_t>p.local_base - x.t.remote_base
-    return _kind_vis(x, &ep.k, delta, put)
+    return _kind_vis(x, &ep.k, delta, put, False)
 
 
 cdef int _mapped_put_vis(gx_xfer* x) except -1 nogil:
@@ -295,10 +298,12 @@ cdef int _mapped_get_vis(gx_xfer* x) except -1 nogil:
     return _mapped_vis(x, False)
 
 
-cdef int _kind_vis(gx_xfer* x, lp_kind* kk, uintptr_t delta, bint put) except -1 nogil:
+cdef int _kind_vis(gx_xfer* x, lp_kind* kk, uintptr_t delta, bint put,
+                   bint device_both) except -1 nogil:
     """x.vis's blocks through kind kk (remote address + delta = its address
-    here): the kind's copy_strided (2-D/3-D copies) or copy_batch (one
-    batched call) on one stream, then one completion as for _dev_copy: the
+    here): the kind's copy_strided (2-D/3-D copies), copy_gather (device_both:
+    every block is memory kk's device reaches) or copy_batch (one batched
+    call) on one stream, then one completion as for _dev_copy: the
     caller's stream (ordered only), an event (NB), the endpoint's sync (NBI),
     else complete on return."""
     cdef lp_ep* ep = <lp_ep*>x.ep
@@ -338,7 +343,9 @@ cdef int _kind_vis(gx_xfer* x, lp_kind* kk, uintptr_t delta, bint put) except -1
                     a[i] = <uintptr_t>v.frags[i].local
                     a[n + i] = v.frags[i].remote + delta
                 a[2 * n + i] = v.frags[i].n
-            if d_k.ops.copy_batch != NULL:
+            if device_both and d_k.ops.copy_gather != NULL:
+                d_k.ops.copy_gather(d_k.kctx, s, a, a + n, <size_t*>(a + 2 * n), n)
+            elif d_k.ops.copy_batch != NULL:
                 d_k.ops.copy_batch(d_k.kctx, s, a, a + n, <size_t*>(a + 2 * n), n)
             else:
                 for i in range(n):

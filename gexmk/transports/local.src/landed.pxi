@@ -13,7 +13,8 @@
 #                 initiators waiting for an answer on `answer`; then the
 #                 `closed` word, 1 once the owner unbound the segment and its
 #                 lander stopped (peers' stale requests then fail, not wait)
-#   then          one ring per job rank (the initiators), laid out as the
+#   then          one ring per process of the node (the initiators, by node-local
+#                 index: LocalTransport.node_index), laid out as the
 #                 ofi transport's (ofi.src/staged.pxi): `slots` request
 #                 descriptors of 16 words, done / result words, then `slots`
 #                 data slots of `chunk` bytes.

@@ -114,6 +114,9 @@ cdef void _complete(gx_op* op, int err) noexcept nogil:
     if op.rx:
         _sig_landed(op, err)        # a signal message arrived (signal.pxi)
         return
+    if op.parent != NULL:
+        _vis_msg_done(op, err)      # one message of a VIS op (vis.pxi)
+        return
     _release_mrs(op)
     gx_add_long(&ep.live, -1)
     if op.amo:

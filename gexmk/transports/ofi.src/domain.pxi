@@ -157,6 +157,7 @@ cdef class Domain:
         self.d.inject_ctx = self.provider in ("tcp;ofi_rxm", "net;ofi_rxm")
         self.d.manual = self.d.info.domain_attr.data_progress == FI_PROGRESS_MANUAL
         cdef fi_info* rma = self.d.rma_info if self.d.split else self.d.info
+        _vis_limits(&self.d, rma)           # vis.pxi
         self.d.ordered = _raw_ordered(rma) and ordered_flush
         self.d.max_order_raw = rma.ep_attr.max_order_raw_size
         self.d.waw = (rma.tx_attr.msg_order & (FI_ORDER_WAW | FI_ORDER_RMA_WAW)) != 0 \
@@ -204,6 +205,11 @@ cdef class Domain:
         """True when each endpoint is a pair: RMA without FI_ATOMIC (so that
         the provider orders reads after writes) and a second one for atomics."""
         return bool(self.d.split)
+
+    @property
+    def endpoints(self):
+        """The endpoints opened in this domain (the sync endpoint's included)."""
+        return tuple(self._eps)
 
     @property
     def manual_progress(self):
@@ -281,7 +287,17 @@ cdef class Domain:
         cached = self._addrs.get(name)
         if cached is not None:
             return cached
-        split = name.startswith(_SPLIT_TAG)
+        split = name.startswith(_SPLIT_TAG) or name.startswith(_SINGLE_TAG)
+        if self.d.split and name.startswith(_SINGLE_TAG):
+            # a split domain's single endpoint (a sync endpoint): RMA only
+            raw = name[len(_SINGLE_TAG):]
+            p = raw
+            rc = fi_av_insert(self.d.av, p, 1, a, 0, NULL)
+            if rc != 1:
+                check("fi_av_insert", rc if rc < 0 else -FI_EINVAL)
+            out = (a[0], a[0])
+            self._addrs[name] = out
+            return out
         if split != bool(self.d.split):
             raise CommunicationError(
                 f"a peer's ofi endpoint is {'split' if split else 'single'}, this process's is "
@@ -317,13 +333,17 @@ cdef class Domain:
         self._raw_keys[(raw, base)] = out
         return out
 
-    def endpoint(self):
-        """A new libfabric endpoint with its own CQ, for one gexmk endpoint."""
+    def endpoint(self, bint rma_only=False):
+        """A new libfabric endpoint with its own CQ, for one gexmk endpoint.
+        ``rma_only``: where endpoints are split and the RMA one orders
+        writes (FI_ORDER_WAW), one endpoint without atomics instead of the
+        pair -- an rxm endpoint is ~10 MB resident (issue 23); its routes
+        offer no atomics (OfiTransport.reach)."""
         if self.closed:
             raise StateError("the ofi domain is closed")
         if self.d.neps >= MAX_EPS:
             raise UnsupportedError(f"more than {MAX_EPS} network endpoints in one process")
-        ep = OfiEndpoint._make(self)
+        ep = OfiEndpoint._make(self, rma_only and bool(self.d.split) and bool(self.d.waw))
         self._eps.append(ep)
         self.d.eps[self.d.neps] = &(<OfiEndpoint>ep).e
         gx_mem_fence()

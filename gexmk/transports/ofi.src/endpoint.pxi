@@ -12,8 +12,12 @@ cdef class OfiEndpoint:
     cdef list _retired              # [mr, dummy, bytes, job ranks still holding its key]
 
     @staticmethod
-    cdef OfiEndpoint _make(Domain dom):
+    cdef OfiEndpoint _make(Domain dom, bint single=False):
+        """``single``: one libfabric endpoint even in a split domain -- the
+        RMA one, without atomics (the library's sync endpoint, whose
+        collectives write their counters by ordered stores: Domain.endpoint)."""
         cdef OfiEndpoint ep = OfiEndpoint.__new__(OfiEndpoint)
+        cdef bint split = dom.d.split and not single
         cdef fi_cq_attr cq_attr
         cdef char buf[256]
         cdef size_t blen = sizeof(buf)
@@ -31,9 +35,11 @@ cdef class OfiEndpoint:
         cdef char abuf[256]
         cdef size_t alen = sizeof(abuf)
         try:
-            if dom.d.split:
+            if split:
                 check("fi_endpoint", fi_endpoint(dom.d.domain, dom.d.rma_info, &ep.e.ep, NULL))
                 check("fi_endpoint (atomics)", fi_endpoint(dom.d.domain, dom.d.info, &ep.e.aep, NULL))
+            elif dom.d.split:
+                check("fi_endpoint", fi_endpoint(dom.d.domain, dom.d.rma_info, &ep.e.ep, NULL))
             else:
                 check("fi_endpoint", fi_endpoint(dom.d.domain, dom.d.info, &ep.e.ep, NULL))
             # A wait fd only for a progress thread that sleeps on it.  It is not
@@ -64,7 +70,7 @@ cdef class OfiEndpoint:
             check("fi_getname", fi_getname(&ep.e.ep.fid, buf, &blen))
             if dom.d.sig_msg:
                 _sig_rx_open(&ep.e)         # put_signal's signal messages (signal.pxi)
-            if dom.d.split:
+            if split:
                 # its own CQ, of the same kind (see _progress_quiet)
                 cq_attr.wait_obj = FI_WAIT_FD if ep.e.can_wait else FI_WAIT_NONE
                 cq_attr.format = FI_CQ_FORMAT_CONTEXT
@@ -81,12 +87,14 @@ cdef class OfiEndpoint:
         except BaseException:
             ep.close()
             raise
-        if dom.d.split:
+        if split:
             if alen != blen:
                 ep.close()
                 raise CommunicationError(f"fi_getname: the RMA and atomics endpoints have names of "
                                f"different lengths ({blen}, {alen})")
             ep.name = _SPLIT_TAG + buf[:blen] + abuf[:alen]
+        elif dom.d.split:
+            ep.name = _SINGLE_TAG + buf[:blen]      # no atomics endpoint to reach
         else:
             ep.name = buf[:blen]
         return ep
@@ -158,6 +166,21 @@ cdef class OfiEndpoint:
     def staged_local(self):
         """True when this endpoint's bound segment is reached through a landing zone."""
         return self.e.zone != NULL and not self.e.hmem
+
+    @property
+    def rma_only(self):
+        """True for a split domain's single endpoint without atomics (the
+        library's sync endpoint where the network orders writes)."""
+        return bool(self.domain.d.split) and self.e.ep != NULL and self.e.aep == self.e.ep
+
+    @property
+    def zone_extent(self):
+        """``(address, bytes, ring_bytes)`` of this endpoint's landing zone
+        (its rings, one per job rank, then the bounce area), or None: for
+        tests and diagnostics of what the zone holds resident."""
+        if self.e.zone == NULL:
+            return None
+        return (<uintptr_t>self.e.zone.mem, self.e.zone.bytes, self.e.zone.ring_bytes)
 
     @property
     def hmem(self):

@@ -64,6 +64,8 @@ cdef enum:
     STG_PUT = 1
     STG_GET = 2
     STG_AMO = 3
+    STG_PUTV = 4             # VIS (vis.pxi): the data slot holds a block list, then the blocks
+    STG_GETV = 5
     STG_OK = 0
     STG_EBOUNDS = 1          # status words: what went wrong at the target
     STG_ECOPY = 2
@@ -116,6 +118,8 @@ cdef int _land_one(ofi_zone* z, char* ring, int s, uint64_t* desc, uint64_t* wor
     cdef uintptr_t data = <uintptr_t>(ring + z.data_off + <size_t>s * z.chunk)
     cdef gx_val a, b, res
     cdef int st
+    if op == STG_PUTV or op == STG_GETV:
+        return _land_vis(z, <char*>data, off, n, op == STG_PUTV)
     if op == STG_AMO:
         n = gx_dt_size(<int>desc[4])     # a 4-byte word may end the segment
     if n > z.chunk or off > z.seg_size or n > z.seg_size - off:
@@ -132,6 +136,38 @@ cdef int _land_one(ofi_zone* z, char* ring, int s, uint64_t* desc, uint64_t* wor
         gx_stg_store(&words[z.slots + s], res.u64)
         return st
     return STG_EOP
+
+
+cdef int _land_vis(ofi_zone* z, char* data, uint64_t k, uint64_t nbytes, bint put) noexcept nogil:
+    """A packed VIS request (vis.pxi): the data slot holds k (offset, length)
+    pairs, then (put) the k blocks back to back, unpacked here into the
+    segment, or (get) room for them, gathered here from it.  Every block is
+    checked before a byte moves (STG_EBOUNDS)."""
+    cdef const uint64_t* lst = <const uint64_t*>data
+    cdef uint64_t i, off, n, sum = 0
+    cdef char* pos = data + 16 * k
+    cdef int st
+    if k == 0 or k > z.chunk // 16 or nbytes > z.chunk - 16 * k:
+        return STG_EBOUNDS
+    for i in range(k):
+        off = lst[2 * i]
+        n = lst[2 * i + 1]
+        if off > z.seg_size or n > z.seg_size - off or n > nbytes - sum:
+            return STG_EBOUNDS
+        sum += n
+    if sum != nbytes:
+        return STG_EBOUNDS
+    for i in range(k):
+        off = lst[2 * i]
+        n = lst[2 * i + 1]
+        if put:
+            st = _land_copy(z, z.seg_base + off, <uintptr_t>pos, n)
+        else:
+            st = _land_copy(z, <uintptr_t>pos, z.seg_base + off, n)
+        if st != STG_OK:
+            return st
+        pos += n
+    return STG_OK
 
 
 cdef long _land_pass(ofi_dom* d) noexcept nogil:
@@ -199,10 +235,16 @@ cdef int _zone_open(ofi_ep* e, Segment seg, int nrings) except -1:
         z.data_off = _stg_data_off(z.slots)
         z.ring_bytes = z.data_off + <size_t>z.slots * z.chunk
         z.bytes = <size_t>nrings * z.ring_bytes + <size_t>z.slots * z.chunk
-        if posix_memalign(&mem, 4096, z.bytes) != 0:
+        # Reserved, not allocated: an anonymous mapping reads as zeros and gets
+        # a page only where something is written, so a ring costs memory once
+        # its initiator first uses it (its words, the chunks it sends), never
+        # per job rank up front (issue 23).  A pinned zone (device segments)
+        # is still pinned whole below.
+        mem = mmap(NULL, z.bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+        if mem == MAP_FAILED:
             raise MemoryError(f"ofi: no memory for a landing zone of {z.bytes} bytes")
         z.mem = <char*>mem
-        memset(z.mem, 0, z.bytes)
         z.bounce = z.mem + <size_t>nrings * z.ring_bytes
         z.handled = <uint64_t*>calloc(<size_t>nrings * z.slots, sizeof(uint64_t))
         if z.handled == NULL:
@@ -264,7 +306,8 @@ cdef void _zone_close(ofi_ep* e) noexcept nogil:
 cdef void _zone_free(ofi_zone* z) noexcept nogil:
     if z.pinned and (<_raw_register_fn>z.kops.host_register)(z.kctx, z.mem, z.bytes, 0) == -1:
         _swallow()          # the kind's context is gone with its client: nothing to undo
-    free(z.mem)
+    if z.mem != NULL:
+        munmap(z.mem, z.bytes)
     free(z.handled)
     free(z)
 

@@ -1,0 +1,645 @@
+# ---- vector, indexed and strided transfers (GASNet-EX VIS, issue 22) --------
+#
+# The core hands the transport a chunk of fragments at a time (bounds already
+# checked: every remote block inside the target's segment).  Over the network
+# they go as few messages as the provider allows: fi_writemsg / fi_readmsg,
+# each carrying up to the provider's iov_limit local and rma_iov_limit remote
+# ranges (fragments that run on in memory on either side merge into one
+# range), every message posted before anything is waited for (-FI_EAGAIN from
+# a full transmit queue: progress and retry).  One op stands for the chunk:
+# its messages complete into it (_vis_msg_done) and it completes when the last
+# one has, so blocking, NB and its Event, and NBI (each message an implicit op
+# of the endpoint, counted like any put or get) keep their meaning.
+#
+# Staged targets and device memory that the provider cannot reach go through
+# the ofi-staged path (staged.pxi): with small blocks packed at the initiator
+# into one request per landing slot and unpacked by the target's lander
+# (_stg_vis), else one staged transfer per fragment.
+
+from libc.stdlib cimport malloc
+
+cdef enum:
+    VIS_IOV_MAX = 64        # iovecs per message we build, whatever the provider allows
+
+
+cdef size_t _VIS_IOV_CAP = int(os.environ.get("GEXMK_OFI_VIS_IOV") or 0)
+
+
+cdef void _vis_limits(ofi_dom* d, fi_info* rma) noexcept nogil:
+    """The message shape of VIS transfers, from the RMA endpoints' info."""
+    cdef size_t a = rma.tx_attr.iov_limit, b = rma.tx_attr.rma_iov_limit
+    a = a if a > 0 else 1
+    b = b if b > 0 else 1
+    if d.mr_mode & FI_MR_LOCAL:
+        a = 3 if a > 3 else a       # a message's own registrations: gx_op.mr[3]
+    d.vis_iov = a if a < VIS_IOV_MAX else VIS_IOV_MAX
+    d.vis_rma_iov = b if b < VIS_IOV_MAX else VIS_IOV_MAX
+    if _VIS_IOV_CAP > 0:            # GEXMK_OFI_VIS_IOV: fewer ranges per message (measurements)
+        d.vis_iov = d.vis_iov if d.vis_iov < _VIS_IOV_CAP else _VIS_IOV_CAP
+        d.vis_rma_iov = d.vis_rma_iov if d.vis_rma_iov < _VIS_IOV_CAP else _VIS_IOV_CAP
+    d.vis_max_msg = rma.ep_attr.max_msg_size if rma.ep_attr.max_msg_size > 0 else (1 << 30)
+
+
+cdef enum:
+    VIS_PACK_BLOCK = 2048       # fragments this small are packed here where the target allows
+    VIS_PACK_MSG = 256 << 10    # bytes per packed message, at most
+
+
+cdef void _vis_msg_done(gx_op* op, int err) noexcept nogil:
+    """A message of a VIS op completed (called by whoever read its CQ entry)."""
+    cdef gx_op* p = op.parent
+    _release_mrs(op)
+    gx_add_long(&op.ep.live, -1)
+    if err and p.vis_err == 0:
+        p.vis_err = err
+    free(op.vis_buf)
+    free(op)
+    if gx_add_long(&p.pending, -1) == 0:
+        _complete(p, p.vis_err)
+
+
+cdef void _vis_drop(gx_op* op) noexcept nogil:
+    """Undo a message op that was never posted."""
+    if op.parent != NULL:
+        gx_add_long(&op.parent.pending, -1)
+        op.parent = NULL
+    free(op.vis_buf)
+    op.vis_buf = NULL
+    _drop_new(op)
+
+
+cdef void _vis_abandon(gx_op* parent) noexcept nogil:
+    """Issuing stopped on an error: the messages already posted complete into
+    the parent, which is orphaned (freed by the last of them) unless it is
+    implicit (then counted until they have: nbi_wait waits for them)."""
+    if not parent.nbi:
+        _orphan(parent)             # PENDING -> ORPHAN: _complete frees it
+    if gx_add_long(&parent.pending, -1) == 0:
+        _complete(parent, parent.vis_err)
+
+
+cdef int _vis_fail(gx_op* parent, ofi_peer* t, ssize_t rc, bint put) except -1 nogil:
+    _vis_abandon(parent)
+    if rc == -FI_ENOMEM:
+        with gil:
+            raise MemoryError("ofi VIS: no memory for a packed message")
+    return _issue_failed(t, rc, "fi_writemsg (vector put)" if put else "fi_readmsg (vector get)")
+
+
+cdef size_t _vis_direct(ofi_peer* t, const gx_frag* f, size_t i, size_t nf, size_t L, size_t R,
+                        size_t maxmsg, iovec* iov, fi_rma_iov* riov, size_t* nl, size_t* nr,
+                        size_t* nbytes) noexcept nogil:
+    """From fragment i: one message of up to L local and R remote ranges
+    (fragments that run on in memory merge); the index after the last taken."""
+    cdef bint lmerge, rmerge
+    cdef char* lp
+    cdef uint64_t raddr
+    nl[0] = nr[0] = nbytes[0] = 0
+    while i < nf:
+        if f[i].n == 0:
+            i += 1
+            continue
+        if nbytes[0] + f[i].n > maxmsg and nbytes[0] > 0:
+            break
+        lp = <char*>f[i].local
+        raddr = _raddr(t, f[i].remote)
+        lmerge = nl[0] > 0 and <char*>iov[nl[0] - 1].iov_base + iov[nl[0] - 1].iov_len == lp
+        rmerge = nr[0] > 0 and riov[nr[0] - 1].addr + riov[nr[0] - 1].len == raddr
+        if (not lmerge and nl[0] == L) or (not rmerge and nr[0] == R):
+            break
+        if lmerge:
+            iov[nl[0] - 1].iov_len += f[i].n
+        else:
+            iov[nl[0]].iov_base = lp
+            iov[nl[0]].iov_len = f[i].n
+            nl[0] += 1
+        if rmerge:
+            riov[nr[0] - 1].len += f[i].n
+        else:
+            riov[nr[0]].addr = raddr
+            riov[nr[0]].len = f[i].n
+            riov[nr[0]].key = t.net_key
+            nr[0] += 1
+        nbytes[0] += f[i].n
+        i += 1
+    return i
+
+
+cdef size_t _vis_packable(ofi_peer* t, const gx_frag* f, size_t i, size_t nf, size_t R,
+                          fi_rma_iov* riov, size_t* nr, size_t* nbytes) noexcept nogil:
+    """From fragment i: the small fragments one packed message can take (its
+    local side one buffer, its remote side up to R ranges); the index after
+    the last taken (i when fragment i is not small)."""
+    cdef uint64_t raddr
+    nr[0] = nbytes[0] = 0
+    while i < nf:
+        if f[i].n == 0:
+            i += 1
+            continue
+        if f[i].n > VIS_PACK_BLOCK or nbytes[0] + f[i].n > VIS_PACK_MSG:
+            break
+        raddr = _raddr(t, f[i].remote)
+        if nr[0] > 0 and riov[nr[0] - 1].addr + riov[nr[0] - 1].len == raddr:
+            riov[nr[0] - 1].len += f[i].n
+        elif nr[0] == R:
+            break
+        else:
+            riov[nr[0]].addr = raddr
+            riov[nr[0]].len = f[i].n
+            riov[nr[0]].key = t.net_key
+            nr[0] += 1
+        nbytes[0] += f[i].n
+        i += 1
+    return i
+
+
+cdef int _vis_get_packed(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t i0, size_t i1,
+                         size_t nbytes) except -1 nogil:
+    """Fragments i0..i1 that run on at the target: one read of the run into a
+    buffer, unpacked here (blocking, as the core's packed runs were)."""
+    cdef char* buf = <char*>malloc(nbytes)
+    cdef char* pos
+    cdef size_t i, first = i0
+    if buf == NULL:
+        with gil:
+            raise MemoryError("ofi VIS: no memory for a packed get")
+    while f[first].n == 0:          # the run starts at its first non-empty fragment
+        first += 1
+    try:
+        net_get(ep, t, f[first].remote, buf, nbytes, GX_BLOCKING, NULL)
+        pos = buf
+        for i in range(i0, i1):
+            memcpy(f[i].local, pos, f[i].n)
+            pos += f[i].n
+    finally:
+        free(buf)
+    return 0
+
+
+cdef int net_vis(ofi_ep* ep, ofi_peer* t, bint put, const gx_frag* f, size_t nf, int mode,
+                 bint lhost, void** out) except -1 nogil:
+    """Fragments f[0..nf) as fi_writemsg/fi_readmsg messages of up to
+    dom.vis_iov local and dom.vis_rma_iov remote ranges each, all posted
+    before any wait, completing into one op: GX_BLOCKING complete on return;
+    GX_NB that op in *out; GX_NBI an implicit op of the endpoint.
+    GX_NBI_LCNOW is served as blocking (the blocks are reusable only once
+    the writes complete).  ``lhost``: the local blocks are host memory the
+    CPU may read: small fragments that run on at the target (a numpy
+    column) are packed into one message (put) or read as one run and
+    unpacked (get), where that takes more fragments per message."""
+    cdef ofi_dom* d = ep.dom
+    cdef size_t L = d.vis_iov, R = d.vis_rma_iov, i = 0, i1, ip, j, nl, nr, npr, nbytes, pbytes
+    cdef iovec iov[VIS_IOV_MAX]
+    cdef void* desc[VIS_IOV_MAX]
+    cdef fi_rma_iov riov[VIS_IOV_MAX]
+    cdef fi_rma_iov priov[VIS_IOV_MAX]
+    cdef fi_msg_rma msg
+    cdef gx_op* parent
+    cdef gx_op* op
+    cdef int cat = GX_CAT_PUT if put else GX_CAT_GET
+    cdef bint nbi, ordered = False, done
+    cdef uint64_t flags
+    cdef ssize_t rc
+    cdef double deadline
+    cdef char* pos
+    if out != NULL:
+        out[0] = NULL
+    _app_active(d)
+    if mode == GX_NBI_LCNOW:
+        mode = GX_BLOCKING
+    nbi = mode == GX_NBI
+    if put and d.ordered and (not nbi or _touch(ep, t)):
+        # Transmit completion for the writes (over tcp;ofi_rxm delivery
+        # completion costs the target an acknowledgement per message: 1024 x
+        # 4 KiB took 2.3 ms instead of 1.5), remote completion by a read
+        # ordered after them (FI_ORDER_RAW): NBI, the flush at sync time
+        # (rma.pxi); blocking and NB, one 1-byte read, the op's last message.
+        ordered = True
+    parent = _new_op(ep, t, GX_NBI if nbi else GX_NB, cat)
+    parent.pending = 1              # the issuer's reference, dropped once all are posted
+    memset(&msg, 0, sizeof(msg))
+    msg.desc = desc
+    msg.addr = t.net_addr
+    while i < nf:
+        i1 = _vis_direct(t, f, i, nf, L, R, d.vis_max_msg, iov, riov, &nl, &nr, &nbytes)
+        if nl == 0:
+            break                   # only empty fragments were left
+        op = NULL
+        if lhost and f[i].n <= VIS_PACK_BLOCK:
+            ip = _vis_packable(t, f, i, nf, R if put else 1, priov, &npr, &pbytes)
+            if ip > i1:
+                if not put:
+                    done = False
+                    try:
+                        _vis_get_packed(ep, t, f, i, ip, pbytes)
+                        done = True
+                    finally:
+                        if not done:
+                            _vis_abandon(parent)
+                    i = ip
+                    continue
+                # one buffer of the small blocks, to up to R remote ranges
+                op = _new_op(ep, t, GX_NB, cat)
+                op.vis_buf = malloc(pbytes)
+                if op.vis_buf == NULL:
+                    _vis_drop(op)
+                    return _vis_fail(parent, t, -FI_ENOMEM, put)
+                pos = <char*>op.vis_buf
+                for j in range(i, ip):
+                    memcpy(pos, f[j].local, f[j].n)
+                    pos += f[j].n
+                iov[0].iov_base = op.vis_buf
+                iov[0].iov_len = pbytes
+                nl = 1
+                for j in range(npr):
+                    riov[j] = priov[j]
+                nr = npr
+                nbytes = pbytes
+                i1 = ip
+        if op == NULL:
+            op = _new_op(ep, t, GX_NB, cat)
+        op.parent = parent
+        gx_add_long(&parent.pending, 1)
+        for j in range(nl):
+            rc = _desc(ep, op, iov[j].iov_base, iov[j].iov_len, FI_WRITE if put else FI_READ,
+                       &desc[j])
+            if rc < 0:
+                _vis_drop(op)
+                _vis_abandon(parent)
+                return check("fi_mr_reg", rc)
+        msg.msg_iov = iov
+        msg.iov_count = nl
+        msg.rma_iov = riov
+        msg.rma_iov_count = nr
+        msg.context = op
+        flags = FI_COMPLETION
+        if put and not (ordered and nbytes <= d.max_order_raw):
+            flags |= FI_DELIVERY_COMPLETE
+        deadline = 0
+        while True:
+            rc = fi_writemsg(ep.ep, &msg, flags) if put else fi_readmsg(ep.ep, &msg, flags)
+            if rc != -FI_EAGAIN:
+                break
+            rc = _retry(ep, t, &deadline)
+            if rc:
+                break
+        if rc < 0:
+            _vis_drop(op)
+            return _vis_fail(parent, t, rc, put)
+        i = i1
+    if ordered and nbi:
+        _ensure_flush(ep, t)
+    elif ordered and parent.pending > 1:
+        rc = _vis_flush_read(ep, t, parent)
+        if rc < 0:
+            return _vis_fail(parent, t, rc, False)
+    if gx_add_long(&parent.pending, -1) == 0:
+        _complete(parent, parent.vis_err)      # an implicit parent is freed here
+    if nbi:
+        return 0
+    if mode == GX_BLOCKING:
+        return _wait_op(parent, t, "put (vector)" if put else "get (vector)")
+    out[0] = parent
+    return 0
+
+
+cdef ssize_t _vis_flush_read(ofi_ep* ep, ofi_peer* t, gx_op* parent) noexcept nogil:
+    """The last message of a put op whose writes asked for transmit
+    completion only: one byte read back from the target's segment, which the
+    provider orders after them (FI_ORDER_RAW), so it completes once they
+    have landed.  0, or the failed post's fi errno (negative)."""
+    cdef gx_op* op = _new_op(ep, t, GX_NB, GX_CAT_GET)
+    cdef void* desc
+    cdef ssize_t rc = _desc(ep, op, &op.result, 1, FI_READ, &desc)
+    cdef double deadline = 0
+    op.parent = parent
+    gx_add_long(&parent.pending, 1)
+    while rc == 0:
+        rc = fi_read(ep.ep, &op.result, 1, desc, t.net_addr, t.net_base, t.net_key, op)
+        if rc != -FI_EAGAIN:
+            break
+        rc = _retry(ep, t, &deadline)
+    if rc < 0:
+        gx_add_long(&parent.pending, -1)
+        op.parent = NULL
+        _drop_new(op)
+        return rc
+    return 0
+
+
+cdef int _vis_each(gx_xfer* x, bint put) except -1 nogil:
+    """One staged transfer per fragment (each complete on return)."""
+    cdef const gx_vis* v = x.vis
+    cdef gx_xfer one
+    cdef size_t i
+    one = x[0]
+    one.vis = NULL
+    one.mode = GX_BLOCKING
+    one.handle = NULL
+    for i in range(v.nfrags):
+        if v.frags[i].n == 0:
+            continue
+        one.remote = v.frags[i].remote
+        one.local = v.frags[i].local
+        one.n = v.frags[i].n
+        if put:
+            ofi_put(&one)
+        else:
+            ofi_get(&one)
+    if x.handle != NULL:
+        x.handle[0] = NULL
+    return 0
+
+
+cdef bint _vis_staged_local(ofi_ep* ep, gx_xfer* x) noexcept nogil:
+    """Whether local blocks of x go through host bounce memory (device memory
+    the provider cannot reach: _stg_local)."""
+    cdef const gx_vis* v = x.vis
+    cdef gx_xfer one
+    cdef size_t i
+    if x.local_kind == GX_MK_HOST and (ep.zone == NULL or ep.hmem or not ep.dom.stg_all):
+        return False
+    one = x[0]
+    for i in range(v.nfrags):
+        one.local = v.frags[i].local
+        one.n = v.frags[i].n
+        if one.n and _stg_local(ep, &one):
+            return True
+    return False
+
+
+cdef int ofi_put_vis(gx_xfer* x) except -1 nogil:
+    cdef ofi_ep* ep = <ofi_ep*>x.ep
+    cdef ofi_peer* t = <ofi_peer*>x.peer
+    if x.stream != NULL:
+        return _no_stream(x, "put (vector)")
+    if t.stg:
+        return _stg_vis(x, True)             # packed through the target's lander
+    if _vis_staged_local(ep, x):
+        return _vis_each(x, True)
+    return net_vis(ep, t, True, x.vis.frags, x.vis.nfrags, x.mode,
+                   x.local_kind == GX_MK_HOST, x.handle)
+
+
+cdef int ofi_get_vis(gx_xfer* x) except -1 nogil:
+    cdef ofi_ep* ep = <ofi_ep*>x.ep
+    cdef ofi_peer* t = <ofi_peer*>x.peer
+    if x.stream != NULL:
+        return _no_stream(x, "get (vector)")
+    if t.stg:
+        return _stg_vis(x, False)             # packed through the target's lander
+    if _vis_staged_local(ep, x):
+        return _vis_each(x, False)
+    return net_vis(ep, t, False, x.vis.frags, x.vis.nfrags, x.mode,
+                   x.local_kind == GX_MK_HOST, x.handle)
+
+
+# ---- packed through a staged target's landing zone --------------------------------
+#
+# Small blocks go to a staged target (a device segment reached through its
+# landing zone, staged.pxi) packed: one request per landing slot holding a
+# list of (offset, length) pairs and the blocks back to back, unpacked by the
+# target's lander (_land_vis) -- one network write and one descriptor per
+# slot, not a whole staged transfer per block.  Gets the other way round: the
+# list goes out, the lander gathers the blocks into the slot, one read brings
+# them back.  Blocks larger than a quarter of a slot go as staged transfers of
+# their own.
+
+cdef inline bint _vis_small(size_t n, size_t C) noexcept nogil:
+    return n > 0 and n <= C // 4
+
+
+cdef size_t _vis_group(const gx_frag* f, size_t i, size_t nf, size_t C,
+                       size_t* k, size_t* nbytes) noexcept nogil:
+    """From fragment i: the small fragments (others skipped) that fit one
+    slot of C bytes with their list; the index after the last taken."""
+    k[0] = 0
+    nbytes[0] = 0
+    while i < nf:
+        if _vis_small(f[i].n, C):
+            if 16 * (k[0] + 1) + nbytes[0] + f[i].n > C:
+                break
+            k[0] += 1
+            nbytes[0] += f[i].n
+        i += 1
+    return i
+
+
+cdef int _vis_pack_copy(ofi_ep* ep, bint lstg, void* dst, const void* src, size_t n) except -1 nogil:
+    """Between a local block and a packed buffer (host memory)."""
+    if lstg:
+        return _stg_copy(ep, <uintptr_t>dst, <uintptr_t>src, n)
+    memcpy(dst, src, n)
+    return 0
+
+
+cdef void _vis_list(ofi_peer* t, const gx_frag* f, size_t i0, size_t i1, size_t C, char* b) noexcept nogil:
+    cdef uint64_t* lst = <uint64_t*>b
+    cdef size_t i, k = 0
+    for i in range(i0, i1):
+        if _vis_small(f[i].n, C):
+            lst[2 * k] = f[i].remote - t.g.remote_base
+            lst[2 * k + 1] = f[i].n
+            k += 1
+
+
+cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint lstg,
+                      char* buf, size_t C, int W) except -1 nogil:
+    """The small fragments packed, W slots in flight (buf: W x C bytes of
+    host memory); complete (landed) on return.  Caller holds t.stg_lock."""
+    cdef int S = t.stg_slots, s, h = 0, cnt = 0, j
+    cdef size_t i = 0, i1, k, nbytes, m
+    cdef uint64_t q
+    cdef gx_op* ops[STG_MAX_SLOTS]
+    cdef gx_op* op
+    cdef uint64_t pseq[STG_MAX_SLOTS]
+    cdef uint64_t pk[STG_MAX_SLOTS]
+    cdef uint64_t plen[STG_MAX_SLOTS]
+    cdef char* b
+    cdef char* pos
+    for j in range(STG_MAX_SLOTS):
+        ops[j] = NULL
+    try:
+        while True:
+            # the oldest chunks whose data has landed: their descriptors, in order
+            while cnt > 0:
+                j = h % W
+                if i < nf and cnt < W and gx_load_int(&ops[j].state) != OP_DONE:
+                    _progress(ep)
+                    if gx_load_int(&ops[j].state) != OP_DONE:
+                        break
+                op = ops[j]
+                ops[j] = NULL
+                _wait_op(op, t, "staged put (vector data)")
+                _stg_send_desc(ep, t, <int>((pseq[j] - 1) % S), pseq[j], STG_PUTV, pk[j], plen[j])
+                h += 1
+                cnt -= 1
+            if i < nf and cnt < W:
+                i1 = _vis_group(f, i, nf, C, &k, &nbytes)
+                if k == 0:
+                    i = i1
+                    continue
+                q = t.stg_seq + 1
+                s = <int>((q - 1) % S)
+                if t.stg_last[s] > t.stg_ok[s]:
+                    _stg_wait_slot(ep, t, s, t.stg_last[s])
+                j = (h + cnt) % W
+                b = buf + <size_t>j * C
+                _vis_list(t, f, i, i1, C, b)
+                pos = b + 16 * k
+                for m in range(i, i1):
+                    if _vis_small(f[m].n, C):
+                        _vis_pack_copy(ep, lstg, pos, f[m].local, f[m].n)
+                        pos += f[m].n
+                t.stg_seq = q
+                t.stg_last[s] = q
+                pseq[j] = q
+                pk[j] = k
+                plen[j] = nbytes
+                _stg_post(ep, t, True, t.stg_ring + _stg_data_off(S) + <uint64_t>s * t.stg_chunk,
+                          b, 16 * k + nbytes, &ops[j])
+                cnt += 1
+                i = i1
+            elif cnt == 0:
+                break
+        _stg_wait_all(ep, t)
+    finally:
+        for j in range(STG_MAX_SLOTS):
+            if ops[j] != NULL:
+                _orphan(ops[j])
+    return 0
+
+
+cdef int _stg_vis_get(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint lstg,
+                      char* buf, size_t C, int W) except -1 nogil:
+    """The small fragments gathered by the target's lander, W requests ahead
+    (buf: W x C bytes of host memory: the lists, then the data read back);
+    complete on return.  Caller holds t.stg_lock."""
+    cdef int S = t.stg_slots, s, j
+    cdef size_t i = 0, k, nbytes, m
+    cdef size_t posted = 0, got = 0
+    cdef uint64_t q
+    cdef uint64_t qs[STG_MAX_SLOTS]
+    cdef size_t g0[STG_MAX_SLOTS]
+    cdef size_t g1[STG_MAX_SLOTS]
+    cdef size_t gk[STG_MAX_SLOTS]
+    cdef size_t gn[STG_MAX_SLOTS]
+    cdef uint64_t slot
+    cdef char* b
+    cdef char* pos
+    while True:
+        while i < nf and posted - got < <size_t>W:
+            g1[posted % W] = _vis_group(f, i, nf, C, &k, &nbytes)
+            if k == 0:
+                i = g1[posted % W]
+                continue
+            j = <int>(posted % W)
+            g0[j] = i
+            gk[j] = k
+            gn[j] = nbytes
+            q = t.stg_seq + 1
+            s = <int>((q - 1) % S)
+            if t.stg_last[s] > t.stg_ok[s]:
+                _stg_wait_slot(ep, t, s, t.stg_last[s])
+            b = buf + <size_t>j * C
+            _vis_list(t, f, i, g1[j], C, b)
+            slot = t.stg_ring + _stg_data_off(S) + <uint64_t>s * t.stg_chunk
+            _stg_post(ep, t, True, slot, b, 16 * k, NULL)       # the list, before its request
+            t.stg_seq = q
+            t.stg_last[s] = q
+            qs[j] = q
+            _stg_send_desc(ep, t, s, q, STG_GETV, k, nbytes)
+            posted += 1
+            i = g1[j]
+        if got == posted:
+            break
+        j = <int>(got % W)
+        q = qs[j]
+        s = <int>((q - 1) % S)
+        _stg_wait_slot(ep, t, s, q)
+        b = buf + <size_t>j * C
+        slot = t.stg_ring + _stg_data_off(S) + <uint64_t>s * t.stg_chunk
+        _stg_post(ep, t, False, slot + 16 * gk[j], b, gn[j], NULL)
+        pos = b
+        for m in range(g0[j], g1[j]):
+            if _vis_small(f[m].n, C):
+                _vis_pack_copy(ep, lstg, f[m].local, pos, f[m].n)
+                pos += f[m].n
+        got += 1
+    return 0
+
+
+# One packing buffer kept for the process's staged VIS calls (a fresh 4 MiB
+# malloc per call cost its page faults every time); a call that finds it in
+# use or too small mallocs its own.
+cdef char* _pack_keep = NULL
+cdef size_t _pack_keep_n = 0
+cdef int _pack_lock = 0
+
+
+cdef char* _pack_take(size_t n, bint* kept) noexcept nogil:
+    global _pack_keep, _pack_keep_n
+    kept[0] = False
+    if gx_xchg_int(&_pack_lock, 1) == 0:
+        if _pack_keep_n < n:
+            free(_pack_keep)
+            _pack_keep = <char*>malloc(n)
+            _pack_keep_n = n if _pack_keep != NULL else 0
+        if _pack_keep != NULL:
+            kept[0] = True
+            return _pack_keep
+        gx_xchg_int(&_pack_lock, 0)
+    return <char*>malloc(n)
+
+
+cdef void _pack_give(char* buf, bint kept) noexcept nogil:
+    if kept:
+        gx_xchg_int(&_pack_lock, 0)
+    else:
+        free(buf)
+
+
+cdef int _stg_vis(gx_xfer* x, bint put) except -1 nogil:
+    """A chunk of fragments to or from a staged target: small ones packed
+    (_stg_vis_put/_get), the rest one staged transfer each; complete on
+    return whatever the mode."""
+    cdef ofi_ep* ep = <ofi_ep*>x.ep
+    cdef ofi_peer* t = <ofi_peer*>x.peer
+    cdef const gx_vis* v = x.vis
+    cdef bint lstg = _vis_staged_local(ep, x)
+    cdef size_t C = t.stg_chunk, i
+    cdef int W = t.stg_slots
+    cdef char* buf = NULL
+    cdef bint kept = False
+    cdef uint64_t off
+    if lstg and ep.zone == NULL:
+        with gil:
+            raise StateError("ofi-staged: the endpoint's device segment is no longer bound")
+    buf = _pack_take(<size_t>W * C, &kept)
+    if buf == NULL:
+        with gil:
+            raise MemoryError(f"ofi-staged VIS: no memory for {W} x {C} bytes of packing buffers")
+    _app_active(ep.dom)
+    if lstg:
+        _spin_lock(&ep.bb_lock)
+    _spin_lock(&t.stg_lock)
+    try:
+        if put:
+            _stg_vis_put(ep, t, v.frags, v.nfrags, lstg, buf, C, W)
+        else:
+            _stg_vis_get(ep, t, v.frags, v.nfrags, lstg, buf, C, W)
+        for i in range(v.nfrags):
+            if v.frags[i].n and not _vis_small(v.frags[i].n, C):
+                off = v.frags[i].remote - t.g.remote_base
+                if put:
+                    _stg_put_zone(ep, t, off, <char*>v.frags[i].local, v.frags[i].n, lstg)
+                else:
+                    _stg_get_zone(ep, t, off, <char*>v.frags[i].local, v.frags[i].n, lstg)
+    finally:
+        gx_xchg_int(&t.stg_lock, 0)
+        if lstg:
+            gx_xchg_int(&ep.bb_lock, 0)
+        _pack_give(buf, kept)
+    if x.handle != NULL:
+        x.handle[0] = NULL
+    return 0
