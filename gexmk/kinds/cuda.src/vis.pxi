@@ -64,11 +64,22 @@ cdef enum:
     GATHER_BLOCKS = 1024
     GATHER_MAX_MEAN = 1 << 20        # lists of larger copies (on average) go to the copy engine
 
+cdef unsigned int _threads_setting(object text) except 0:
+    """GEXMK_CUDA_GATHER_THREADS as a multiple of 32 in 32..1024 (unset: 256)."""
+    if not text:
+        return 256
+    try:
+        n = int(text)
+    except ValueError:
+        raise ArgumentError(f"GEXMK_CUDA_GATHER_THREADS must be a number of threads "
+                            f"(32..1024), not {text!r}") from None
+    return min(1024, max(32, n // 32 * 32))
+
+
 # GEXMK_CUDA_GATHER=0: lists always go to the copy engine (copy_batch);
 # GEXMK_CUDA_GATHER_THREADS: threads a block (a multiple of 32, 32..1024; default 256)
 cdef bint _gather_on = os.environ.get("GEXMK_CUDA_GATHER", "1") != "0"
-cdef unsigned int _gather_threads = min(1024, max(32, int(
-    os.environ.get("GEXMK_CUDA_GATHER_THREADS", "256") or 256) // 32 * 32))
+cdef unsigned int _gather_threads = _threads_setting(os.environ.get("GEXMK_CUDA_GATHER_THREADS"))
 
 
 cdef int _gather_ring(CudaCtx* k) except -1 nogil:
