@@ -238,6 +238,12 @@ def small_put_option(text, name="small put") -> str:
 _SUFFIX = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
+def env_int(name, default, lo, hi):
+    """An integer setting of the process environment in [lo, hi] (modules that
+    read theirs once, at import); a bad value raises ArgumentError naming it."""
+    return _bytes(os.environ, name, default, lo, hi, suffix=False)
+
+
 def _bytes(env, name, default, lo, hi, suffix=True):
     """An integer setting in [lo, hi] (with suffix: K, M or G multiply)."""
     text = _text(env, name).lower()

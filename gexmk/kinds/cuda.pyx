@@ -62,6 +62,7 @@ import os
 import weakref
 
 from gexmk.errors import CUDAError, ArgumentError, StateError, UnsupportedError
+from gexmk.config import env_int
 
 __all__ = ["CudaKind", "Allocation", "cuda_array_interface", "dlpack_capsule", "dlpack_device",
            "probe", "DeviceBuffer", "driver_version", "atomic_ptx", "pointer_attributes",

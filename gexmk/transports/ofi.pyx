@@ -70,6 +70,7 @@ from gexmk.lib.gx cimport *
 
 from gexmk.errors import (OFIError, UnsupportedError, PeerDeadError, TimeoutError as GxTimeoutError,
                           ArgumentError, StateError, CommunicationError, SegmentError)
+from gexmk.config import env_int
 from gexmk.transports import Reach
 from gexmk.memory cimport Segment
 from gexmk.kinds.kind cimport gx_kind_ops
@@ -171,7 +172,11 @@ cdef bint HOT_FIXED = False
 # GEXMK_OFI_WAIT_TUNE="hot_us[,pt_hot_us[,fixed]]".
 _tune = os.environ.get("GEXMK_OFI_WAIT_TUNE", "")
 if _tune:
-    _tv = [float(x) for x in _tune.split(",")]
+    try:
+        _tv = [float(x) for x in _tune.split(",")]
+    except ValueError:
+        raise ArgumentError(f"GEXMK_OFI_WAIT_TUNE={_tune!r}: expected hot_us[,pt_hot_us[,fixed]] "
+                            "(numbers)") from None
     WAIT_HOT = _tv[0] * 1e-6
     if len(_tv) > 1:
         PT_HOT = _tv[1] * 1e-6

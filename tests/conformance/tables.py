@@ -283,10 +283,9 @@ def expected_path(path, target, local):
     device-bound endpoint takes that endpoint's paths, as its segment does, and every
     local memory of one segment (devseg, devseg-strided) takes the same paths."""
     mem = LOCAL_BY.get(local)
-    if mem is not None and mem.cls == "device" and mem.ep:
-        local = next(m.name for m in LOCAL if m.segment == mem.ep)
-    elif mem is not None and mem.segment:
-        local = next(m.name for m in LOCAL if m.segment == mem.segment)
+    seg = mem and ((mem.cls == "device" and mem.ep) or mem.segment)
+    if seg:
+        local = next(m.name for m in LOCAL if m.segment == seg)
     for key in ((target.name, local), target.name, (target.cls, local), target.cls):
         if key in path.expect:
             return path.expect[key]

@@ -64,29 +64,16 @@ cdef enum:
     GATHER_BLOCKS = 1024
     GATHER_MAX_MEAN = 1 << 20        # lists of larger copies (on average) go to the copy engine
 
-cdef unsigned int _threads_setting(object text) except 0:
-    """GEXMK_CUDA_GATHER_THREADS as a multiple of 32 in 32..1024 (unset: 256)."""
-    if not text:
-        return 256
-    try:
-        n = int(text)
-    except ValueError:
-        raise ArgumentError(f"GEXMK_CUDA_GATHER_THREADS must be a number of threads "
-                            f"(32..1024), not {text!r}") from None
-    return min(1024, max(32, n // 32 * 32))
-
-
 # GEXMK_CUDA_GATHER=0: lists always go to the copy engine (copy_batch);
 # GEXMK_CUDA_GATHER_THREADS: threads a block (a multiple of 32, 32..1024; default 256)
 cdef bint _gather_on = os.environ.get("GEXMK_CUDA_GATHER", "1") != "0"
-cdef unsigned int _gather_threads = _threads_setting(os.environ.get("GEXMK_CUDA_GATHER_THREADS"))
+cdef unsigned int _gather_threads = env_int("GEXMK_CUDA_GATHER_THREADS", 256, 32, 1024) // 32 * 32
 
 
 cdef int _gather_ring(CudaCtx* k) except -1 nogil:
     """The descriptor slots and their events, made once; k.lock is held and the
     kind's context is current."""
     cdef void* mem = NULL
-    cdef CUresult rc
     cdef int i
     if k.ring != NULL:
         return 0
@@ -119,7 +106,6 @@ cdef int _cu_copy_gather(void* kctx, void* stream, const uintptr_t* dst, const u
     cdef uint32_t m32
     cdef void* params[2]
     cdef int slot
-    cdef CUresult rc = CUDA_SUCCESS
     if k == NULL or k.closed:
         return _closed(k)
     for i in range(count):

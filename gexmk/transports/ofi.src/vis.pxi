@@ -22,7 +22,7 @@ cdef enum:
     VIS_IOV_MAX = 64        # iovecs per message we build, whatever the provider allows
 
 
-cdef size_t _VIS_IOV_CAP = int(os.environ.get("GEXMK_OFI_VIS_IOV") or 0)
+cdef size_t _VIS_IOV_CAP = env_int("GEXMK_OFI_VIS_IOV", 0, 0, VIS_IOV_MAX)
 
 
 cdef void _vis_limits(ofi_dom* d, fi_info* rma) noexcept nogil:
