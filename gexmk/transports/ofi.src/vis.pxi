@@ -14,8 +14,11 @@
 # Staged targets and device memory that the provider cannot reach go through
 # the ofi-staged path (staged.pxi): with small blocks packed at the initiator
 # into one request per landing slot and unpacked by the target's lander
-# (_stg_vis), else one staged transfer per fragment.
+# (_stg_vis); device blocks to a host target are packed into the endpoint's
+# bounce slots by the kind's batched or strided copies (_vis_dev_pack), then
+# go as host ranges (_vis_bounced).
 
+from libc.stddef cimport ptrdiff_t
 from libc.stdlib cimport malloc
 
 cdef enum:
@@ -327,30 +330,6 @@ cdef ssize_t _vis_flush_read(ofi_ep* ep, ofi_peer* t, gx_op* parent) noexcept no
     return 0
 
 
-cdef int _vis_each(gx_xfer* x, bint put) except -1 nogil:
-    """One staged transfer per fragment (each complete on return)."""
-    cdef const gx_vis* v = x.vis
-    cdef gx_xfer one
-    cdef size_t i
-    one = x[0]
-    one.vis = NULL
-    one.mode = GX_BLOCKING
-    one.handle = NULL
-    for i in range(v.nfrags):
-        if v.frags[i].n == 0:
-            continue
-        one.remote = v.frags[i].remote
-        one.local = v.frags[i].local
-        one.n = v.frags[i].n
-        if put:
-            ofi_put(&one)
-        else:
-            ofi_get(&one)
-    if x.handle != NULL:
-        x.handle[0] = NULL
-    return 0
-
-
 cdef bint _vis_staged_local(ofi_ep* ep, gx_xfer* x) noexcept nogil:
     """Whether local blocks of x go through host bounce memory (device memory
     the provider cannot reach: _stg_local)."""
@@ -376,7 +355,7 @@ cdef int ofi_put_vis(gx_xfer* x) except -1 nogil:
     if t.stg:
         return _stg_vis(x, True)             # packed through the target's lander
     if _vis_staged_local(ep, x):
-        return _vis_each(x, True)
+        return _vis_bounced(x, True)
     return net_vis(ep, t, True, x.vis.frags, x.vis.nfrags, x.mode,
                    x.local_kind == GX_MK_HOST, x.handle)
 
@@ -389,7 +368,7 @@ cdef int ofi_get_vis(gx_xfer* x) except -1 nogil:
     if t.stg:
         return _stg_vis(x, False)             # packed through the target's lander
     if _vis_staged_local(ep, x):
-        return _vis_each(x, False)
+        return _vis_bounced(x, False)
     return net_vis(ep, t, False, x.vis.frags, x.vis.nfrags, x.mode,
                    x.local_kind == GX_MK_HOST, x.handle)
 
@@ -409,15 +388,16 @@ cdef inline bint _vis_small(size_t n, size_t C) noexcept nogil:
     return n > 0 and n <= C // 4
 
 
-cdef size_t _vis_group(const gx_frag* f, size_t i, size_t nf, size_t C,
+cdef size_t _vis_group(const gx_frag* f, size_t i, size_t nf, size_t C, size_t hdr,
                        size_t* k, size_t* nbytes) noexcept nogil:
     """From fragment i: the small fragments (others skipped) that fit one
-    slot of C bytes with their list; the index after the last taken."""
+    slot of C bytes with hdr bytes of list each; the index after the last
+    taken."""
     k[0] = 0
     nbytes[0] = 0
     while i < nf:
         if _vis_small(f[i].n, C):
-            if 16 * (k[0] + 1) + nbytes[0] + f[i].n > C:
+            if hdr * (k[0] + 1) + nbytes[0] + f[i].n > C:
                 break
             k[0] += 1
             nbytes[0] += f[i].n
@@ -425,11 +405,98 @@ cdef size_t _vis_group(const gx_frag* f, size_t i, size_t nf, size_t C,
     return i
 
 
-cdef int _vis_pack_copy(ofi_ep* ep, bint lstg, void* dst, const void* src, size_t n) except -1 nogil:
-    """Between a local block and a packed buffer (host memory)."""
+cdef enum:
+    VIS_RUN_MIN = 8         # blocks of one length at one stride copied as one strided shape
+
+
+cdef int _vis_dev_pack(ofi_ep* ep, bint gather, char* hbuf, const gx_frag* f, size_t i0,
+                       size_t i1, size_t C) except -1 nogil:
+    """Between the local blocks f[i0..i1) that are small for C (_vis_small)
+    and hbuf, back to back in order: gather (blocks -> hbuf) or scatter.  With
+    the endpoint's kind: each run of VIS_RUN_MIN or more blocks of one length
+    at one rising stride (a strided view's rows, every other byte) as one
+    copy_strided, the other blocks in one copy_batch -- not a synchronous
+    copy per block (a strided 1-byte view of 192 KiB was 196,613 of them);
+    complete on return.  Without one (host memory, GEXMK_OFI_STAGE=all):
+    memcpy."""
+    cdef ofi_zone* z = ep.zone
+    cdef const gx_kind_ops* K = z.kops
+    cdef uintptr_t* a = NULL
+    cdef size_t m = i0, e, n, cnt = 0, pos = 0, count
+    cdef ptrdiff_t stride, d, ps
+    if K == NULL:
+        for m in range(i0, i1):
+            if _vis_small(f[m].n, C):
+                if gather:
+                    memcpy(hbuf + pos, f[m].local, f[m].n)
+                else:
+                    memcpy(f[m].local, hbuf + pos, f[m].n)
+                pos += f[m].n
+        return 0
+    a = <uintptr_t*>malloc(3 * (i1 - i0 + 1) * sizeof(uintptr_t))
+    if a == NULL:
+        with gil:
+            raise MemoryError("ofi VIS: no memory for a device copy list")
+    try:
+        while m < i1:
+            n = f[m].n
+            if not _vis_small(n, C):
+                m += 1
+                continue
+            e = m + 1
+            stride = 0
+            if K.copy_strided != NULL:
+                while e < i1 and f[e].n == n:
+                    d = <ptrdiff_t>(<uintptr_t>f[e].local - <uintptr_t>f[e - 1].local)
+                    if e == m + 1:
+                        if d < <ptrdiff_t>n:
+                            break
+                        stride = d
+                    elif d != stride:
+                        break
+                    e += 1
+            if e - m >= VIS_RUN_MIN:
+                count = e - m
+                ps = <ptrdiff_t>n
+                if gather:
+                    K.copy_strided(z.kctx, NULL, <uintptr_t>(hbuf + pos), &ps,
+                                   <uintptr_t>f[m].local, &stride, n, &count, 1)
+                else:
+                    K.copy_strided(z.kctx, NULL, <uintptr_t>f[m].local, &stride,
+                                   <uintptr_t>(hbuf + pos), &ps, n, &count, 1)
+                pos += count * n
+                m = e
+                continue
+            e = m + 1               # a lone block (or too short a run): batched
+            a[cnt] = <uintptr_t>(hbuf + pos) if gather else <uintptr_t>f[m].local
+            a[(i1 - i0) + cnt] = <uintptr_t>f[m].local if gather else <uintptr_t>(hbuf + pos)
+            a[2 * (i1 - i0) + cnt] = n
+            cnt += 1
+            pos += n
+            m = e
+        if cnt and K.copy_batch != NULL:
+            K.copy_batch(z.kctx, NULL, a, a + (i1 - i0), <size_t*>(a + 2 * (i1 - i0)), cnt)
+        else:
+            for m in range(cnt):
+                K.copy(z.kctx, NULL, a[m], a[(i1 - i0) + m], a[2 * (i1 - i0) + m])
+    finally:
+        free(a)
+    return 0
+
+
+cdef int _vis_pack(ofi_ep* ep, bint lstg, bint gather, char* hbuf, const gx_frag* f, size_t i0,
+                   size_t i1, size_t C) except -1 nogil:
+    """As _vis_dev_pack, for local blocks of either side of lstg."""
+    cdef size_t m, pos = 0
     if lstg:
-        return _stg_copy(ep, <uintptr_t>dst, <uintptr_t>src, n)
-    memcpy(dst, src, n)
+        return _vis_dev_pack(ep, gather, hbuf, f, i0, i1, C)
+    for m in range(i0, i1):
+        if _vis_small(f[m].n, C):
+            if gather:
+                memcpy(hbuf + pos, f[m].local, f[m].n)
+            else:
+                memcpy(f[m].local, hbuf + pos, f[m].n)
+            pos += f[m].n
     return 0
 
 
@@ -448,7 +515,7 @@ cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
     """The small fragments packed, W slots in flight (buf: W x C bytes of
     host memory); complete (landed) on return.  Caller holds t.stg_lock."""
     cdef int S = t.stg_slots, s, h = 0, cnt = 0, j
-    cdef size_t i = 0, i1, k, nbytes, m
+    cdef size_t i = 0, i1, k, nbytes
     cdef uint64_t q
     cdef gx_op* ops[STG_MAX_SLOTS]
     cdef gx_op* op
@@ -456,7 +523,6 @@ cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
     cdef uint64_t pk[STG_MAX_SLOTS]
     cdef uint64_t plen[STG_MAX_SLOTS]
     cdef char* b
-    cdef char* pos
     for j in range(STG_MAX_SLOTS):
         ops[j] = NULL
     try:
@@ -475,7 +541,7 @@ cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
                 h += 1
                 cnt -= 1
             if i < nf and cnt < W:
-                i1 = _vis_group(f, i, nf, C, &k, &nbytes)
+                i1 = _vis_group(f, i, nf, C, 16, &k, &nbytes)
                 if k == 0:
                     i = i1
                     continue
@@ -486,11 +552,7 @@ cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
                 j = (h + cnt) % W
                 b = buf + <size_t>j * C
                 _vis_list(t, f, i, i1, C, b)
-                pos = b + 16 * k
-                for m in range(i, i1):
-                    if _vis_small(f[m].n, C):
-                        _vis_pack_copy(ep, lstg, pos, f[m].local, f[m].n)
-                        pos += f[m].n
+                _vis_pack(ep, lstg, True, b + 16 * k, f, i, i1, C)
                 t.stg_seq = q
                 t.stg_last[s] = q
                 pseq[j] = q
@@ -516,7 +578,7 @@ cdef int _stg_vis_get(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
     (buf: W x C bytes of host memory: the lists, then the data read back);
     complete on return.  Caller holds t.stg_lock."""
     cdef int S = t.stg_slots, s, j
-    cdef size_t i = 0, k, nbytes, m
+    cdef size_t i = 0, k, nbytes
     cdef size_t posted = 0, got = 0
     cdef uint64_t q
     cdef uint64_t qs[STG_MAX_SLOTS]
@@ -526,10 +588,9 @@ cdef int _stg_vis_get(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
     cdef size_t gn[STG_MAX_SLOTS]
     cdef uint64_t slot
     cdef char* b
-    cdef char* pos
     while True:
         while i < nf and posted - got < <size_t>W:
-            g1[posted % W] = _vis_group(f, i, nf, C, &k, &nbytes)
+            g1[posted % W] = _vis_group(f, i, nf, C, 16, &k, &nbytes)
             if k == 0:
                 i = g1[posted % W]
                 continue
@@ -560,11 +621,7 @@ cdef int _stg_vis_get(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
         b = buf + <size_t>j * C
         slot = t.stg_ring + _stg_data_off(S) + <uint64_t>s * t.stg_chunk
         _stg_post(ep, t, False, slot + 16 * gk[j], b, gn[j], NULL)
-        pos = b
-        for m in range(g0[j], g1[j]):
-            if _vis_small(f[m].n, C):
-                _vis_pack_copy(ep, lstg, f[m].local, pos, f[m].n)
-                pos += f[m].n
+        _vis_pack(ep, lstg, False, b, f, g0[j], g1[j], C)
         got += 1
     return 0
 
@@ -602,7 +659,8 @@ cdef void _pack_give(char* buf, bint kept) noexcept nogil:
 cdef int _stg_vis(gx_xfer* x, bint put) except -1 nogil:
     """A chunk of fragments to or from a staged target: small ones packed
     (_stg_vis_put/_get), the rest one staged transfer each; complete on
-    return whatever the mode."""
+    return whatever the mode.  Device blocks are packed in the endpoint's
+    bounce slots (page-locked: the kind's batched copies run at DMA speed)."""
     cdef ofi_ep* ep = <ofi_ep*>x.ep
     cdef ofi_peer* t = <ofi_peer*>x.peer
     cdef const gx_vis* v = x.vis
@@ -615,13 +673,19 @@ cdef int _stg_vis(gx_xfer* x, bint put) except -1 nogil:
     if lstg and ep.zone == NULL:
         with gil:
             raise StateError("ofi-staged: the endpoint's device segment is no longer bound")
-    buf = _pack_take(<size_t>W * C, &kept)
-    if buf == NULL:
-        with gil:
-            raise MemoryError(f"ofi-staged VIS: no memory for {W} x {C} bytes of packing buffers")
+    if lstg:
+        C = C if C < ep.zone.chunk else ep.zone.chunk
+        W = W if W < ep.zone.slots else ep.zone.slots
+    else:
+        buf = _pack_take(<size_t>W * C, &kept)
+        if buf == NULL:
+            with gil:
+                raise MemoryError(f"ofi-staged VIS: no memory for {W} x {C} bytes of packing "
+                                  "buffers")
     _app_active(ep.dom)
     if lstg:
         _spin_lock(&ep.bb_lock)
+        buf = ep.zone.bounce
     _spin_lock(&t.stg_lock)
     try:
         if put:
@@ -639,7 +703,151 @@ cdef int _stg_vis(gx_xfer* x, bint put) except -1 nogil:
         gx_xchg_int(&t.stg_lock, 0)
         if lstg:
             gx_xchg_int(&ep.bb_lock, 0)
-        _pack_give(buf, kept)
+        else:
+            _pack_give(buf, kept)
+    if x.handle != NULL:
+        x.handle[0] = NULL
+    return 0
+
+
+# ---- device blocks to or from a host target ---------------------------------------
+#
+# Device memory the provider cannot reach, to a target it reaches directly
+# (a host segment): the small blocks are packed into the endpoint's bounce
+# slots (_vis_dev_pack), each slot's blocks then one net_vis of host ranges
+# (which merge where the target's blocks run on: a strided view's put to a
+# contiguous range is one write per slot), slots overlapping as in
+# _stg_host_put; larger blocks go as staged transfers of their own.
+
+cdef size_t _vis_host_frags(const gx_frag* f, size_t i0, size_t i1, size_t C, char* buf,
+                            gx_frag* hf) noexcept nogil:
+    """The host ranges of a packed slot: hf[k] is f's k-th small block at
+    its place in buf; how many."""
+    cdef size_t m, k = 0, pos = 0
+    for m in range(i0, i1):
+        if _vis_small(f[m].n, C):
+            hf[k].local = buf + pos
+            hf[k].remote = f[m].remote
+            hf[k].n = f[m].n
+            pos += f[m].n
+            k += 1
+    return k
+
+
+cdef int _vis_bounced_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf,
+                          gx_frag* hf) except -1 nogil:
+    cdef ofi_zone* z = ep.zone
+    cdef size_t C = z.chunk, i = 0, i1, k, nbytes
+    cdef int S = z.slots, b = 0
+    cdef gx_op* ops[STG_MAX_SLOTS]
+    cdef gx_op* op
+    cdef char* buf
+    for b in range(STG_MAX_SLOTS):
+        ops[b] = NULL
+    b = 0
+    try:
+        while i < nf:
+            i1 = _vis_group(f, i, nf, C, 0, &k, &nbytes)
+            if k == 0:
+                i = i1
+                continue
+            if ops[b] != NULL:
+                op = ops[b]
+                ops[b] = NULL
+                _wait_op(op, t, "staged put (vector)")
+            buf = z.bounce + <size_t>b * C
+            _vis_dev_pack(ep, True, buf, f, i, i1, C)
+            k = _vis_host_frags(f, i, i1, C, buf, hf)
+            net_vis(ep, t, True, hf, k, GX_NB, True, <void**>&ops[b])
+            b = (b + 1) % S
+            i = i1
+        for b in range(S):
+            if ops[b] != NULL:
+                op = ops[b]
+                ops[b] = NULL
+                _wait_op(op, t, "staged put (vector)")
+    finally:
+        for b in range(STG_MAX_SLOTS):
+            if ops[b] != NULL:
+                _orphan(ops[b])
+    return 0
+
+
+cdef int _vis_bounced_get(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf,
+                          gx_frag* hf) except -1 nogil:
+    cdef ofi_zone* z = ep.zone
+    cdef size_t C = z.chunk, i = 0, i1, k, nbytes, posted = 0, got = 0
+    cdef int S = z.slots, j
+    cdef size_t g0[STG_MAX_SLOTS]
+    cdef size_t g1[STG_MAX_SLOTS]
+    cdef gx_op* ops[STG_MAX_SLOTS]
+    cdef gx_op* op
+    cdef char* buf
+    for j in range(STG_MAX_SLOTS):
+        ops[j] = NULL
+    try:
+        while True:
+            while i < nf and posted - got < <size_t>S:
+                i1 = _vis_group(f, i, nf, C, 0, &k, &nbytes)
+                if k == 0:
+                    i = i1
+                    continue
+                j = <int>(posted % S)
+                buf = z.bounce + <size_t>j * C
+                k = _vis_host_frags(f, i, i1, C, buf, hf)
+                net_vis(ep, t, False, hf, k, GX_NB, True, <void**>&ops[j])
+                g0[j] = i
+                g1[j] = i1
+                posted += 1
+                i = i1
+            if got == posted:
+                break
+            j = <int>(got % S)
+            if ops[j] != NULL:
+                op = ops[j]
+                ops[j] = NULL
+                _wait_op(op, t, "staged get (vector)")
+            _vis_dev_pack(ep, False, z.bounce + <size_t>j * C, f, g0[j], g1[j], C)
+            got += 1
+    finally:
+        for j in range(STG_MAX_SLOTS):
+            if ops[j] != NULL:
+                _orphan(ops[j])
+    return 0
+
+
+cdef int _vis_bounced(gx_xfer* x, bint put) except -1 nogil:
+    """Device blocks of x (_vis_staged_local) to or from a target the
+    provider reaches directly; complete on return whatever the mode."""
+    cdef ofi_ep* ep = <ofi_ep*>x.ep
+    cdef ofi_peer* t = <ofi_peer*>x.peer
+    cdef const gx_vis* v = x.vis
+    cdef gx_frag* hf
+    cdef size_t i, C
+    if ep.zone == NULL:
+        with gil:
+            raise StateError("ofi-staged: the endpoint's device segment is no longer bound")
+    hf = <gx_frag*>malloc((v.nfrags or 1) * sizeof(gx_frag))
+    if hf == NULL:
+        with gil:
+            raise MemoryError("ofi VIS: no memory for a bounce list")
+    C = ep.zone.chunk
+    _app_active(ep.dom)
+    _spin_lock(&ep.bb_lock)
+    try:
+        if put:
+            _vis_bounced_put(ep, t, v.frags, v.nfrags, hf)
+        else:
+            _vis_bounced_get(ep, t, v.frags, v.nfrags, hf)
+        for i in range(v.nfrags):
+            if v.frags[i].n and not _vis_small(v.frags[i].n, C):
+                if put:
+                    _stg_host_put(ep, t, v.frags[i].remote, <char*>v.frags[i].local, v.frags[i].n)
+                else:
+                    _stg_host_get(ep, t, v.frags[i].remote, <char*>v.frags[i].local, v.frags[i].n)
+    finally:
+        gx_xchg_int(&ep.bb_lock, 0)
+        free(hf)
     if x.handle != NULL:
         x.handle[0] = NULL
     return 0
