@@ -114,6 +114,11 @@ cdef enum:
     DEATH_GRACE_MS = 1000   # how long a failure waits for the death notice that explains it
     CLOSE_DRAIN_S = 10      # how long closing an endpoint waits for its ops in flight (at most)
     SIG_RX = 64             # signal messages: receives posted per endpoint (signal.pxi)
+    PROBE_AFTER_MS = 200    # a queue full this long: is the target endpoint still there? (_gone)
+    PROBE_EVERY_MS = 200    # ... asked again at most this often per target
+    PROBE_WAIT_MS = 100     # ... waiting at most this long for its answer
+    PROBE_TCP = 1           # dom.probe: a TCP connection to the endpoint's name (tcp;ofi_rxm)
+    PROBE_SHM = 2           # ... its region in /dev/shm (shm)
 
 
 # The progress thread keeps off the CQs for this long (s) after an application
@@ -273,6 +278,9 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
     uint64_t stg_ok[STG_MAX_SLOTS]      # ... of those, the last one known served without error
     uint64_t stg_rb[3 * STG_MAX_SLOTS]  # done, status and result words as last read back
     uint64_t stg_dbuf[16]   # a descriptor being sent
+    int gone                # its endpoint was found closed since its publication (rma.pxi
+                            # _gone): operations that meet a full queue fail at once
+    double probe_at         # when that was last looked into (_now())
 
 
 cdef struct ofi_dom:
@@ -336,6 +344,8 @@ cdef struct ofi_dom:
     double death_at         # ... and when its notice came (_now())
     int shared_q            # the provider's queues are shared memory a killed process may
                             # leave locked (shm): see _poisoned
+    int probe               # how to tell a target endpoint closed while its queue stays full
+                            # (PROBE_TCP, PROBE_SHM; 0: no way): rma.pxi _gone
 
 
 cdef struct ofi_ep:
@@ -563,6 +573,8 @@ cdef class OfiTransport:
             self._peers[key] = p
         p.c.g = <gx_target*><uintptr_t>peer.target
         p.c.net_addr, p.c.net_aaddr = self.domain.insert(name)
+        p.c.gone = 0            # published as it is now: there (rma.pxi _gone)
+        p.c.probe_at = 0
         p.c.no_amo = name.startswith(_SINGLE_TAG)       # an endpoint without atomics
         old = (p.c.stg_key, p.c.stg_ring, p.c.stg or p.c.hmem)
         p.c.net_key = self.domain.map_key(rkey, base)   # raw keys are mapped here

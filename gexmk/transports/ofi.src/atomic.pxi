@@ -90,6 +90,7 @@ cdef enum:
     ISSUE_DEAD = -1000000     # the target died (or the CQ failed) while the queue was full
     ISSUE_POISONED = -1000002 # ... stayed full after a peer's death over shm (_poisoned)
     ISSUE_TIMEOUT = -1000001  # the queue stayed full past GEXMK_TIMEOUT
+    ISSUE_GONE = -1000003     # ... because the target endpoint closed since its publication
 
 cdef ssize_t _issue_atomic(ofi_ep* ep, ofi_peer* t, uintptr_t remote, int dt, fi_op fop, int family,
                            gx_op* op) noexcept nogil:

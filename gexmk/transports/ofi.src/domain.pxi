@@ -148,6 +148,14 @@ cdef class Domain:
         if self.provider == "shm":
             self.d.shared_q = 1
             _unlink_stale_shm_regions()
+        # how an operation whose queue stays full learns that its target
+        # endpoint closed (rma.pxi _gone): tcp refuses a connection to its
+        # name, shm's region leaves /dev/shm
+        if self.provider == "shm":
+            self.d.probe = PROBE_SHM
+        elif self.provider.split(";")[0] in ("tcp", "net") and \
+                self.d.info.addr_format in (FI_SOCKADDR, FI_SOCKADDR_IN, FI_SOCKADDR_IN6):
+            self.d.probe = PROBE_TCP
         self.domain_name = self.d.info.domain_attr.name.decode()
         self.atomics = bool(self.d.info.caps & FI_ATOMIC)
         self.d.mr_mode = self.d.info.domain_attr.mr_mode

@@ -64,17 +64,121 @@ cdef inline uint64_t _raddr(ofi_peer* t, uintptr_t remote) noexcept nogil:
     return remote - t.g.remote_base + t.net_base
 
 
+cdef extern from *:
+    """
+    #include <errno.h>
+    #include <netinet/in.h>
+    #include <poll.h>
+    #include <string.h>
+    #include <sys/socket.h>
+    #include <sys/stat.h>
+    #include <unistd.h>
+    /* 1 when a TCP connection to the socket address `addr` (len bytes, as
+       tcp;ofi_rxm names its endpoints) is refused: nothing listens there.
+       0 when it is accepted, does not answer within `ms`, or `addr` is not
+       an IPv4/IPv6 socket address. */
+    static int gx_tcp_refused(const void *addr, size_t len, int ms) {
+        struct sockaddr_storage ss;
+        socklen_t slen, el;
+        struct pollfd p;
+        int fd, rc, err = 0, refused = 0;
+        if (len < sizeof(sa_family_t) || len > sizeof(ss)) return 0;
+        memset(&ss, 0, sizeof(ss));
+        memcpy(&ss, addr, len);
+        if (ss.ss_family == AF_INET) slen = sizeof(struct sockaddr_in);
+        else if (ss.ss_family == AF_INET6) slen = sizeof(struct sockaddr_in6);
+        else return 0;
+        if (len < slen) return 0;
+        fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) return 0;
+        rc = connect(fd, (struct sockaddr *)&ss, slen);
+        if (rc < 0 && errno == ECONNREFUSED) {
+            refused = 1;
+        } else if (rc < 0 && errno == EINPROGRESS) {
+            p.fd = fd;
+            p.events = POLLOUT;
+            p.revents = 0;
+            el = sizeof(err);
+            if (poll(&p, 1, ms) == 1 &&
+                    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == ECONNREFUSED)
+                refused = 1;
+        }
+        close(fd);
+        return refused;
+    }
+    /* 1 when the shm provider's region named `name` (len bytes, as shm names
+       its endpoints: "<pid>:<n>:<m>", maybe after "fi_shm://" or "fi_ns://")
+       is gone from /dev/shm: its endpoint closed.  0 when it is there or the
+       name is not of that form. */
+    static int gx_shm_gone(const char *name, size_t len) {
+        char path[300];
+        struct stat st;
+        size_t n = strnlen(name, len);
+        const char *sep = memchr(name, '/', n);
+        if (n >= 9 && memcmp(name, "fi_shm://", 9) == 0) { name += 9; n -= 9; }
+        else if (n >= 8 && memcmp(name, "fi_ns://", 8) == 0) { name += 8; n -= 8; }
+        else if (sep != NULL) return 0;
+        if (n == 0 || n > 255 || memchr(name, '/', n) != NULL) return 0;
+        memcpy(path, "/dev/shm/", 9);
+        memcpy(path + 9, name, n);
+        path[9 + n] = 0;
+        return stat(path, &st) != 0 && errno == ENOENT;
+    }
+    """
+    int gx_tcp_refused(const void* addr, size_t len, int ms) nogil
+    int gx_shm_gone(const char* name, size_t len) nogil
+
+
+cdef bint _gone(ofi_dom* dom, ofi_peer* t, double since) noexcept nogil:
+    """Whether the target endpoint of t is closed, for an operation whose
+    queue has been full since ``since``.  tcp;ofi_rxm retries a connection to
+    an endpoint that closed after its publication (ep.destroy(), or its
+    process finalized) for ever, answering -FI_EAGAIN (fuzz seeds 528,
+    384362), and shm finds the closed endpoint's queue full for ever (seed
+    608): after PROBE_AFTER_MS of that, and at most every PROBE_EVERY_MS per
+    target, ask whether anything still listens at its name (a refused TCP
+    connection) or its shared-memory region still exists.  An answer of
+    "closed" is kept (t.gone) until the next publication of the endpoint."""
+    cdef char name[256]
+    cdef size_t n = sizeof(name)
+    cdef double now
+    cdef int closed = 0
+    if t == NULL or dom.probe == 0:
+        return False
+    if t.gone:
+        return True
+    now = _now()
+    if now - since < PROBE_AFTER_MS * 1e-3 or now - t.probe_at < PROBE_EVERY_MS * 1e-3:
+        return False
+    t.probe_at = now
+    memset(name, 0, sizeof(name))
+    if fi_av_lookup(dom.av, t.net_addr, name, &n) != 0 or n > sizeof(name):
+        return False
+    if dom.probe == PROBE_TCP:
+        closed = gx_tcp_refused(name, n, PROBE_WAIT_MS)
+    elif dom.probe == PROBE_SHM:
+        closed = gx_shm_gone(name, n)
+    if closed:
+        t.gone = 1
+    return closed != 0
+
+
 cdef int _retry(ofi_ep* ep, ofi_peer* t, double* deadline) noexcept nogil:
     """After -FI_EAGAIN: progress, then 0 to retry, ISSUE_DEAD when the target
-    died, ISSUE_TIMEOUT when the queue stayed full past GEXMK_TIMEOUT."""
+    died, ISSUE_GONE when its endpoint closed since its publication (_gone),
+    ISSUE_TIMEOUT when the queue stayed full past GEXMK_TIMEOUT."""
     if _progress_all(ep.dom) < 0:
         return ISSUE_DEAD
     if t != NULL and t.g.dead:
         return ISSUE_DEAD
+    if t != NULL and t.gone:
+        return ISSUE_GONE
     if deadline[0] == 0:
         deadline[0] = _now() + ep.dom.timeout
     elif _now() > deadline[0]:
         return ISSUE_TIMEOUT
+    elif _gone(ep.dom, t, deadline[0] - ep.dom.timeout):
+        return ISSUE_GONE
     elif ep.dom.deaths > 0 and ep.dom.shared_q and \
             _now() - ep.dom.death_at > DEATH_GRACE_MS * 1e-3 and \
             _now() > deadline[0] - ep.dom.timeout + DEATH_GRACE_MS * 1e-3:
@@ -89,6 +193,12 @@ cdef int _issue_failed(ofi_peer* t, ssize_t rc, const char* call) except -1 nogi
         return check(call, -FI_EIO)
     if rc == ISSUE_POISONED:
         return _raise_poisoned(-1, t, call)
+    if rc == ISSUE_GONE:
+        with gil:
+            raise CommunicationError(
+                f"{call.decode()}: endpoint {t.g.ep_index} of job rank {t.g.jobrank} is closed "
+                f"(destroyed, or its process finalized) since it was published; nothing "
+                f"there takes operations any more")
     if rc == ISSUE_TIMEOUT:
         with gil:
             raise GxTimeoutError(f"{call.decode()}: the provider's queue stayed full for "
