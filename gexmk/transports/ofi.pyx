@@ -386,6 +386,11 @@ cdef struct ofi_ep:
     gx_wake* wake           # the bound segment's wake word (futex sleepers), or NULL
     long live               # ops posted and not yet completed, orphans included (close drains them)
     long stuck              # live ops a drain gave up on as gone to dead peers (_drain)
+    long lost               # live ops orphaned because their target endpoint closed (rma.pxi
+                            # _gone): over shm they never complete, and a drain does not wait
+    long lost_epoch         # ... 1 + the last nbi epoch abandoned for that (its ops count there)
+    ofi_peer* recent[8]     # the last 8 targets of its ops: a stalled nbi_wait or drain asks
+    unsigned int recent_i   # whether one closed (rma.pxi _note_target, _gone)
     int closed              # OfiEndpoint.close drained it: nobody reads its CQ, waits on its ops
                             # give up (StateError)
 
@@ -400,6 +405,7 @@ cdef struct gx_op:
     int nbi                 # GX_CAT_* + 1 for implicit ops (freed at completion), else 0
     long epoch              # ... issued in this nbi epoch of the endpoint
     int amo                 # an atomic: counted in ep.amo_out until it completes
+    int lost                # orphaned because its target endpoint closed: counted in ep.lost
     int nmr
     fid_mr* mr[3]           # on-the-fly registrations, closed at completion
     gx_val operand          # atomic operands and result live here until completion

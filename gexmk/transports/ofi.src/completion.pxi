@@ -127,9 +127,13 @@ cdef void _complete(gx_op* op, int err) noexcept nogil:
                 ep.nbi_err_t = op.t
                 ep.nbi_err = err
             gx_add_long(&ep.nbi[op.nbi - 1], -1)
+        elif op.epoch + 1 == ep.lost_epoch and gx_load_long(&ep.lost) > 0:
+            gx_add_long(&ep.lost, -1)      # ... abandoned as gone to a closed endpoint
         free(op)
         return
     op.err = err
+    if gx_xchg_int(&op.lost, 0):
+        gx_add_long(&ep.lost, -1)
     if gx_xchg_int(&op.state, OP_DONE) == OP_ORPHAN:
         free(op)
 
@@ -164,7 +168,10 @@ cdef int _progress(ofi_ep* ep) except -1 nogil:
 
 cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
     """Progress until op completes: 0, or 1 when its target died, 2 on timeout,
-    3 when the CQ itself fails, 4 when its endpoint was closed under it.
+    3 when the CQ itself fails, 4 when its endpoint was closed under it, 5
+    when a death over shm stalled it (_poisoned), 6 when the target endpoint
+    closed since its publication (shm: the op sits in a queue nobody reads
+    any more; rma.pxi _gone).
     While a thread spins here the progress thread stands aside
     (dom.waiters), so the two do not fight over the CQ and cores."""
     cdef ofi_dom* dom = op.ep.dom
@@ -197,6 +204,9 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
             elif _now() > deadline:
                 why = 2
                 break
+            elif _gone(dom, t, deadline - dom.timeout):
+                why = 6
+                break
     _tr(TR_SPIN_OUT)
     _app_active(dom)
     gx_add_long(&dom.waiters, -1)
@@ -206,16 +216,29 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
 cdef int _wait_op(gx_op* op, ofi_peer* t, const char* what, gx_val* result=NULL) except -1 nogil:
     """Wait for op, copy its fetched value to *result, free it; raise if it failed."""
     cdef int err, why = _spin(op, t)
-    if why:
+    cdef ofi_ep* ep = op.ep
+    if why == 6:
+        # orphaned towards a closed endpoint: a drain does not wait for it
+        # (exactly one of this and _complete takes it out of ep.lost again)
+        gx_add_long(&ep.lost, 1)
+        gx_xchg_int(&op.lost, 1)
+        if gx_xchg_int(&op.state, OP_ORPHAN) == OP_DONE:
+            if gx_xchg_int(&op.lost, 0):
+                gx_add_long(&ep.lost, -1)
+            free(op)
+    elif why:
         _orphan(op)
+    if why:
         if why == 1:
             return _raise_dead(t, what)
         if why == 2:
-            return _raise_timeout(t, op.ep.dom.timeout, what)
+            return _raise_timeout(t, ep.dom.timeout, what)     # (op may be freed by now)
         if why == 4:
             return _raise_closed(what)
         if why == 5:
-            return _raise_poisoned(op.ep.dom.last_dead, t, what)
+            return _raise_poisoned(ep.dom.last_dead, t, what)
+        if why == 6:
+            return _raise_gone(t, what)
         return check("fi_cq_read", -FI_EIO)
     if result != NULL:
         result[0] = op.result
@@ -259,8 +282,9 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
     cdef double deadline = 0, stalled = 0
     cdef unsigned long spins = 0
     cdef long last = -1, now_out
-    cdef int err, c
+    cdef int err, c, i
     cdef int why = 0
+    cdef ofi_peer* gone = NULL
     if ep.ep == NULL:
         with gil:
             raise StateError("nbi_wait: the endpoint's network context is closed")
@@ -285,6 +309,11 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
                     stalled = _now()
                 elif ep.dom.deaths > 0 and _now() - stalled > DEATH_GRACE_MS * 1e-3:
                     why = 1
+                else:
+                    # nothing completes: did a target of these ops close its endpoint?
+                    gone = _recent_gone(ep, stalled)
+                    if gone != NULL:
+                        why = 6
     _app_active(ep.dom)
     gx_add_long(&ep.dom.waiters, -1)
     if why == 1:
@@ -292,6 +321,12 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
         with gil:
             raise PeerDeadError(f"nbi_wait: implicit operations were still outstanding after job "
                                 f"rank {ep.dom.last_dead} died; they are abandoned")
+    if why == 6:
+        # what is still out (those to the closed endpoint among it) is given up
+        ep.lost_epoch = ep.nbi_epoch + 1
+        gx_add_long(&ep.lost, ep.nbi[0] + ep.nbi[1] + ep.nbi[2])
+        _abandon_nbi(ep)
+        return _raise_gone(gone, "nbi_wait (implicit operations abandoned)")
     if why == 2:
         return _raise_timeout(NULL, ep.dom.timeout, "nbi_wait")
     if why == 3:
@@ -304,6 +339,21 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
         # a failure that a peer's death explains is reported as that death
         return _failed(err, ep.nbi_err_t, "nbi_wait (an implicit-event operation failed)")
     return 0
+
+
+cdef ofi_peer* _recent_gone(ofi_ep* ep, double since) noexcept nogil:
+    """One of the endpoint's recent targets whose endpoint closed, for a
+    wait that has seen nothing complete since ``since`` (rma.pxi _gone);
+    NULL if none (or none known yet)."""
+    cdef int i
+    cdef ofi_peer* t
+    if not ep.dom.probe:
+        return NULL
+    for i in range(8):
+        t = ep.recent[i]
+        if t != NULL and _gone(ep.dom, t, since):
+            return t
+    return NULL
 
 
 cdef long _drain(ofi_ep* ep, double secs) noexcept nogil:
@@ -323,7 +373,7 @@ cdef long _drain(ofi_ep* ep, double secs) noexcept nogil:
     ts.tv_nsec = 20000
     while True:
         n = gx_load_long(&ep.live)
-        if n <= 0 or (ep.dom.deaths > 0 and n <= ep.stuck):
+        if n <= 0 or (ep.dom.deaths > 0 and n <= ep.stuck) or n <= ep.lost:
             break
         now = _now()
         if n != last:
@@ -332,10 +382,19 @@ cdef long _drain(ofi_ep* ep, double secs) noexcept nogil:
         elif ep.dom.deaths > 0 and now - moved > DEATH_GRACE_MS * 1e-3:
             ep.stuck = n
             break
+        elif ep.dom.probe == PROBE_SHM and _recent_gone(ep, moved) != NULL:
+            # nothing completes and a target closed its endpoint: what is left
+            # went there, into a queue nobody reads any more (over tcp the
+            # broken connection fails such ops: nothing to guess there)
+            ep.lost = n
+            break
         if now > deadline or _progress_all(ep.dom) < 0:
             break
         nanosleep(&ts, NULL)
-    return gx_load_long(&ep.live)
+    # ops orphaned towards closed endpoints are not waited for: over shm they
+    # sit in a queue nobody reads, over tcp their connection failed them
+    n = gx_load_long(&ep.live) - gx_load_long(&ep.lost)
+    return n if n > 0 else 0
 
 
 cdef void _abandon_nbi(ofi_ep* ep) noexcept nogil:

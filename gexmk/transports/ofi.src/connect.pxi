@@ -34,14 +34,20 @@ cdef int _connect_wait(gx_op** ops, long n, double secs) noexcept nogil:
             break
         pending = 0
         for i in range(n):
-            # a peer that died meanwhile will never answer: not waited for
-            if ops[i] != NULL and gx_load_int(&ops[i].state) != OP_DONE and not ops[i].t.g.dead:
+            # a peer that died meanwhile will never answer, nor will an endpoint
+            # closed since its publication (rma.pxi _gone): not waited for
+            if ops[i] != NULL and gx_load_int(&ops[i].state) != OP_DONE and not ops[i].t.g.dead \
+                    and not ops[i].t.gone:
                 pending += 1
         if pending == 0:
             break
         spins += 1
-        if (spins & 255) == 0 and _now() > deadline:
-            break
+        if (spins & 255) == 0:
+            if _now() > deadline:
+                break
+            for i in range(n):
+                if ops[i] != NULL and gx_load_int(&ops[i].state) != OP_DONE:
+                    _gone(dom, ops[i].t, deadline - secs)
     _app_active(dom)
     gx_add_long(&dom.waiters, -1)
     return pending
@@ -93,7 +99,9 @@ cdef object _connect_pairs(Domain dom, list pairs, double secs):
             t = ops[i].t
             if gx_load_int(&ops[i].state) != OP_DONE:
                 failures.append(f"job rank {t.g.jobrank} endpoint {t.g.ep_index}: "
-                                + ("it died" if t.g.dead else f"no answer in {secs:g} s"))
+                                + ("it died" if t.g.dead else
+                                   "closed since its publication" if t.gone else
+                                   f"no answer in {secs:g} s"))
                 _orphan(ops[i])
             elif ops[i].err:
                 failures.append(f"job rank {t.g.jobrank} endpoint {t.g.ep_index}: "

@@ -15,7 +15,22 @@ cdef gx_op* _new_op(ofi_ep* ep, ofi_peer* t, int mode, int cat) except NULL nogi
         op.nbi = cat + 1
         op.epoch = ep.nbi_epoch
         gx_add_long(&ep.nbi[cat], 1)
+    if t != NULL and ep.dom.probe:
+        _note_target(ep, t)
     return op
+
+
+cdef inline void _note_target(ofi_ep* ep, ofi_peer* t) noexcept nogil:
+    """Remember t among the last 8 targets of the endpoint's ops: a stalled
+    nbi_wait or drain asks whether they are still there (_gone).  Racing
+    threads at worst overwrite each other's entry (every entry is some
+    target's ofi_peer, kept until the domain closes)."""
+    cdef int i
+    for i in range(8):
+        if ep.recent[i] == t:
+            return
+    ep.recent_i += 1
+    ep.recent[ep.recent_i & 7] = t
 
 
 cdef void _drop_new(gx_op* op) noexcept nogil:
@@ -163,6 +178,13 @@ cdef bint _gone(ofi_dom* dom, ofi_peer* t, double since) noexcept nogil:
     return closed != 0
 
 
+cdef int _raise_gone(ofi_peer* t, const char* what) except -1 with gil:
+    raise CommunicationError(
+        f"{what.decode()}: endpoint {t.g.ep_index} of job rank {t.g.jobrank} was closed "
+        f"(destroyed, or its process finalized) after it was published; nothing there "
+        f"takes operations any more")
+
+
 cdef int _retry(ofi_ep* ep, ofi_peer* t, double* deadline) noexcept nogil:
     """After -FI_EAGAIN: progress, then 0 to retry, ISSUE_DEAD when the target
     died, ISSUE_GONE when its endpoint closed since its publication (_gone),
@@ -194,11 +216,7 @@ cdef int _issue_failed(ofi_peer* t, ssize_t rc, const char* call) except -1 nogi
     if rc == ISSUE_POISONED:
         return _raise_poisoned(-1, t, call)
     if rc == ISSUE_GONE:
-        with gil:
-            raise CommunicationError(
-                f"{call.decode()}: endpoint {t.g.ep_index} of job rank {t.g.jobrank} is closed "
-                f"(destroyed, or its process finalized) since it was published; nothing "
-                f"there takes operations any more")
+        return _raise_gone(t, call)
     if rc == ISSUE_TIMEOUT:
         with gil:
             raise GxTimeoutError(f"{call.decode()}: the provider's queue stayed full for "
