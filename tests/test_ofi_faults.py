@@ -448,3 +448,97 @@ def test_stale_access_to_unbound_segment(tmp_path, extra):
               **extra)
     no_signal_death(res, [0, 1])
     assert res.returncode == 0 and res.stdout.count("STALE-UNBOUND-OK") == 2, res.report()
+
+
+# ---- an endpoint closed since its publication ----------------------------------
+
+# Rank 1 destroys an endpoint it published (no death: no notice comes), or
+# finalizes and leaves (a third rank's death has it skip finalize's barrier,
+# as in seed 384362); rank 0, not told, goes on using the publication.
+# Over tcp;ofi_rxm every operation then met -FI_EAGAIN until GEXMK_TIMEOUT
+# (rxm reconnects to the closed endpoint for ever), and so did making a
+# TM-pair, whose connection touches go to the endpoint (fuzz seeds 528,
+# 384362); over shm an operation sat in a queue nobody reads (seed 608) and
+# closing rank 0's endpoint then waited 10 s for it.  Each way must raise a
+# CommunicationError naming the closed endpoint, not the TimeoutError of
+# GEXMK_TIMEOUT (60 s: a wait for it would run past the launcher's limit),
+# and rank 0's endpoint closes cleanly (not leaked).
+CLOSED_ENDPOINT = r'''
+HOW = sys.argv[1]
+c = gexmk.init()
+tm = c.tm
+seg0 = c.segment_attach(1 << 16)
+ep = c.ep_create()
+seg = c.segment_attach(1 << 16, ep=ep)
+t = tm.create_for(ep)
+mine = c.ep_create()
+mseg = c.segment_attach(1 << 16, ep=mine)
+pub = tm.create_for(mine)            # publishes rank 0's endpoint `mine` too
+ad = t.ad_create(gexmk.DT_U64, gexmk.OP_FADD)
+small = np.arange(32, dtype=np.uint8)
+if tm.rank == 0:
+    t.put(1, t.addr(1, 0), small)    # connected
+tm.barrier()
+if tm.rank == 2:
+    os.kill(os.getpid(), signal.SIGKILL)
+if tm.rank == 1:
+    if HOW == "finalize":
+        time.sleep(1)                # rank 2's death is known: finalize skips its barrier
+        c.finalize()
+        print("CLOSED-OK", flush=True)
+        os._exit(0)
+    ep.destroy()
+    tm.barrier()
+    tm.barrier()
+    c.finalize()
+    print("CLOSED-OK", flush=True)
+else:
+    if HOW == "destroy":
+        tm.barrier()
+    else:
+        time.sleep(3)                # rank 1 has left by then
+    a = t.addr(1, 64)
+    ways = {
+        "put": lambda: t.put(1, a, small),
+        "get": lambda: t.get(np.empty(32, np.uint8), 1, a),
+        "put_nb": lambda: t.put_nb(1, a, small).wait(),
+        "put_nbi": lambda: (t.put_nbi(1, a, small), gexmk.nbi_wait()),
+        "get_nb": lambda: t.get_nb(np.empty(32, np.uint8), 1, a).wait(),
+        "atomic": lambda: ad.op(1, a, gexmk.OP_FADD, 1),
+        # a TM-pair of rank 0's endpoint `mine` with rank 1's closed one: its
+        # eager connection set-up touches that endpoint, then its first op
+        "pair": lambda: mine.pair(ep.index).put(1, a, small),
+    }
+    for name, fn in ways.items():
+        last = None
+        for k in range(100):        # small puts are injected: some complete before the
+            try:                    # connection's loss is seen
+                fn()
+            except E.GexmkError as e:
+                last = e
+                break
+            time.sleep(0.02)
+        assert last is not None, f"{name} to a closed endpoint kept succeeding"
+        assert isinstance(last, E.CommunicationError) and not isinstance(last, E.TimeoutError), \
+            f"{name}: {type(last).__name__}: {last}"
+        log(f"{name}: {type(last).__name__}: {last}")
+    mine.destroy()                   # its close drains nothing that went to rank 1
+    ep.destroy()
+    if HOW == "destroy":
+        tm.barrier()
+    c.finalize()
+    print("CLOSED-OK", flush=True)
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("provider", ["tcp;ofi_rxm", "shm"], ids=PROVIDER_IDS.get)
+@pytest.mark.parametrize("how", ["destroy", "finalize"])
+def test_ops_to_closed_endpoint_raise_promptly(tmp_path, provider, how):
+    need(provider)
+    res = run(tmp_path, CLOSED_ENDPOINT, 2 if how == "destroy" else 3, provider,
+              launcher_timeout=50, args=[how], keep_going=True, GEXMK_TIMEOUT=60)
+    no_signal_death(res, [0, 1])     # (rank 2, of the finalize case, kills itself)
+    assert res.stdout.count("CLOSED-OK") == 2, res.report()
+    assert how != "destroy" or res.returncode == 0, res.report()
+    assert "leaked" not in res.stderr, res.report()

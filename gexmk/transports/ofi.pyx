@@ -281,6 +281,7 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
     int gone                # its endpoint was found closed since its publication (rma.pxi
                             # _gone): operations that meet a full queue fail at once
     double probe_at         # when that was last looked into (_now())
+    long out                # ops of this process in flight to it (as ofi_ep.live counts them)
 
 
 cdef struct ofi_dom:

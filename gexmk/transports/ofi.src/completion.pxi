@@ -119,6 +119,8 @@ cdef void _complete(gx_op* op, int err) noexcept nogil:
         return
     _release_mrs(op)
     gx_add_long(&ep.live, -1)
+    if op.t != NULL:
+        gx_add_long(&op.t.out, -1)
     if op.amo:
         gx_add_long(&ep.amo_out, -1)
     if op.nbi:
@@ -221,6 +223,7 @@ cdef int _wait_op(gx_op* op, ofi_peer* t, const char* what, gx_val* result=NULL)
         # orphaned towards a closed endpoint: a drain does not wait for it
         # (exactly one of this and _complete takes it out of ep.lost again)
         gx_add_long(&ep.lost, 1)
+        _given_up(t)                # what it has in flight is given up (_recent_gone)
         gx_xchg_int(&op.lost, 1)
         if gx_xchg_int(&op.state, OP_ORPHAN) == OP_DONE:
             if gx_xchg_int(&op.lost, 0):
@@ -324,6 +327,7 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
     if why == 6:
         # what is still out (those to the closed endpoint among it) is given up
         ep.lost_epoch = ep.nbi_epoch + 1
+        _given_up(gone)
         gx_add_long(&ep.lost, ep.nbi[0] + ep.nbi[1] + ep.nbi[2])
         _abandon_nbi(ep)
         return _raise_gone(gone, "nbi_wait (implicit operations abandoned)")
@@ -341,17 +345,23 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
     return 0
 
 
+cdef inline void _given_up(ofi_peer* t) noexcept nogil:
+    """The ops in flight to t (its endpoint closed) are given up: they no
+    longer count as its ops in flight (_recent_gone)."""
+    gx_add_long(&t.out, -gx_load_long(&t.out))
+
+
 cdef ofi_peer* _recent_gone(ofi_ep* ep, double since) noexcept nogil:
-    """One of the endpoint's recent targets whose endpoint closed, for a
-    wait that has seen nothing complete since ``since`` (rma.pxi _gone);
-    NULL if none (or none known yet)."""
+    """One of the endpoint's recent targets with ops still in flight whose
+    endpoint closed, for a wait that has seen nothing complete since
+    ``since`` (rma.pxi _gone); NULL if none (or none known)."""
     cdef int i
     cdef ofi_peer* t
     if not ep.dom.probe:
         return NULL
     for i in range(8):
         t = ep.recent[i]
-        if t != NULL and _gone(ep.dom, t, since):
+        if t != NULL and gx_load_long(&t.out) > 0 and _gone(ep.dom, t, since):
             return t
     return NULL
 
@@ -368,6 +378,7 @@ cdef long _drain(ofi_ep* ep, double secs) noexcept nogil:
     cdef double now = _now()
     cdef double deadline = now + secs, moved = now
     cdef long n, last = gx_load_long(&ep.live)
+    cdef int i
     cdef timespec ts
     ts.tv_sec = 0
     ts.tv_nsec = 20000
@@ -387,6 +398,9 @@ cdef long _drain(ofi_ep* ep, double secs) noexcept nogil:
             # went there, into a queue nobody reads any more (over tcp the
             # broken connection fails such ops: nothing to guess there)
             ep.lost = n
+            for i in range(8):
+                if ep.recent[i] != NULL and ep.recent[i].gone:
+                    _given_up(ep.recent[i])
             break
         if now > deadline or _progress_all(ep.dom) < 0:
             break

@@ -8,6 +8,8 @@ cdef gx_op* _new_op(ofi_ep* ep, ofi_peer* t, int mode, int cat) except NULL nogi
     op.ep = ep
     op.t = t
     gx_add_long(&ep.live, 1)
+    if t != NULL:
+        gx_add_long(&t.out, 1)
     if cat == GX_CAT_RMW:
         op.amo = 1
         gx_add_long(&ep.amo_out, 1)
@@ -37,6 +39,8 @@ cdef void _drop_new(gx_op* op) noexcept nogil:
     """Undo _new_op for an op the provider refused."""
     _release_mrs(op)
     gx_add_long(&op.ep.live, -1)
+    if op.t != NULL:
+        gx_add_long(&op.t.out, -1)
     if op.amo:
         gx_add_long(&op.ep.amo_out, -1)
     if op.nbi and op.epoch == op.ep.nbi_epoch:

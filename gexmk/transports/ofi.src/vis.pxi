@@ -53,6 +53,8 @@ cdef void _vis_msg_done(gx_op* op, int err) noexcept nogil:
     cdef gx_op* p = op.parent
     _release_mrs(op)
     gx_add_long(&op.ep.live, -1)
+    if op.t != NULL:
+        gx_add_long(&op.t.out, -1)
     if err and p.vis_err == 0:
         p.vis_err = err
     free(op.vis_buf)
