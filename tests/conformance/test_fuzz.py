@@ -131,6 +131,14 @@ REGRESSIONS = [
     pytest.param(709, "ofi-tcp-staged", STALE, id="ofi-tcp-staged-709-stale-destroyed-endpoint"),
     pytest.param(608, "ofi-shm", STALE, id="ofi-shm-608-stale-op-stalls"),
     pytest.param(614, "ofi-shm", STALE, id="ofi-shm-614-stale-op-stalls-close-waits"),
+    # found here, not analysed: over shm, after a peer destroyed a segment bound to
+    # its endpoint 0 and another endpoint (both published before), a blocking put to
+    # that endpoint 0 waits until GEXMK_TIMEOUT (every run); --minimise turns it into
+    # a TM-pair whose connection touch gets no answer and whose get meets shm's
+    # EAGAIN for good (--keep 72-76,86-87,92-96,149-151,156-163).  The target is
+    # alive and its endpoint open, so the closed-endpoint probe does not apply
+    pytest.param(619, "ofi-shm", STALE, id="ofi-shm-619-stale-segment-put-stalls",
+                 marks=_slow("a put over shm after a peer's segment and endpoint churn waits GEXMK_TIMEOUT")),
     # fixed on main (issue 19 item 4, its ep.destroy() form found here): the event of
     # an NB op (put_signal_nb) whose endpoint was then destroyed waited GEXMK_TIMEOUT
     pytest.param(303, "ofi-tcp", KNOWN, id="ofi-tcp-303-event-after-ep-destroy"),
