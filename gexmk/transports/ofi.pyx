@@ -282,6 +282,7 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
                             # _gone): operations that meet a full queue fail at once
     double probe_at         # when that was last looked into (_now())
     long out                # ops of this process in flight to it (as ofi_ep.live counts them)
+    int local               # its process runs on this node (its pid is ours to look at)
 
 
 cdef struct ofi_dom:
@@ -581,6 +582,7 @@ cdef class OfiTransport:
         p.c.g = <gx_target*><uintptr_t>peer.target
         p.c.net_addr, p.c.net_aaddr = self.domain.insert(name)
         p.c.gone = 0            # published as it is now: there (rma.pxi _gone)
+        p.c.local = bool(peer.same_node)
         p.c.probe_at = 0
         p.c.no_amo = name.startswith(_SINGLE_TAG)       # an endpoint without atomics
         old = (p.c.stg_key, p.c.stg_ring, p.c.stg or p.c.hmem)

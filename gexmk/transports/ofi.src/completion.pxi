@@ -314,7 +314,7 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
                     why = 1
                 else:
                     # nothing completes: did a target of these ops close its endpoint?
-                    gone = _recent_gone(ep, stalled)
+                    gone = _recent_gone(ep, stalled, now_out)
                     if gone != NULL:
                         why = 6
     _app_active(ep.dom)
@@ -351,19 +351,33 @@ cdef inline void _given_up(ofi_peer* t) noexcept nogil:
     gx_add_long(&t.out, -gx_load_long(&t.out))
 
 
-cdef ofi_peer* _recent_gone(ofi_ep* ep, double since) noexcept nogil:
-    """One of the endpoint's recent targets with ops still in flight whose
-    endpoint closed, for a wait that has seen nothing complete since
-    ``since`` (rma.pxi _gone); NULL if none (or none known)."""
-    cdef int i
+cdef ofi_peer* _recent_gone(ofi_ep* ep, double since, long need) noexcept nogil:
+    """For a wait of the endpoint that has seen nothing complete since
+    ``since`` with ``need`` ops still out: one of its recent targets whose
+    endpoint closed (rma.pxi _gone), provided the ops in flight to such
+    targets can account for all ``need`` (a slow live target must not be
+    blamed on a closed one); NULL otherwise."""
+    cdef int i, j
     cdef ofi_peer* t
-    if not ep.dom.probe:
+    cdef ofi_peer* found = NULL
+    cdef long n, out = 0
+    if not ep.dom.probe or need <= 0:
         return NULL
     for i in range(8):
         t = ep.recent[i]
-        if t != NULL and gx_load_long(&t.out) > 0 and _gone(ep.dom, t, since):
-            return t
-    return NULL
+        if t == NULL:
+            continue
+        for j in range(i):
+            if ep.recent[j] == t:
+                t = NULL            # counted already
+                break
+        if t == NULL:
+            continue
+        n = gx_load_long(&t.out)
+        if n > 0 and _gone(ep.dom, t, since):
+            out += n
+            found = t
+    return found if out >= need else NULL
 
 
 cdef long _drain(ofi_ep* ep, double secs) noexcept nogil:
@@ -393,7 +407,7 @@ cdef long _drain(ofi_ep* ep, double secs) noexcept nogil:
         elif ep.dom.deaths > 0 and now - moved > DEATH_GRACE_MS * 1e-3:
             ep.stuck = n
             break
-        elif ep.dom.probe == PROBE_SHM and _recent_gone(ep, moved) != NULL:
+        elif ep.dom.probe == PROBE_SHM and _recent_gone(ep, moved, n - ep.lost) != NULL:
             # nothing completes and a target closed its endpoint: what is left
             # went there, into a queue nobody reads any more (over tcp the
             # broken connection fails such ops: nothing to guess there)

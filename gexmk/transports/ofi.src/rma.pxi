@@ -86,7 +86,9 @@ cdef inline uint64_t _raddr(ofi_peer* t, uintptr_t remote) noexcept nogil:
 cdef extern from *:
     """
     #include <errno.h>
+    #include <fcntl.h>
     #include <netinet/in.h>
+    #include <stdio.h>
     #include <poll.h>
     #include <string.h>
     #include <sys/socket.h>
@@ -143,8 +145,28 @@ cdef extern from *:
         path[9 + n] = 0;
         return stat(path, &st) != 0 && errno == ENOENT;
     }
+    /* 1 when process `pid` of this node exists and is not a zombie (a killed
+       process stays one until its parent reaps it), from /proc/<pid>/stat. */
+    static int gx_proc_alive(int pid) {
+        char path[64], buf[512];
+        const char *p;
+        ssize_t n;
+        int fd;
+        if (pid <= 0) return 0;
+        snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return 0;
+        n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0) return 0;
+        buf[n] = 0;
+        p = strrchr(buf, ')');
+        if (p == NULL || p[1] != ' ') return 0;
+        return p[2] != 'Z' && p[2] != 'X' && p[2] != 'x';
+    }
     """
     int gx_tcp_refused(const void* addr, size_t len, int ms) nogil
+    int gx_proc_alive(int pid) nogil
     int gx_shm_gone(const char* name, size_t len) nogil
 
 
@@ -182,11 +204,32 @@ cdef bint _gone(ofi_dom* dom, ofi_peer* t, double since) noexcept nogil:
     return closed != 0
 
 
-cdef int _raise_gone(ofi_peer* t, const char* what) except -1 with gil:
+cdef int _raise_gone_now(ofi_peer* t, const char* what) except -1 with gil:
     raise CommunicationError(
         f"{what.decode()}: endpoint {t.g.ep_index} of job rank {t.g.jobrank} was closed "
         f"(destroyed, or its process finalized) after it was published; nothing there "
         f"takes operations any more")
+
+
+cdef int _raise_gone(ofi_peer* t, const char* what) except -1 nogil:
+    """Raise for an op towards t, whose endpoint was found closed (_gone):
+    PeerDeadError if the death notice of its process comes within
+    DEATH_GRACE_MS (a killed process's endpoint refuses connections too, and
+    its notice arrives on a thread of its own: waited for without the GIL),
+    else CommunicationError naming the closed endpoint.  A process of this
+    node that still runs only destroyed its endpoint: no wait."""
+    cdef int i
+    cdef timespec ts
+    ts.tv_sec = 0
+    ts.tv_nsec = 1000000
+    if t.gone == 2 or (t.local and gx_proc_alive(t.g.pid)):
+        return _raise_gone_now(t, what)
+    for i in range(DEATH_GRACE_MS):
+        if t.g.dead:
+            return _raise_dead(t, what)
+        nanosleep(&ts, NULL)
+    t.gone = 2                  # no notice came: it left; the next op need not wait
+    return _raise_gone_now(t, what)
 
 
 cdef int _retry(ofi_ep* ep, ofi_peer* t, double* deadline) noexcept nogil:
