@@ -131,6 +131,12 @@ REGRESSIONS = [
     pytest.param(709, "ofi-tcp-staged", STALE, id="ofi-tcp-staged-709-stale-destroyed-endpoint"),
     pytest.param(608, "ofi-shm", STALE, id="ofi-shm-608-stale-op-stalls"),
     pytest.param(614, "ofi-shm", STALE, id="ofi-shm-614-stale-op-stalls-close-waits"),
+    # found by a --stale soak of that fix: a killed peer's endpoint refuses connections
+    # too, and read as closed (CommunicationError) before its death notice came (5063,
+    # now PeerDeadError: the notice is waited for 1 s); a quiet stalled by a slow live
+    # target was blamed on a closed one (5068)
+    pytest.param(5063, "ofi-tcp", STALE, id="ofi-tcp-5063-killed-peer-read-as-closed"),
+    pytest.param(5068, "ofi-tcp", STALE, id="ofi-tcp-5068-quiet-blames-closed-endpoint"),
     # found here, not analysed: over shm, after a peer destroyed a segment bound to
     # its endpoint 0 and another endpoint (both published before), a blocking put to
     # that endpoint 0 waits until GEXMK_TIMEOUT (every run); --minimise turns it into
