@@ -242,8 +242,14 @@ cdef struct ofi_zone:       # a device-bound endpoint's landing zone (staged.pxi
     uintptr_t seg_base
     size_t seg_size
     uint64_t* handled       # nrings * slots: the last sequence number served per slot
-    int pinned
+    int pinned              # the bounce slots are page-locked (device zones; rings: ring_state)
     int amo                 # the kind runs atomics on the segment
+    unsigned char* ring_state   # nrings: RING_* -- rings are backed (and pinned) per initiator on
+                                # its first request, at most cap of them (issue 23)
+    int cap                 # rings that may be backed at once (0: every job rank's)
+    int active              # rings backed so far
+    int refused             # initiators turned away (cap reached)
+    int vis_only            # the zone of a host segment: packed VIS only (vis.pxi, "ofi-landed")
 
 
 cdef struct ofi_peer:       # what an initiator knows of one target endpoint
@@ -273,6 +279,8 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
     uint64_t stg_ok[STG_MAX_SLOTS]      # ... of those, the last one known served without error
     uint64_t stg_rb[3 * STG_MAX_SLOTS]  # done, status and result words as last read back
     uint64_t stg_dbuf[16]   # a descriptor being sent
+    int stg_open            # this process's ring in t's zone: 0 not asked yet, 1 backed, 2 refused
+    int vzone               # a host segment whose zone takes packed VIS (vis.pxi, "ofi-landed")
 
 
 cdef struct ofi_dom:
@@ -302,6 +310,7 @@ cdef struct ofi_dom:
     int ordered             # FI_ORDER_RAW: a read issued after writes sees them (flush by read)
     size_t max_order_raw    # ... for writes up to this size
     int waw                 # FI_ORDER_WAW: writes from one endpoint to a target land in issue order
+    size_t max_order_waw    # ... for writes up to this size
     int sig_ordered         # put_signal: data and signal atomic back to back on one endpoint
                             # (FI_ORDER_WAW there: RMA and atomic writes in issue order)
     size_t sig_order_max    # ... for data up to this size (max_order_waw_size)
@@ -325,10 +334,18 @@ cdef struct ofi_dom:
     int stg_slots           # GEXMK_OFI_STAGE_SLOTS
     size_t stg_chunk        # GEXMK_OFI_STAGE_CHUNK
     int stg_nrings          # the job's size: one ring per initiator
+    int zone_rings          # GEXMK_OFI_ZONE_RINGS: rings a zone backs at most (0: no cap)
+    int vis_zone            # host segments get a VIS landing zone (GEXMK_OFI_VIS_LAND > 0)
+    size_t vis_land         # ... fragments up to this size are packed through it
+    long n_vis_direct       # VIS messages sent direct (fi_writemsg/fi_readmsg)
+    long n_vis_landed       # VIS slots packed through a host target's zone
+    long n_vis_refused      # VIS calls sent direct because the target's zone was full
     int stg_rank            # this process's ring in peers' zones
     ofi_zone* zones[STG_MAX_ZONES]      # served by the lander thread
     int nzones
     int zlock
+    int backed              # rings backed in staged zones (the lander naps 20 us while any is)
+    int backed_vis          # ... in host segments' VIS zones
     long landed             # staged requests served here
     signed char valid[3][GX_DT_COUNT][GX_OP_COUNT]   # fi_*atomicvalid cache: -1 unknown
     long deaths             # peers of the job known dead (the core's notices)
@@ -368,6 +385,8 @@ cdef struct ofi_ep:
     uintptr_t zone_lo
     uintptr_t zone_hi
     uintptr_t dev_lo        # ... its address range: local buffers there go through zone.bounce
+    ofi_zone* vzone         # a bound host segment's VIS landing zone (vis.pxi), or NULL
+    fid_mr* vzone_mr        # ... and its registration
     uintptr_t dev_hi
     int bb_lock             # one staged transfer at a time uses zone.bounce
     sig_rx* rx              # signal messages: SIG_RX receives posted on ep (signal.pxi); NULL if none
@@ -555,16 +574,18 @@ cdef class OfiTransport:
             return None
         # a host segment: 4 fields; a staged device segment: + its zone's geometry;
         # a native one (hmem.pxi): + None, + its zone's key, base and geometry
+        # ... + None, None, a host segment's VIS landing zone (vis.pxi)
         name, rkey, base, answers, *extra = pickle.loads(blob)
         geometry = extra[0] if extra else None
         native = extra[1] if len(extra) > 1 else None
+        vis = extra[2] if len(extra) > 2 else None
         if p is None:
             p = OfiPeer()
             self._peers[key] = p
         p.c.g = <gx_target*><uintptr_t>peer.target
         p.c.net_addr, p.c.net_aaddr = self.domain.insert(name)
         p.c.no_amo = name.startswith(_SINGLE_TAG)       # an endpoint without atomics
-        old = (p.c.stg_key, p.c.stg_ring, p.c.stg or p.c.hmem)
+        old = (p.c.stg_key, p.c.stg_ring, p.c.stg or p.c.hmem or p.c.vzone)
         p.c.net_key = self.domain.map_key(rkey, base)   # raw keys are mapped here
         p.c.net_base = base
         # bit 0: the owner answers while it computes; bit 1: its endpoint takes
@@ -574,10 +595,15 @@ cdef class OfiTransport:
         p.c.sig_rx = (answers >> 1) & 1
         p.c.sig_data = (answers >> 2) & 1
         p.c.sig_gen = (answers >> 8) & 0xff     # bits 8-15: the binding's generation
-        p.c.stg = p.c.hmem = 0
-        if geometry is None and native is None:
+        p.c.stg = p.c.hmem = p.c.vzone = 0
+        if geometry is None and native is None and vis is None:
             return p
-        if native is not None:
+        if vis is not None:
+            # packed VIS lands in the zone; everything else in the segment
+            zkey, zbase, slots, chunk, ring_bytes = vis
+            stg_key = self.domain.map_key(zkey, zbase)
+            amo = 0
+        elif native is not None:
             # RMA lands in the device segment itself; atomics through the zone
             zkey, zbase, slots, chunk, ring_bytes, amo = native
             stg_key = self.domain.map_key(zkey, zbase)
@@ -592,6 +618,7 @@ cdef class OfiTransport:
         if old != (stg_key, ring, 1):
             # a new zone starts a new ring
             p.c.stg_seq = 0
+            p.c.stg_open = 0
             memset(p.c.stg_last, 0, sizeof(p.c.stg_last))
             memset(p.c.stg_ok, 0, sizeof(p.c.stg_ok))
             memset(p.c.stg_rb, 0, sizeof(p.c.stg_rb))
@@ -600,7 +627,9 @@ cdef class OfiTransport:
         p.c.stg_chunk = chunk
         p.c.stg_amo = amo
         p.c.stg_ring = ring
-        if native is not None:
+        if vis is not None:
+            p.c.vzone = 1
+        elif native is not None:
             p.c.hmem = 1
         else:
             p.c.stg = 1

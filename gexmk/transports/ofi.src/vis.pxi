@@ -27,6 +27,20 @@ cdef enum:
 
 cdef size_t _VIS_IOV_CAP = env_int("GEXMK_OFI_VIS_IOV", 0, 0, VIS_IOV_MAX)
 
+cdef enum:
+    VIS_LAND_DEFAULT = 64 << 10     # GEXMK_OFI_VIS_LAND: fragments this small (on average) are
+                                    # packed through a host target's VIS landing zone
+    VIS_LAND_MSGS = 4               # ... where direct they would take more messages than this
+
+# A host segment's VIS landing zone (packed VIS, "ofi-landed"): slots per ring
+# and bytes per slot (smaller than a staged zone's: the packing, the wire and
+# the unpacking overlap slot by slot).
+cdef int _VIS_ZONE_SLOTS = env_int("GEXMK_OFI_VIS_SLOTS", 16, 1, STG_MAX_SLOTS)
+cdef size_t _VIS_ZONE_CHUNK = env_int("GEXMK_OFI_VIS_CHUNK", 256 << 10, 16 << 10, 64 << 20)
+# Private, for measurements: 0 sends each slot's descriptor after its data's
+# delivery completion even where the provider orders writes.
+cdef bint _VIS_EARLY = env_int("GEXMK_OFI_VIS_EARLY", 1, 0, 1) != 0
+
 
 cdef void _vis_limits(ofi_dom* d, fi_info* rma) noexcept nogil:
     """The message shape of VIS transfers, from the RMA endpoints' info."""
@@ -289,6 +303,7 @@ cdef int net_vis(ofi_ep* ep, ofi_peer* t, bint put, const gx_frag* f, size_t nf,
         if rc < 0:
             _vis_drop(op)
             return _vis_fail(parent, t, rc, put)
+        gx_add_long(&d.n_vis_direct, 1)
         i = i1
     if ordered and nbi:
         _ensure_flush(ep, t)
@@ -356,6 +371,8 @@ cdef int ofi_put_vis(gx_xfer* x) except -1 nogil:
         return _stg_vis(x, True)             # packed through the target's lander
     if _vis_staged_local(ep, x):
         return _vis_bounced(x, True)
+    if t.vzone and _vis_land_worth(ep.dom, t, x):
+        return _vis_landed(x, True)          # packed through its VIS landing zone
     return net_vis(ep, t, True, x.vis.frags, x.vis.nfrags, x.mode,
                    x.local_kind == GX_MK_HOST, x.handle)
 
@@ -369,6 +386,8 @@ cdef int ofi_get_vis(gx_xfer* x) except -1 nogil:
         return _stg_vis(x, False)             # packed through the target's lander
     if _vis_staged_local(ep, x):
         return _vis_bounced(x, False)
+    if t.vzone and _vis_land_worth(ep.dom, t, x):
+        return _vis_landed(x, False)          # gathered through its VIS landing zone
     return net_vis(ep, t, False, x.vis.frags, x.vis.nfrags, x.mode,
                    x.local_kind == GX_MK_HOST, x.handle)
 
@@ -523,11 +542,13 @@ cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
     cdef uint64_t pk[STG_MAX_SLOTS]
     cdef uint64_t plen[STG_MAX_SLOTS]
     cdef char* b
+    cdef bint early
     for j in range(STG_MAX_SLOTS):
         ops[j] = NULL
     try:
         while True:
-            # the oldest chunks whose data has landed: their descriptors, in order
+            # the oldest chunks whose data has landed: their descriptors, in
+            # order (pseq 0: sent with the data already)
             while cnt > 0:
                 j = h % W
                 if i < nf and cnt < W and gx_load_int(&ops[j].state) != OP_DONE:
@@ -537,7 +558,9 @@ cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
                 op = ops[j]
                 ops[j] = NULL
                 _wait_op(op, t, "staged put (vector data)")
-                _stg_send_desc(ep, t, <int>((pseq[j] - 1) % S), pseq[j], STG_PUTV, pk[j], plen[j])
+                if pseq[j]:
+                    _stg_send_desc(ep, t, <int>((pseq[j] - 1) % S), pseq[j], STG_PUTV, pk[j],
+                                   plen[j])
                 h += 1
                 cnt -= 1
             if i < nf and cnt < W:
@@ -558,8 +581,17 @@ cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
                 pseq[j] = q
                 pk[j] = k
                 plen[j] = nbytes
+                # Where the provider lands one endpoint's writes in issue
+                # order (FI_ORDER_WAW, up to max_order_waw bytes), the
+                # descriptor goes right behind its data, which asks for
+                # transmit completion only (the slot's buffer free again):
+                # no round trip per slot between packing and unpacking.
+                early = _VIS_EARLY and ep.dom.waw and 16 * k + nbytes <= ep.dom.max_order_waw
                 _stg_post(ep, t, True, t.stg_ring + _stg_data_off(S) + <uint64_t>s * t.stg_chunk,
-                          b, 16 * k + nbytes, &ops[j])
+                          b, 16 * k + nbytes, &ops[j], not early)
+                if early:
+                    _stg_send_desc(ep, t, s, q, STG_PUTV, k, nbytes)
+                    pseq[j] = 0
                 cnt += 1
                 i = i1
             elif cnt == 0:
@@ -688,6 +720,8 @@ cdef int _stg_vis(gx_xfer* x, bint put) except -1 nogil:
         buf = ep.zone.bounce
     _spin_lock(&t.stg_lock)
     try:
+        if not _stg_open(ep, t):
+            _stg_refused(t)
         if put:
             _stg_vis_put(ep, t, v.frags, v.nfrags, lstg, buf, C, W)
         else:
@@ -848,6 +882,143 @@ cdef int _vis_bounced(gx_xfer* x, bint put) except -1 nogil:
     finally:
         gx_xchg_int(&ep.bb_lock, 0)
         free(hf)
+    if x.handle != NULL:
+        x.handle[0] = NULL
+    return 0
+
+
+# ---- packed through a host target's VIS landing zone ("ofi-landed") ---------------
+#
+# Over a provider that takes few remote ranges per message (tcp;ofi_rxm: 4, at
+# 6-8 us a message), many small blocks to a host segment go faster packed: a
+# host segment bound to an endpoint gets a landing zone beside it (registered
+# apart, published as the seventh field of the endpoint's blob), and a VIS
+# call whose small fragments would take more than VIS_LAND_MSGS direct
+# messages packs them slot by slot into its ring there (_stg_vis_put/_get:
+# one write and one descriptor per slot, the descriptor right behind the data
+# where the provider orders writes), unpacked by the target's lander; larger
+# fragments and short lists still go direct (fi_writemsg/fi_readmsg).  The
+# zone costs address space until used: a ring is backed on its initiator's
+# first request (STG_OPEN), at most GEXMK_OFI_ZONE_RINGS of them; an
+# initiator the zone refuses sends its VIS direct from then on.  Counted in
+# Domain.vis_paths.
+
+cdef object _vis_zone_open(OfiEndpoint oe, Segment seg):
+    """The VIS landing zone of a host segment bound to oe (GEXMK_OFI_VIS_LAND
+    > 0): what peers need of it, (key, base, slots, chunk, ring bytes), or
+    None (none made: switched off, or the process's zones used up)."""
+    cdef ofi_ep* e = &oe.e
+    cdef ofi_dom* d = e.dom
+    cdef fid_mr* mr = NULL
+    cdef uint64_t key = 0
+    cdef ofi_zone* z
+    if not d.vis_zone or seg.size == 0 or d.nzones >= STG_MAX_ZONES // 2:
+        return None
+    z = _zone_make(d, seg, d.stg_nrings, _VIS_ZONE_SLOTS, _VIS_ZONE_CHUNK, True)
+    try:
+        if not (d.mr_mode & FI_MR_PROV_KEY):
+            key = d.next_key
+            d.next_key += 1
+        with nogil:
+            check("fi_mr_reg (VIS landing zone)", fi_mr_reg(d.domain, z.mem, z.bytes,
+                                                            FI_REMOTE_READ | FI_REMOTE_WRITE
+                                                            | FI_READ | FI_WRITE, 0, key, 0,
+                                                            &mr, NULL))
+        if d.mr_mode & FI_MR_ENDPOINT:
+            try:
+                check("fi_mr_bind", fi_mr_bind(mr, &e.ep.fid, 0))
+                check("fi_mr_enable", fi_mr_enable(mr))
+            except BaseException:
+                fi_close(&mr.fid)
+                raise
+        try:
+            _zone_serve_z(d, z)
+        except BaseException:
+            fi_close(&mr.fid)
+            raise
+    except BaseException:
+        _zone_free(z)
+        raise
+    e.vzone = z
+    e.vzone_mr = mr
+    oe.domain.start_lander()
+    base = <uintptr_t>z.mem if (d.mr_mode & FI_MR_VIRT_ADDR) else 0
+    key = oe._raw_key(mr, base) if (d.mr_mode & FI_MR_RAW) else fi_mr_key(mr)
+    return (key, base, z.slots, z.chunk, z.ring_bytes)
+
+
+cdef bint _vis_land_worth(ofi_dom* d, ofi_peer* t, gx_xfer* x) noexcept nogil:
+    """Whether x's fragments go faster packed through t's VIS zone: its
+    local blocks host memory, its ring not refused, and its small fragments
+    (at most d.vis_land bytes on average) more than VIS_LAND_MSGS direct
+    messages' worth of remote ranges that do not run on."""
+    cdef const gx_frag* f = x.vis.frags
+    cdef size_t i, k = 0, nbytes = 0, ranges = 0, C = t.stg_chunk
+    cdef uint64_t end = 0
+    if x.local_kind != GX_MK_HOST or t.stg_open == 2 or d.vis_land == 0:
+        return False
+    for i in range(x.vis.nfrags):
+        if _vis_small(f[i].n, C):
+            k += 1
+            nbytes += f[i].n
+            if f[i].remote != end:
+                ranges += 1
+            end = f[i].remote + f[i].n
+    return ranges > VIS_LAND_MSGS * d.vis_rma_iov and nbytes <= k * d.vis_land
+
+
+cdef int _vis_landed(gx_xfer* x, bint put) except -1 nogil:
+    """x's small fragments packed through t's VIS landing zone, the others
+    direct; complete on return whatever the mode.  A ring the zone refuses:
+    all direct (as x.mode asks)."""
+    cdef ofi_ep* ep = <ofi_ep*>x.ep
+    cdef ofi_peer* t = <ofi_peer*>x.peer
+    cdef const gx_vis* v = x.vis
+    cdef size_t C = t.stg_chunk, i, k = 0
+    cdef int W = t.stg_slots
+    cdef char* buf
+    cdef bint kept = False
+    cdef int opened = 0
+    cdef long seq0
+    cdef gx_frag* hf
+    buf = _pack_take(<size_t>W * C, &kept)
+    if buf == NULL:
+        with gil:
+            raise MemoryError(f"ofi VIS: no memory for {W} x {C} bytes of packing buffers")
+    _app_active(ep.dom)
+    _spin_lock(&t.stg_lock)
+    try:
+        opened = _stg_open(ep, t)
+        if opened:
+            seq0 = <long>t.stg_seq
+            if put:
+                _stg_vis_put(ep, t, v.frags, v.nfrags, False, buf, C, W)
+            else:
+                _stg_vis_get(ep, t, v.frags, v.nfrags, False, buf, C, W)
+            gx_add_long(&ep.dom.n_vis_landed, <long>t.stg_seq - seq0)
+    finally:
+        gx_xchg_int(&t.stg_lock, 0)
+        _pack_give(buf, kept)
+    if not opened:
+        gx_add_long(&ep.dom.n_vis_refused, 1)
+        return net_vis(ep, t, put, v.frags, v.nfrags, x.mode, True, x.handle)
+    for i in range(v.nfrags):
+        if v.frags[i].n and not _vis_small(v.frags[i].n, C):
+            k += 1
+    if k:
+        hf = <gx_frag*>malloc(k * sizeof(gx_frag))
+        if hf == NULL:
+            with gil:
+                raise MemoryError("ofi VIS: no memory for a fragment list")
+        k = 0
+        for i in range(v.nfrags):
+            if v.frags[i].n and not _vis_small(v.frags[i].n, C):
+                hf[k] = v.frags[i]
+                k += 1
+        try:
+            net_vis(ep, t, put, hf, k, GX_BLOCKING, True, NULL)
+        finally:
+            free(hf)
     if x.handle != NULL:
         x.handle[0] = NULL
     return 0
