@@ -187,6 +187,18 @@ cdef class OfiEndpoint:
         return (<uintptr_t>self.e.zone.mem, self.e.zone.bytes, self.e.zone.ring_bytes)
 
     @property
+    def zone_rings(self):
+        """``{"zone": (backed, refused, cap), "vis": (...)}`` for this
+        endpoint's landing zone and its host segment's VIS zone (None where
+        there is none): rings backed for initiators so far (each on its first
+        request), initiators turned away, and the cap (GEXMK_OFI_ZONE_RINGS;
+        0: none)."""
+        cdef ofi_zone* z = self.e.zone
+        cdef ofi_zone* v = self.e.vzone
+        return {"zone": (z.active, z.refused, z.cap) if z != NULL else None,
+                "vis": (v.active, v.refused, v.cap) if v != NULL else None}
+
+    @property
     def hmem(self):
         """True when the bound segment is registered natively (FI_HMEM): peers'
         puts and gets land in it directly (path ``ofi-hmem``)."""
