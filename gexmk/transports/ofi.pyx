@@ -346,6 +346,7 @@ cdef struct ofi_dom:
     int zlock
     int backed              # rings backed in staged zones (the lander naps 20 us while any is)
     int backed_vis          # ... in host segments' VIS zones
+    int nvis_zones          # zones[] that are host segments' VIS zones
     long landed             # staged requests served here
     signed char valid[3][GX_DT_COUNT][GX_OP_COUNT]   # fi_*atomicvalid cache: -1 unknown
     long deaths             # peers of the job known dead (the core's notices)

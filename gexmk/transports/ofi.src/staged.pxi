@@ -267,8 +267,13 @@ cdef void _lander_thread(ofi_dom* d, volatile int* stop) noexcept nogil:
             nap = 20000
         elif gx_load_int(&d.backed_vis) > 0:
             nap = nap * 2 if nap < 100000 else 200000
-        else:
+        elif gx_load_int(&d.nzones) > gx_load_int(&d.nvis_zones):
             nap = 2000000
+        else:
+            # only VIS zones, nobody has used them: up to 16 ms (every
+            # process with a host segment has one; a first packed VIS call
+            # to it waits that long, once)
+            nap = nap * 2 if 2000000 <= nap < 16000000 else (2000000 if nap < 2000000 else 16000000)
         ts.tv_sec = 0
         ts.tv_nsec = nap
         nanosleep(&ts, NULL)
@@ -352,6 +357,8 @@ cdef int _zone_serve_z(ofi_dom* d, ofi_zone* z) except -1:
     d.zones[d.nzones] = z
     gx_mem_fence()
     d.nzones += 1
+    if z.vis_only:
+        d.nvis_zones += 1
     gx_xchg_int(&d.zlock, 0)
     return 0
 
@@ -378,6 +385,7 @@ cdef void _zone_unserve(ofi_dom* d, ofi_zone* z) noexcept nogil:
             break
     if z.vis_only:
         d.backed_vis -= z.active
+        d.nvis_zones -= 1
     else:
         d.backed -= z.active
     gx_xchg_int(&d.zlock, 0)
