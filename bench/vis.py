@@ -147,7 +147,7 @@ def gexmk_ofi(rounds):
         out["provider"] = os.environ.get("GEXMK_OFI_PROVIDER")
         out["vis"] = os.environ.get("GEXMK_OFI_VIS") or "transport"
         out["vis"] += ", landing zones" if os.environ.get("GEXMK_OFI_STAGE") == "all" else ""
-        vp = c.transports["ofi"].domain.vis_paths if "ofi" in c.transports else None
+        vp = getattr(c.transports["ofi"].domain, "vis_paths", None) if "ofi" in c.transports else None
         if vp is not None and os.environ.get("GEXMK_OFI_STAGE") != "all":
             out["vis"] += ", " + ", ".join(f"{k} {v}" for k, v in vp.items() if v)
     tm.barrier()

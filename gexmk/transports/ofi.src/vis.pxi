@@ -571,53 +571,85 @@ cdef int _stg_vis_get(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
                       char* buf, size_t C, int W) except -1 nogil:
     """The small fragments gathered by the target's lander, W requests ahead
     (buf: W x C bytes of host memory: the lists, then the data read back);
-    complete on return.  Caller holds t.stg_lock."""
-    cdef int S = t.stg_slots, s, j
+    complete on return.  Caller holds t.stg_lock.  Where the provider orders
+    writes (FI_ORDER_WAW), each list goes with transmit completion and its
+    descriptor right behind it; the reads of served slots are posted as soon
+    as they are known served, several in flight, each unpacked as it
+    completes."""
+    cdef int S = t.stg_slots, s, j, m
     cdef size_t i = 0, k, nbytes
-    cdef size_t posted = 0, got = 0
+    cdef size_t posted = 0, got = 0, rposted = 0
     cdef uint64_t q
     cdef uint64_t qs[STG_MAX_SLOTS]
     cdef size_t g0[STG_MAX_SLOTS]
     cdef size_t g1[STG_MAX_SLOTS]
     cdef size_t gk[STG_MAX_SLOTS]
     cdef size_t gn[STG_MAX_SLOTS]
+    cdef gx_op* lops[STG_MAX_SLOTS]
+    cdef gx_op* rops[STG_MAX_SLOTS]
+    cdef gx_op* op
     cdef uint64_t slot
     cdef char* b
-    while True:
-        while i < nf and posted - got < <size_t>W:
-            g1[posted % W] = _vis_group(f, i, nf, C, 16, &k, &nbytes)
-            if k == 0:
-                i = g1[posted % W]
-                continue
-            j = <int>(posted % W)
-            g0[j] = i
-            gk[j] = k
-            gn[j] = nbytes
-            q = t.stg_seq + 1
-            s = <int>((q - 1) % S)
-            if t.stg_last[s] > t.stg_ok[s]:
-                _stg_wait_slot(ep, t, s, t.stg_last[s])
-            b = buf + <size_t>j * C
-            _vis_list(t, f, i, g1[j], C, b)
-            slot = t.stg_ring + _stg_data_off(S) + <uint64_t>s * t.stg_chunk
-            _stg_post(ep, t, True, slot, b, 16 * k, NULL)       # the list, before its request
-            t.stg_seq = q
-            t.stg_last[s] = q
-            qs[j] = q
-            _stg_send_desc(ep, t, s, q, STG_GETV, k, nbytes)
-            posted += 1
-            i = g1[j]
-        if got == posted:
-            break
-        j = <int>(got % W)
-        q = qs[j]
-        s = <int>((q - 1) % S)
-        _stg_wait_slot(ep, t, s, q)
-        b = buf + <size_t>j * C
-        slot = t.stg_ring + _stg_data_off(S) + <uint64_t>s * t.stg_chunk
-        _stg_post(ep, t, False, slot + 16 * gk[j], b, gn[j], NULL)
-        _vis_pack(ep, lstg, False, b, f, g0[j], g1[j], C)
-        got += 1
+    cdef bint early
+    for m in range(STG_MAX_SLOTS):
+        lops[m] = rops[m] = NULL
+    try:
+        while True:
+            while i < nf and posted - got < <size_t>W:
+                g1[posted % W] = _vis_group(f, i, nf, C, 16, &k, &nbytes)
+                if k == 0:
+                    i = g1[posted % W]
+                    continue
+                j = <int>(posted % W)
+                g0[j] = i
+                gk[j] = k
+                gn[j] = nbytes
+                q = t.stg_seq + 1
+                s = <int>((q - 1) % S)
+                if t.stg_last[s] > t.stg_ok[s]:
+                    _stg_wait_slot(ep, t, s, t.stg_last[s])
+                b = buf + <size_t>j * C
+                _vis_list(t, f, i, g1[j], C, b)
+                slot = t.stg_ring + _stg_data_off(S) + <uint64_t>s * t.stg_chunk
+                early = _VIS_EARLY and ep.dom.waw and 16 * k <= ep.dom.max_order_waw
+                # the list, before its request
+                _stg_post(ep, t, True, slot, b, 16 * k, &lops[j] if early else NULL, not early)
+                t.stg_seq = q
+                t.stg_last[s] = q
+                qs[j] = q
+                _stg_send_desc(ep, t, s, q, STG_GETV, k, nbytes)
+                posted += 1
+                i = g1[j]
+            if got == posted:
+                break
+            # reads: the oldest request's once served, and any later ones
+            # already seen served
+            while rposted < posted:
+                m = <int>(rposted % W)
+                q = qs[m]
+                s = <int>((q - 1) % S)
+                if rposted > got and _stg_seq(t.stg_rb[s]) < q:
+                    break
+                _stg_wait_slot(ep, t, s, q)
+                if lops[m] != NULL:     # its list's buffer takes the data
+                    op = lops[m]
+                    lops[m] = NULL
+                    _wait_op(op, t, "staged get (vector list)")
+                slot = t.stg_ring + _stg_data_off(S) + <uint64_t>s * t.stg_chunk
+                _stg_post(ep, t, False, slot + 16 * gk[m], buf + <size_t>m * C, gn[m], &rops[m])
+                rposted += 1
+            j = <int>(got % W)
+            op = rops[j]
+            rops[j] = NULL
+            _wait_op(op, t, "staged get (vector data)")
+            _vis_pack(ep, lstg, False, buf + <size_t>j * C, f, g0[j], g1[j], C)
+            got += 1
+    finally:
+        for m in range(STG_MAX_SLOTS):
+            if lops[m] != NULL:
+                _orphan(lops[m])
+            if rops[m] != NULL:
+                _orphan(rops[m])
     return 0
 
 
