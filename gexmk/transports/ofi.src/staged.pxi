@@ -252,7 +252,10 @@ cdef void _lander_thread(ofi_dom* d, volatile int* stop) noexcept nogil:
     while not stop[0]:
         got = _land_pass(d) if gx_load_int(&d.nzones) > 0 else 0
         if got:
-            hot_until = _now() + 0.002
+            # staged transfers: 2 ms; where only VIS zones are backed, their
+            # slots come back to back within a call: 300 us (a yielding
+            # spinner keeps the core from the threads that bring the data)
+            hot_until = _now() + (0.002 if gx_load_int(&d.backed) > 0 else 0.0003)
             nap = 20000
             continue
         if _now() < hot_until:
@@ -534,6 +537,7 @@ cdef int _stg_wait_slot(ofi_ep* ep, ofi_peer* t, int s, uint64_t want,
     cdef double deadline = 0
     cdef timespec ts
     cdef uint64_t st
+    cdef long nap = 5000
     while _stg_seq(t.stg_rb[s]) < want:
         _stg_post(ep, t, False, t.stg_ring + _stg_words_off(S), t.stg_rb, 8 * <size_t>S, NULL)
         if _stg_seq(t.stg_rb[s]) >= want:
@@ -546,9 +550,13 @@ cdef int _stg_wait_slot(ofi_ep* ep, ofi_peer* t, int s, uint64_t want,
                 deadline = _now() + ep.dom.timeout
             elif _now() > deadline:
                 return _raise_timeout(t, ep.dom.timeout, "staged transfer (the target's lander)")
+            # naps that double (5 us .. 200 us): each poll is a read the
+            # target's progress must serve, CPU its lander may need
             ts.tv_sec = 0
-            ts.tv_nsec = 5000
+            ts.tv_nsec = nap
             nanosleep(&ts, NULL)
+            if nap < 200000:
+                nap *= 2
     if t.stg_ok[s] < want:
         t.stg_ok[s] = want
         st = t.stg_rb[s] >> STG_SEQ_BITS
