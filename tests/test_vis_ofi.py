@@ -167,8 +167,11 @@ if me == 0:
     landed = os.environ.get("GX_WANT_LANDED")
     if landed == "1":
         assert vp["ofi-landed"] > 0 and vp["ofi"] > 0, vp      # the large blocks went direct
+        assert tm.paths(peer) == {"rma": "ofi", "atomic": "ofi", "vis": "ofi-landed"}, \
+            tm.paths(peer)
     elif landed == "0":
         assert vp["ofi-landed"] == 0 and vp["ofi"] > 0, vp
+        assert tm.paths(peer) == {"rma": "ofi", "atomic": "ofi"}, tm.paths(peer)
     log("OK")
 tm.barrier()
 c.finalize()

@@ -657,8 +657,11 @@ cdef class OfiTransport:
         # ofi-hmem: device memory at one end or both, registered with the provider
         # (the target's atomics still run by its lander); ofi-staged wins over it
         name = "ofi-staged" if staged else ("ofi-hmem" if p.c.hmem or epctx.hmem else "ofi")
+        # VIS of small blocks to a host segment with a VIS landing zone: packed
+        # through it (vis.pxi), unless this process's ring there was refused
+        vis = "ofi-landed" if p.c.vzone and not staged and p.c.stg_open != 2 else None
         return Reach(name, score, amo, <uintptr_t>&_OPS, p.handle, 0,
-                     None, bool(staged), bool(self.domain.d.waw) and not staged)
+                     None, bool(staged), bool(self.domain.d.waw) and not staged, 0, vis)
 
     def connect(self, pairs):
         """Set up the connections of newly published targets now, so that the
