@@ -151,7 +151,11 @@ elif "system" in (mine, theirs):
     want = "ofi-hmem"
 else:
     want = "ofi"
-assert tm.paths(peer) == {"rma": want, "atomic": want}, (mine, theirs, tm.paths(peer))
+want_paths = {"rma": want, "atomic": want}
+if theirs == "plain" and mine != "stage":
+    # small-block VIS to a plain host segment: through its VIS landing zone
+    want_paths["vis"] = "ofi-landed"
+assert tm.paths(peer) == want_paths, (mine, theirs, tm.paths(peer))
 ctx = c.ep(0).contexts["ofi"]
 assert ctx.hmem == (mine == "system") and ctx.staged_local == (mine == "stage"), ctx.hmem_note
 mem[:] = 0
@@ -242,7 +246,7 @@ seg = c.segment_attach(1 << 20)
 tr = c.transports["ofi"]
 # a provider without FI_HMEM (or GEXMK_OFI_HMEM=off): host segments as before
 assert tr.domain.hmem == os.environ["GX_WANT_HMEM"], tr.domain.hmem
-assert tm.paths(peer) == {"rma": "ofi", "atomic": "ofi"}, tm.paths(peer)
+assert tm.paths(peer) == {"rma": "ofi", "atomic": "ofi", "vis": "ofi-landed"}, tm.paths(peer)
 ctx = c.ep(0).contexts["ofi"]
 assert not ctx.hmem and ctx.hmem_note == (os.environ.get("GX_WANT_NOTE") or None), ctx.hmem_note
 tm.put(peer, tm.addr(peer, 100), pattern(5000, me).tobytes())
