@@ -337,6 +337,7 @@ cdef struct ofi_dom:
     int zone_rings          # GEXMK_OFI_ZONE_RINGS: rings a zone backs at most (0: no cap)
     int vis_zone            # host segments get a VIS landing zone (GEXMK_OFI_VIS_LAND > 0)
     size_t vis_land         # ... fragments up to this size are packed through it
+    int vis_land_put        # ... puts too (else gets only)
     long n_vis_direct       # VIS messages sent direct (fi_writemsg/fi_readmsg)
     long n_vis_landed       # VIS slots packed through a host target's zone
     long n_vis_refused      # VIS calls sent direct because the target's zone was full

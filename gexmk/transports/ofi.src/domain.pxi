@@ -161,6 +161,18 @@ cdef class Domain:
         # tcp under ofi_rxm reports a failed injected RMA write without a
         # context, which rxm dereferences (rma.pxi _inject_write)
         self.d.inject_ctx = self.provider in ("tcp;ofi_rxm", "net;ofi_rxm")
+        # A VIS zone reserves job size x 4 MiB of address space per host
+        # segment and registers it whole: free where registration pins
+        # nothing (sockets, shared memory), a disaster where it pins it all
+        # (verbs and its kin): there only when GEXMK_OFI_VIS_LAND is set.
+        if not os.environ.get("GEXMK_OFI_VIS_LAND", "").strip() and not any(
+                p in self.provider for p in ("tcp", "net", "shm", "sockets", "udp")):
+            self.d.vis_zone = 0
+        # Puts landed only over sockets (tcp, net): over shm a direct put_vector
+        # of 1024 x 4 KiB took 1.3-2.0 ms, landed 3.0-5.2 ms; gets landed
+        # everywhere (shm direct: 30 ms, landed: 2.3-5.0 ms; bench/README.md)
+        self.d.vis_land_put = bool(os.environ.get("GEXMK_OFI_VIS_LAND", "").strip()) or any(
+            p in self.provider for p in ("tcp", "net"))
         self.d.manual = self.d.info.domain_attr.data_progress == FI_PROGRESS_MANUAL
         cdef fi_info* rma = self.d.rma_info if self.d.split else self.d.info
         _vis_limits(&self.d, rma)           # vis.pxi

@@ -370,7 +370,7 @@ cdef int ofi_put_vis(gx_xfer* x) except -1 nogil:
         return _stg_vis(x, True)             # packed through the target's lander
     if _vis_staged_local(ep, x):
         return _vis_bounced(x, True)
-    if t.vzone and _vis_land_worth(ep.dom, t, x):
+    if t.vzone and _vis_land_worth(ep.dom, t, x, True):
         return _vis_landed(x, True)          # packed through its VIS landing zone
     return net_vis(ep, t, True, x.vis.frags, x.vis.nfrags, x.mode,
                    x.local_kind == GX_MK_HOST, x.handle)
@@ -385,7 +385,7 @@ cdef int ofi_get_vis(gx_xfer* x) except -1 nogil:
         return _stg_vis(x, False)             # packed through the target's lander
     if _vis_staged_local(ep, x):
         return _vis_bounced(x, False)
-    if t.vzone and _vis_land_worth(ep.dom, t, x):
+    if t.vzone and _vis_land_worth(ep.dom, t, x, False):
         return _vis_landed(x, False)          # gathered through its VIS landing zone
     return net_vis(ep, t, False, x.vis.frags, x.vis.nfrags, x.mode,
                    x.local_kind == GX_MK_HOST, x.handle)
@@ -942,15 +942,17 @@ cdef object _vis_zone_open(OfiEndpoint oe, Segment seg):
     return (key, base, z.slots, z.chunk, z.ring_bytes)
 
 
-cdef bint _vis_land_worth(ofi_dom* d, ofi_peer* t, gx_xfer* x) noexcept nogil:
+cdef bint _vis_land_worth(ofi_dom* d, ofi_peer* t, gx_xfer* x, bint put) noexcept nogil:
     """Whether x's fragments go faster packed through t's VIS zone: its
-    local blocks host memory, its ring not refused, and its small fragments
+    local blocks host memory, its ring not refused, a put only where the
+    provider's puts gain by it (d.vis_land_put), and its small fragments
     (at most d.vis_land bytes on average) more than VIS_LAND_MSGS direct
     messages' worth of remote ranges that do not run on."""
     cdef const gx_frag* f = x.vis.frags
     cdef size_t i, k = 0, nbytes = 0, ranges = 0, C = t.stg_chunk
     cdef uint64_t end = 0
-    if x.local_kind != GX_MK_HOST or t.stg_open == 2 or d.vis_land == 0:
+    if x.local_kind != GX_MK_HOST or t.stg_open == 2 or d.vis_land == 0 or \
+            (put and not d.vis_land_put):
         return False
     for i in range(x.vis.nfrags):
         if _vis_small(f[i].n, C):
