@@ -14,9 +14,12 @@ libraries' contiguous 32 KiB put of the same bytes.  Target: gexmk / MPI <= 1.0.
 from shuffled places to shuffled places (``put_vector``, its NBI form + quiet,
 and ``put_indexed`` with uint64 address arrays) beside one contiguous 4 MiB put,
 and ``get_vector`` of the same blocks beside one contiguous 4 MiB get.  Each
-job runs twice: VIS through the transport (ofi.src/vis.pxi) and, as the
-same-run baseline of what came before, the core's loop of single puts and gets
-(``GEXMK_OFI_VIS=loop``).  Target: >= 0.8x the contiguous bandwidth.
+job runs three times: VIS through the transport (ofi.src/vis.pxi: small blocks
+packed through the target's VIS landing zone, path ``ofi-landed``), every
+message direct (``GEXMK_OFI_VIS_LAND=0``: fi_writemsg/fi_readmsg, 4 ranges a
+message on tcp) and, as the same-run baseline of what came before, the core's
+loop of single puts and gets (``GEXMK_OFI_VIS=loop``); the first job's line
+names the counts of ``Domain.vis_paths``.  Target: >= 0.8x the contiguous bandwidth.
 
 ``gpu`` (a GPU machine only): two processes on one GPU (``--gpu-per-rank``: one
 each on two), device segments of 64 MiB, the KV-cache shape: 1024 blocks of 16 KiB
@@ -144,6 +147,9 @@ def gexmk_ofi(rounds):
         out["provider"] = os.environ.get("GEXMK_OFI_PROVIDER")
         out["vis"] = os.environ.get("GEXMK_OFI_VIS") or "transport"
         out["vis"] += ", landing zones" if os.environ.get("GEXMK_OFI_STAGE") == "all" else ""
+        vp = getattr(c.transports["ofi"].domain, "vis_paths", None) if "ofi" in c.transports else None
+        if vp is not None and os.environ.get("GEXMK_OFI_STAGE") != "all":
+            out["vis"] += ", " + ", ".join(f"{k} {v}" for k, v in vp.items() if v)
     tm.barrier()
     c.finalize()
     return out
@@ -336,6 +342,9 @@ def run(only, rounds, per_rank, providers=("tcp;ofi_rxm",), stage_all=False):
         # puts/gets (GEXMK_OFI_VIS=loop: what every VIS call over ofi did before)
         env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": prov}
         res["ofi " + prov] = _job(["--role", "gexmk-ofi", *r], env=env)
+        # every message direct (fi_writemsg/fi_readmsg), no VIS landing zone
+        res["ofi " + prov + " (direct, GEXMK_OFI_VIS_LAND=0)"] = _job(
+            ["--role", "gexmk-ofi", *r], env=dict(env, GEXMK_OFI_VIS_LAND="0"))
         res["ofi " + prov + " (core loop)"] = _job(["--role", "gexmk-ofi", *r],
                                                     env=dict(env, GEXMK_OFI_VIS="loop"))
         if stage_all:

@@ -162,6 +162,16 @@ if me == 0:
                       8, peer, np.array([base, base - 8], np.uint64), 8)
     assert "srcs[1]" in str(e), e
     check("after the refused calls")
+    vp = c.transports["ofi"].domain.vis_paths
+    log("vis paths", vp)
+    landed = os.environ.get("GX_WANT_LANDED")
+    if landed == "1":
+        assert vp["ofi-landed"] > 0 and vp["ofi"] > 0, vp      # the large blocks went direct
+        assert tm.paths(peer) == {"rma": "ofi", "atomic": "ofi", "vis": "ofi-landed"}, \
+            tm.paths(peer)
+    elif landed == "0":
+        assert vp["ofi-landed"] == 0 and vp["ofi"] > 0, vp
+        assert tm.paths(peer) == {"rma": "ofi", "atomic": "ofi"}, tm.paths(peer)
     log("OK")
 tm.barrier()
 c.finalize()
@@ -181,7 +191,80 @@ def _run(tmp_path, provider, path, **extra):
 
 @pytest.mark.parametrize("provider", ["tcp;ofi_rxm", "shm"])
 def test_vis_over_ofi(tmp_path, provider):
-    _run(tmp_path, provider, "ofi")
+    """Small blocks through the host target's VIS landing zone where they
+    would take many messages (tcp: 4 remote ranges each), the rest direct."""
+    _run(tmp_path, provider, "ofi", GX_WANT_LANDED="1" if provider == "tcp;ofi_rxm" else None)
+
+
+@pytest.mark.parametrize("provider", ["tcp;ofi_rxm", "shm"])
+def test_vis_over_ofi_direct(tmp_path, provider):
+    """GEXMK_OFI_VIS_LAND=0: every message direct (fi_writemsg/fi_readmsg)."""
+    _run(tmp_path, provider, "ofi", GX_WANT_LANDED="0", GEXMK_OFI_VIS_LAND="0")
+
+
+def test_vis_over_ofi_small_landing_slots(tmp_path):
+    """The VIS landing zone's slots small and few: each reused many times
+    over in one call, descriptors right behind their data."""
+    _run(tmp_path, "tcp;ofi_rxm", "ofi", GX_WANT_LANDED="1", GEXMK_OFI_VIS_SLOTS="2",
+         GEXMK_OFI_VIS_CHUNK="16384")
+
+
+CAP_WORKER = r'''
+# GEXMK_OFI_ZONE_RINGS=1: rank 0's zones back one initiator's ring; rank 1
+# comes first and is served through them, rank 2 is refused: its packed VIS
+# goes direct (host target), its staged transfers raise (staged target).
+c = gexmk.init()
+tm = c.tm
+seg = c.segment_attach(1 << 20)
+staged = os.environ.get("GEXMK_OFI_STAGE") == "all"
+blk, n = 1024, 200
+for turn in (1, 2):
+    tm.barrier()
+    if tm.rank != turn:
+        continue
+    base = tm.addr(0, 0) + turn * n * blk
+    src = (np.arange(n * blk) % 251 + turn).astype(np.uint8)
+    dst = [(base + blk * int(i), blk) for i in np.random.default_rng(turn).permutation(n)]
+    srcs = [(src.ctypes.data + blk * k, blk) for k in range(n)]
+    if staged and turn == 2:
+        e = expect_raises(E.CommunicationError, tm.put_vector, 0, dst, srcs)
+        assert "GEXMK_OFI_ZONE_RINGS" in str(e), e
+        e = expect_raises(E.CommunicationError, tm.put, 0, base, src[:100])
+        log("refused", e)
+        continue
+    tm.put_vector(0, dst, srcs)
+    back = np.zeros(n * blk, np.uint8)
+    tm.get_vector([(back.ctypes.data + blk * k, blk) for k in range(n)], 0, dst)
+    assert np.array_equal(back, src), f"rank {turn}: other bytes came back"
+    vp = c.transports["ofi"].domain.vis_paths
+    log("vis paths", vp)
+    if not staged:
+        assert vp["ofi-landed" if turn == 1 else "refused"] > 0, vp
+tm.barrier()
+if tm.rank == 0:
+    rings = c.ep(0).contexts["ofi"].zone_rings
+    log("rings", rings)
+    assert rings["zone" if staged else "vis"] == (1, 1, 1), rings
+tm.barrier()
+c.finalize()
+print("OK")
+'''
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["host", "staged"])
+def test_zone_ring_cap(tmp_path, staged):
+    """issue 23: a zone backs rings for at most GEXMK_OFI_ZONE_RINGS
+    initiators; the next is refused at its first request: direct VIS to a
+    host segment, a CommunicationError naming the setting to a staged one --
+    never a hang."""
+    need("tcp;ofi_rxm")
+    env = ofi_env("tcp;ofi_rxm")
+    env.update(GEXMK_OFI_ZONE_RINGS="1", GEXMK_TIMEOUT="30")
+    if staged:
+        env.update(GEXMK_OFI_STAGE="all", GEXMK_OFI_STAGE_CHUNK="64K", GEXMK_OFI_STAGE_SLOTS="3")
+    r = mp_util.run_job(tmp_path, CAP_WORKER, 3, launcher_timeout=150, env=env)
+    assert r.returncode == 0, r.report()
+    assert r.stdout.count("OK") == 3, r.report()
 
 
 def test_vis_over_tcp_with_a_small_transmit_queue(tmp_path):

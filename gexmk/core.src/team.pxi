@@ -115,9 +115,17 @@ cdef class Team:
 
     def paths(self, rank):
         """``{'rma': name, 'atomic': name}``: the paths chosen for team rank
-        ``rank``, separately for RMA and atomics."""
+        ``rank``, separately for RMA and atomics; and ``'vis': name`` where
+        the RMA path moves vector, indexed and strided transfers of small
+        blocks another way (``ofi-landed``: packed through the target's VIS
+        landing zone)."""
         cdef _Route rt = self._route_objs[self._check_rank(rank, "paths")]
-        return {"rma": rt.rma_name, "atomic": rt.amo_name}
+        out = {"rma": rt.rma_name, "atomic": rt.amo_name}
+        best = rt.keep[0] if rt.keep is not None else None
+        vis = getattr(best[0], "vis", None) if best is not None else None
+        if vis and vis != rt.rma_name:
+            out["vis"] = vis
+        return out
 
     def path_stats(self, rank=None):
         """Operations and bytes per path to team rank ``rank``: ``{path:

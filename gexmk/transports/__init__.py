@@ -74,9 +74,11 @@ Peer = namedtuple("Peer", "jobrank ep_index pid node same_process same_node base
 #: ``ordered``: True when small implicit puts from one endpoint to the target land
 #: in issue order (the collectives then signal a round by a store, not an atomic);
 #: and ``wake``: with ``local_base``, the CPU address of the target's ``gx_wake``
-#: word (gexmk.h: CPU signal and atomic writers wake sleeping waiters), else 0.
-Reach = namedtuple("Reach", "name rma amo ops peer local_base view staged ordered wake",
-                   defaults=(None, False, False, 0))
+#: word (gexmk.h: CPU signal and atomic writers wake sleeping waiters), else 0;
+#: ``vis``: the name of the path small-block VIS takes where it is not the RMA
+#: path's (``Team.paths`` shows it), else None.
+Reach = namedtuple("Reach", "name rma amo ops peer local_base view staged ordered wake vis",
+                   defaults=(None, False, False, 0, None))
 
 
 def _always(job):

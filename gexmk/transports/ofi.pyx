@@ -200,6 +200,7 @@ cdef enum:
     HMEM_OFF = 0            # GEXMK_OFI_HMEM (hmem.pxi)
     HMEM_AUTO = 1
     HMEM_SYSTEM = 2
+    HMEM_NATIVE = 3         # native wherever the provider accepts, even one that copies via host
 
 # a put_signal's signal as remote CQ data (signal.pxi): kind (2 bits), the
 # target's binding generation (2 bits), the word's index in the segment (24
@@ -247,8 +248,14 @@ cdef struct ofi_zone:       # a device-bound endpoint's landing zone (staged.pxi
     uintptr_t seg_base
     size_t seg_size
     uint64_t* handled       # nrings * slots: the last sequence number served per slot
-    int pinned
+    int pinned              # the bounce slots are page-locked (device zones; rings: ring_state)
     int amo                 # the kind runs atomics on the segment
+    unsigned char* ring_state   # nrings: RING_* -- rings are backed (and pinned) per initiator on
+                                # its first request, at most cap of them (issue 23)
+    int cap                 # rings that may be backed at once (0: every job rank's)
+    int active              # rings backed so far
+    int refused             # initiators turned away (cap reached)
+    int vis_only            # the zone of a host segment: packed VIS only (vis.pxi, "ofi-landed")
 
 
 cdef struct ofi_peer:       # what an initiator knows of one target endpoint
@@ -283,6 +290,8 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
     double probe_at         # when that was last looked into (_now())
     long out                # ops of this process in flight to it (as ofi_ep.live counts them)
     int local               # its process runs on this node (its pid is ours to look at)
+    int stg_open            # this process's ring in t's zone: 0 not asked yet, 1 backed, 2 refused
+    int vzone               # a host segment whose zone takes packed VIS (vis.pxi, "ofi-landed")
 
 
 cdef struct ofi_dom:
@@ -312,6 +321,7 @@ cdef struct ofi_dom:
     int ordered             # FI_ORDER_RAW: a read issued after writes sees them (flush by read)
     size_t max_order_raw    # ... for writes up to this size
     int waw                 # FI_ORDER_WAW: writes from one endpoint to a target land in issue order
+    size_t max_order_waw    # ... for writes up to this size
     int sig_ordered         # put_signal: data and signal atomic back to back on one endpoint
                             # (FI_ORDER_WAW there: RMA and atomic writes in issue order)
     size_t sig_order_max    # ... for data up to this size (max_order_waw_size)
@@ -330,15 +340,25 @@ cdef struct ofi_dom:
     long readers            # threads walking eps[] without the GIL (see _unregister)
     long quiesce            # endpoints being unregistered: the progress thread stays out of eps[]
     int stg_all             # GEXMK_OFI_STAGE=all: host segments land through zones too (tests)
-    int hmem_want           # GEXMK_OFI_HMEM: HMEM_OFF, HMEM_AUTO, HMEM_SYSTEM (hmem.pxi)
+    int hmem_want           # GEXMK_OFI_HMEM: HMEM_OFF, HMEM_AUTO, HMEM_SYSTEM, HMEM_NATIVE (hmem.pxi)
     int hmem                # the domain was opened with FI_HMEM (and FI_MR_HMEM where offered)
     int stg_slots           # GEXMK_OFI_STAGE_SLOTS
     size_t stg_chunk        # GEXMK_OFI_STAGE_CHUNK
     int stg_nrings          # the job's size: one ring per initiator
+    int zone_rings          # GEXMK_OFI_ZONE_RINGS: rings a zone backs at most (0: no cap)
+    int vis_zone            # host segments get a VIS landing zone (GEXMK_OFI_VIS_LAND > 0)
+    size_t vis_land         # ... fragments up to this size are packed through it
+    int vis_land_put        # ... puts too (else gets only)
+    long n_vis_direct       # VIS messages sent direct (fi_writemsg/fi_readmsg)
+    long n_vis_landed       # VIS slots packed through a host target's zone
+    long n_vis_refused      # VIS calls sent direct because the target's zone was full
     int stg_rank            # this process's ring in peers' zones
     ofi_zone* zones[STG_MAX_ZONES]      # served by the lander thread
     int nzones
     int zlock
+    int backed              # rings backed in staged zones (the lander naps 20 us while any is)
+    int backed_vis          # ... in host segments' VIS zones
+    int nvis_zones          # zones[] that are host segments' VIS zones
     long landed             # staged requests served here
     signed char valid[3][GX_DT_COUNT][GX_OP_COUNT]   # fi_*atomicvalid cache: -1 unknown
     long deaths             # peers of the job known dead (the core's notices)
@@ -380,6 +400,8 @@ cdef struct ofi_ep:
     uintptr_t zone_lo
     uintptr_t zone_hi
     uintptr_t dev_lo        # ... its address range: local buffers there go through zone.bounce
+    ofi_zone* vzone         # a bound host segment's VIS landing zone (vis.pxi), or NULL
+    fid_mr* vzone_mr        # ... and its registration
     uintptr_t dev_hi
     int bb_lock             # one staged transfer at a time uses zone.bounce
     sig_rx* rx              # signal messages: SIG_RX receives posted on ep (signal.pxi); NULL if none
@@ -573,9 +595,11 @@ cdef class OfiTransport:
             return None
         # a host segment: 4 fields; a staged device segment: + its zone's geometry;
         # a native one (hmem.pxi): + None, + its zone's key, base and geometry
+        # ... + None, None, a host segment's VIS landing zone (vis.pxi)
         name, rkey, base, answers, *extra = pickle.loads(blob)
         geometry = extra[0] if extra else None
         native = extra[1] if len(extra) > 1 else None
+        vis = extra[2] if len(extra) > 2 else None
         if p is None:
             p = OfiPeer()
             self._peers[key] = p
@@ -585,7 +609,7 @@ cdef class OfiTransport:
         p.c.local = bool(peer.same_node)
         p.c.probe_at = 0
         p.c.no_amo = name.startswith(_SINGLE_TAG)       # an endpoint without atomics
-        old = (p.c.stg_key, p.c.stg_ring, p.c.stg or p.c.hmem)
+        old = (p.c.stg_key, p.c.stg_ring, p.c.stg or p.c.hmem or p.c.vzone)
         p.c.net_key = self.domain.map_key(rkey, base)   # raw keys are mapped here
         p.c.net_base = base
         # bit 0: the owner answers while it computes; bit 1: its endpoint takes
@@ -595,10 +619,15 @@ cdef class OfiTransport:
         p.c.sig_rx = (answers >> 1) & 1
         p.c.sig_data = (answers >> 2) & 1
         p.c.sig_gen = (answers >> 8) & 0xff     # bits 8-15: the binding's generation
-        p.c.stg = p.c.hmem = 0
-        if geometry is None and native is None:
+        p.c.stg = p.c.hmem = p.c.vzone = 0
+        if geometry is None and native is None and vis is None:
             return p
-        if native is not None:
+        if vis is not None:
+            # packed VIS lands in the zone; everything else in the segment
+            zkey, zbase, slots, chunk, ring_bytes = vis
+            stg_key = self.domain.map_key(zkey, zbase)
+            amo = 0
+        elif native is not None:
             # RMA lands in the device segment itself; atomics through the zone
             zkey, zbase, slots, chunk, ring_bytes, amo = native
             stg_key = self.domain.map_key(zkey, zbase)
@@ -613,6 +642,7 @@ cdef class OfiTransport:
         if old != (stg_key, ring, 1):
             # a new zone starts a new ring
             p.c.stg_seq = 0
+            p.c.stg_open = 0
             memset(p.c.stg_last, 0, sizeof(p.c.stg_last))
             memset(p.c.stg_ok, 0, sizeof(p.c.stg_ok))
             memset(p.c.stg_rb, 0, sizeof(p.c.stg_rb))
@@ -621,7 +651,9 @@ cdef class OfiTransport:
         p.c.stg_chunk = chunk
         p.c.stg_amo = amo
         p.c.stg_ring = ring
-        if native is not None:
+        if vis is not None:
+            p.c.vzone = 1
+        elif native is not None:
             p.c.hmem = 1
         else:
             p.c.stg = 1
@@ -648,8 +680,11 @@ cdef class OfiTransport:
         # ofi-hmem: device memory at one end or both, registered with the provider
         # (the target's atomics still run by its lander); ofi-staged wins over it
         name = "ofi-staged" if staged else ("ofi-hmem" if p.c.hmem or epctx.hmem else "ofi")
+        # VIS of small blocks to a host segment with a VIS landing zone: packed
+        # through it (vis.pxi), unless this process's ring there was refused
+        vis = "ofi-landed" if p.c.vzone and not staged and p.c.stg_open != 2 else None
         return Reach(name, score, amo, <uintptr_t>&_OPS, p.handle, 0,
-                     None, bool(staged), bool(self.domain.d.waw) and not staged)
+                     None, bool(staged), bool(self.domain.d.waw) and not staged, 0, vis)
 
     def connect(self, pairs):
         """Set up the connections of newly published targets now, so that the

@@ -52,10 +52,17 @@ cdef class Domain:
             config = _config.load()
         self.d.timeout = config.timeout
         self.d.stg_all = config.ofi_stage == "all"
-        self.d.hmem_want = {"off": HMEM_OFF, "auto": HMEM_AUTO, "system": HMEM_SYSTEM}[config.ofi_hmem]
+        self.d.hmem_want = {"off": HMEM_OFF, "auto": HMEM_AUTO, "system": HMEM_SYSTEM,
+                            "native": HMEM_NATIVE}[config.ofi_hmem]
         self.d.stg_slots = config.ofi_stage_slots
         self.d.stg_chunk = config.ofi_stage_chunk
         self.d.stg_nrings = 1
+        # landing zones back a ring per initiator on its first request, at most
+        # this many per zone (0: no cap); host segments' VIS zones (vis.pxi):
+        # fragments up to GEXMK_OFI_VIS_LAND bytes packed through them (0: none)
+        self.d.zone_rings = env_int("GEXMK_OFI_ZONE_RINGS", 0, 0, 1 << 20)
+        self.d.vis_land = env_int("GEXMK_OFI_VIS_LAND", VIS_LAND_DEFAULT, 0, 1 << 30)
+        self.d.vis_zone = self.d.vis_land > 0
         split_wanted = config.ofi_split
         ordered_flush = config.ofi_ordered_flush
         ordered_signal = config.ofi_ordered_signal
@@ -163,6 +170,18 @@ cdef class Domain:
         # tcp under ofi_rxm reports a failed injected RMA write without a
         # context, which rxm dereferences (rma.pxi _inject_write)
         self.d.inject_ctx = self.provider in ("tcp;ofi_rxm", "net;ofi_rxm")
+        # A VIS zone reserves job size x 4 MiB of address space per host
+        # segment and registers it whole: free where registration pins
+        # nothing (sockets, shared memory), a disaster where it pins it all
+        # (verbs and its kin): there only when GEXMK_OFI_VIS_LAND is set.
+        if not os.environ.get("GEXMK_OFI_VIS_LAND", "").strip() and not any(
+                p in self.provider for p in ("tcp", "net", "shm", "sockets", "udp")):
+            self.d.vis_zone = 0
+        # Puts landed only over sockets (tcp, net): over shm a direct put_vector
+        # of 1024 x 4 KiB took 1.3-2.0 ms, landed 3.0-5.2 ms; gets landed
+        # everywhere (shm direct: 30 ms, landed: 2.3-5.0 ms; bench/README.md)
+        self.d.vis_land_put = bool(os.environ.get("GEXMK_OFI_VIS_LAND", "").strip()) or any(
+            p in self.provider for p in ("tcp", "net"))
         self.d.manual = self.d.info.domain_attr.data_progress == FI_PROGRESS_MANUAL
         cdef fi_info* rma = self.d.rma_info if self.d.split else self.d.info
         _vis_limits(&self.d, rma)           # vis.pxi
@@ -170,6 +189,7 @@ cdef class Domain:
         self.d.max_order_raw = rma.ep_attr.max_order_raw_size
         self.d.waw = (rma.tx_attr.msg_order & (FI_ORDER_WAW | FI_ORDER_RMA_WAW)) != 0 \
             and rma.ep_attr.max_order_waw_size >= 8
+        self.d.max_order_waw = rma.ep_attr.max_order_waw_size if self.d.waw else 0
         # put_signal's data and signal go back to back only where one endpoint
         # carries both and orders an RMA write before a later atomic write:
         # FI_ORDER_WAW proper (FI_ORDER_RMA_WAW + FI_ORDER_ATOMIC_WAW order each
@@ -419,6 +439,16 @@ cdef class Domain:
     def _lander_loop(self):
         with nogil:
             _lander_thread(&self.d, &self._lstop)
+
+    @property
+    def vis_paths(self):
+        """How this process's VIS calls went over the network: messages sent
+        direct (path ``ofi``: fi_writemsg/fi_readmsg of several ranges), slots
+        packed through a host target's landing zone (``ofi-landed``), and calls
+        sent direct because the target's zone had no ring left for this
+        process (``refused``, GEXMK_OFI_ZONE_RINGS)."""
+        return {"ofi": self.d.n_vis_direct, "ofi-landed": self.d.n_vis_landed,
+                "refused": self.d.n_vis_refused}
 
     @property
     def landed(self):

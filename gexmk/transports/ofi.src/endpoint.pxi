@@ -148,7 +148,11 @@ cdef class OfiEndpoint:
             key, base = self.register(<uintptr_t>seg.addr, seg.size)
             # signal messages applied here wake the segment's futex sleepers
             self.e.wake = <gx_wake*><uintptr_t>seg._wake_address
-            return pickle.dumps((self.name, key, base, answers))
+            vis = None if self.plain else _vis_zone_open(self, seg)    # vis.pxi
+            if vis is None:
+                return pickle.dumps((self.name, key, base, answers))
+            # the seventh field: the VIS landing zone ("ofi-landed")
+            return pickle.dumps((self.name, key, base, answers, None, None, vis))
         _zone_open(&self.e, seg, self.e.dom.stg_nrings)
         z = self.e.zone
         try:
@@ -181,6 +185,18 @@ cdef class OfiEndpoint:
         if self.e.zone == NULL:
             return None
         return (<uintptr_t>self.e.zone.mem, self.e.zone.bytes, self.e.zone.ring_bytes)
+
+    @property
+    def zone_rings(self):
+        """``{"zone": (backed, refused, cap), "vis": (...)}`` for this
+        endpoint's landing zone and its host segment's VIS zone (None where
+        there is none): rings backed for initiators so far (each on its first
+        request), initiators turned away, and the cap (GEXMK_OFI_ZONE_RINGS;
+        0: none)."""
+        cdef ofi_zone* z = self.e.zone
+        cdef ofi_zone* v = self.e.vzone
+        return {"zone": (z.active, z.refused, z.cap) if z != NULL else None,
+                "vis": (v.active, v.refused, v.cap) if v != NULL else None}
 
     @property
     def hmem(self):
@@ -248,48 +264,73 @@ cdef class OfiEndpoint:
         operation raises SegmentError at its initiator.  Released once every
         peer that held the key has had a publication of this endpoint
         (published()), or at close."""
-        cdef fid_mr* mr = self.e.seg_mr
+        cdef ofi_zone* z = self.e.zone
+        cdef ofi_zone* vz = self.e.vzone
+        cdef fid_mr* vmr = self.e.vzone_mr
+        held = self._published_to
+        self._published_to = set()
+        if vz != NULL:
+            # a host segment's VIS zone (vis.pxi): retired like the segment,
+            # its done words saying "closed" to a stale packed VIS
+            self.e.vzone = NULL
+            self.e.vzone_mr = NULL
+            self._retire(vmr, vz.bytes, vz, held, False)
+            with nogil:
+                _zone_unserve(self.e.dom, vz)
+        if self.e.seg_mr != NULL and not (z != NULL and z.mem != NULL
+                                          and <uintptr_t>z.mem == self.e.seg_lo):
+            z = NULL
+        self._retire(self.e.seg_mr, self.e.seg_hi - self.e.seg_lo, z, held, True)
+
+    cdef _retire(self, fid_mr* mr, size_t size, ofi_zone* z, set held, bint seg):
+        """_retire_mr for one registration (seg: the bound segment's, else
+        one closed here); z: the zone it covers, or NULL."""
         cdef fid_mr* nmr = NULL
         cdef uint64_t key
-        cdef size_t size = self.e.seg_hi - self.e.seg_lo
         cdef void* dummy
-        cdef ofi_zone* z = self.e.zone
         cdef uint64_t access = FI_REMOTE_READ | FI_REMOTE_WRITE | FI_READ | FI_WRITE
         cdef int rc, r, s
         cdef uint64_t* done
-        held = self._published_to
-        self._published_to = set()
         if mr == NULL or not held or size == 0 or \
                 self.e.dom.mr_mode & (FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_RAW | FI_MR_ENDPOINT):
-            self._close_mr()
+            if seg:
+                self._close_mr()
+            elif mr != NULL:
+                fi_close(&mr.fid)
             return
         key = fi_mr_key(mr)
         dummy = mmap(NULL, size, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
         if dummy == MAP_FAILED:
-            self._close_mr()
+            if seg:
+                self._close_mr()
+            else:
+                fi_close(&mr.fid)
             return
-        if z != NULL and z.mem != NULL and <uintptr_t>z.mem == self.e.seg_lo:
+        if z != NULL:
             for r in range(z.nrings):
                 done = <uint64_t*>(<char*>dummy + <size_t>r * z.ring_bytes + _stg_words_off(z.slots))
                 for s in range(z.slots):
                     done[s] = STG_CLOSED_DONE
         # Close, then register the key again at once: a stale access that
         # arrives between the two (microseconds) still finds no key.
-        self._close_mr()
+        if seg:
+            self._close_mr()
+        else:
+            fi_close(&mr.fid)
         with nogil:
             rc = fi_mr_reg(self.e.dom.domain, dummy, size, access, 0, key, 0, &nmr, NULL)
         if rc != 0:
             munmap(dummy, size)
             return
-        self._retired.append([<uintptr_t>nmr, <uintptr_t>dummy, size, held])
+        self._retired.append([<uintptr_t>nmr, <uintptr_t>dummy, size, set(held)])
 
     def published(self, jobranks):
         """This endpoint was just published to the processes of ``jobranks``
         (called by the core after every member applied it): they hold the
         current key now, and none of them still uses a retired one."""
         ranks = set(jobranks)
-        if self.e.seg_mr != NULL:
+        if self.e.seg_mr != NULL or self.e.vzone_mr != NULL:
             self._published_to |= ranks
         keep = []
         for rt in self._retired:

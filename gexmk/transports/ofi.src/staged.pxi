@@ -66,11 +66,18 @@ cdef enum:
     STG_AMO = 3
     STG_PUTV = 4             # VIS (vis.pxi): the data slot holds a block list, then the blocks
     STG_GETV = 5
+    STG_OPEN = 6             # an initiator's first request in its ring: back it, or refuse
     STG_OK = 0
     STG_EBOUNDS = 1          # status words: what went wrong at the target
     STG_ECOPY = 2
     STG_EOP = 3
     STG_ECLOSED = 4          # a retired zone (its segment unbound): see OfiEndpoint._retire_mr
+    STG_EFULL = 5            # the zone backs no more rings (GEXMK_OFI_ZONE_RINGS): this
+                             # initiator is refused, every request of its ring answered so
+    RING_NEW = 0             # ring_state: no request seen yet (nothing backed, nothing pinned)
+    RING_BACKED = 1          # backed: served (memory committed as the initiator writes it)
+    RING_PINNED = 2          # ... and page-locked for the kind's copies (device zones)
+    RING_REFUSED = 3
 
 
 # The done word of every slot of a retired zone: the largest sequence number
@@ -179,6 +186,7 @@ cdef long _land_pass(ofi_dom* d) noexcept nogil:
     cdef uint64_t* desc
     cdef uint64_t* words
     cdef uint64_t q, st
+    cdef int rs
     while gx_xchg_int(&d.zlock, 1) != 0:
         sched_yield()
     for i in range(d.nzones):
@@ -186,12 +194,22 @@ cdef long _land_pass(ofi_dom* d) noexcept nogil:
         for r in range(z.nrings):
             ring = z.mem + <size_t>r * z.ring_bytes
             words = <uint64_t*>(ring + _stg_words_off(z.slots))
-            for s in range(z.slots):
+            rs = z.ring_state[r]
+            # a ring not yet used: only its first slot can hold a request (the
+            # initiator's STG_OPEN, sequence 1)
+            for s in range(z.slots if rs != RING_NEW else 1):
                 desc = <uint64_t*>(ring + <size_t>s * STG_DESC)
                 q = gx_stg_load(&desc[0])
                 if q == 0 or q <= z.handled[r * z.slots + s] or gx_stg_load(&desc[15]) != q:
                     continue
-                st = <uint64_t>_land_one(z, ring, s, desc, words)
+                if rs == RING_NEW:
+                    rs = _land_accept(d, z, r, ring)
+                if rs == RING_REFUSED:
+                    st = STG_EFULL
+                elif desc[1] == STG_OPEN:
+                    st = STG_OK
+                else:
+                    st = <uint64_t>_land_one(z, ring, s, desc, words)
                 z.handled[r * z.slots + s] = q
                 gx_stg_store(&words[s], q | (st << STG_SEQ_BITS))   # after the result
                 work += 1
@@ -201,95 +219,166 @@ cdef long _land_pass(ofi_dom* d) noexcept nogil:
     return work
 
 
+cdef int _land_accept(ofi_dom* d, ofi_zone* z, int r, char* ring) noexcept nogil:
+    """Ring r's first request: back it (and pin it, for the kind's copies,
+    in a device zone) while fewer than z.cap rings are, else refuse it: its
+    new state."""
+    cdef int rs = RING_BACKED
+    if z.cap > 0 and z.active >= z.cap:
+        rs = RING_REFUSED
+        z.refused += 1
+    else:
+        z.active += 1
+        if z.vis_only:
+            d.backed_vis += 1
+        else:
+            d.backed += 1
+        if z.kops != NULL and z.kops.host_register != NULL:
+            if (<_raw_register_fn>z.kops.host_register)(z.kctx, ring, z.ring_bytes, 1) == -1:
+                _swallow()      # served unpinned: the kind's copies go at pageable speed
+            else:
+                rs = RING_PINNED
+    z.ring_state[r] = <unsigned char>rs
+    return rs
+
+
 cdef void _lander_thread(ofi_dom* d, volatile int* stop) noexcept nogil:
     """Serve the zones until stopped: poll hot for a while after a request
     (a staged transfer brings its chunks back to back), else nap."""
     cdef timespec ts
     cdef double hot_until = 0
-    cdef long got
+    cdef long got, nap = 20000
     prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
     while not stop[0]:
         got = _land_pass(d) if gx_load_int(&d.nzones) > 0 else 0
         if got:
-            hot_until = _now() + 0.002
+            # staged transfers: 2 ms; where only VIS zones are backed, their
+            # slots come back to back within a call: 300 us (a yielding
+            # spinner keeps the core from the threads that bring the data)
+            hot_until = _now() + (0.002 if gx_load_int(&d.backed) > 0 else 0.0003)
+            nap = 20000
             continue
         if _now() < hot_until:
             sched_yield()
             continue
+        # 20 us naps while a staged ring is backed (as before); where only
+        # host segments' VIS zones are (bulk transfers: a late first slot
+        # costs little), naps that double to 200 us while nothing comes; with
+        # no ring backed, 2 ms (a first request waits that long, once per
+        # initiator and zone)
+        if gx_load_int(&d.backed) > 0:
+            nap = 20000
+        elif gx_load_int(&d.backed_vis) > 0:
+            nap = nap * 2 if nap < 100000 else 200000
+        elif gx_load_int(&d.nzones) > gx_load_int(&d.nvis_zones):
+            nap = 2000000
+        else:
+            # only VIS zones, nobody has used them: up to 16 ms (every
+            # process with a host segment has one; a first packed VIS call
+            # to it waits that long, once)
+            nap = nap * 2 if 2000000 <= nap < 16000000 else (2000000 if nap < 2000000 else 16000000)
         ts.tv_sec = 0
-        ts.tv_nsec = 20000 if d.nzones > 0 else 2000000
+        ts.tv_nsec = nap
         nanosleep(&ts, NULL)
 
 
 cdef int _zone_open(ofi_ep* e, Segment seg, int nrings) except -1:
     """The landing zone of a device segment bound to e (not yet served)."""
-    cdef ofi_dom* d = e.dom
-    cdef ofi_zone* z = <ofi_zone*>calloc(1, sizeof(ofi_zone))
-    cdef void* mem = NULL
-    if z == NULL:
-        raise MemoryError()
-    try:
-        z.slots = d.stg_slots
-        z.chunk = d.stg_chunk
-        z.nrings = nrings
-        z.data_off = _stg_data_off(z.slots)
-        z.ring_bytes = z.data_off + <size_t>z.slots * z.chunk
-        z.bytes = <size_t>nrings * z.ring_bytes + <size_t>z.slots * z.chunk
-        # Reserved, not allocated: an anonymous mapping reads as zeros and gets
-        # a page only where something is written, so a ring costs memory once
-        # its initiator first uses it (its words, the chunks it sends), never
-        # per job rank up front (issue 23).  A pinned zone (device segments)
-        # is still pinned whole below.
-        mem = mmap(NULL, z.bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
-        if mem == MAP_FAILED:
-            raise MemoryError(f"ofi: no memory for a landing zone of {z.bytes} bytes")
-        z.mem = <char*>mem
-        z.bounce = z.mem + <size_t>nrings * z.ring_bytes
-        z.handled = <uint64_t*>calloc(<size_t>nrings * z.slots, sizeof(uint64_t))
-        if z.handled == NULL:
-            raise MemoryError()
-        z.seg_base = <uintptr_t>seg.addr
-        z.seg_size = seg.size
-        impl = seg.kind.impl
-        if impl is not None:
-            z.kops = <const gx_kind_ops*>PyCapsule_GetPointer(impl.ops_capsule(), b"gexmk.kind_ops")
-            z.kctx = <void*><uintptr_t>impl.handle
-            # pinned: the device copies of the lander and the bounce run at DMA speed
-            z.kops.host_register(z.kctx, z.mem, z.bytes, 1)
-            z.pinned = 1
-            z.amo = z.kops.atomic != NULL
-        else:
-            z.amo = 1
-    except BaseException:
-        _zone_free(z)
-        raise
-    e.zone = z
+    e.zone = _zone_make(e.dom, seg, nrings, 0, 0, False)
     e.dev_lo = <uintptr_t>seg.addr
     e.dev_hi = <uintptr_t>seg.addr + seg.size
     return 0
 
 
+cdef ofi_zone* _zone_make(ofi_dom* d, Segment seg, int nrings, int slots, size_t chunk,
+                          bint vis_only) except NULL:
+    """A landing zone for seg: a device segment's (staged.pxi, hmem.pxi), or
+    with vis_only a host segment's, for packed VIS only (vis.pxi; no bounce
+    slots); slots and chunk 0: the domain's."""
+    cdef ofi_zone* z = <ofi_zone*>calloc(1, sizeof(ofi_zone))
+    cdef void* mem = NULL
+    cdef size_t nbounce
+    if z == NULL:
+        raise MemoryError()
+    if nrings < 1:
+        nrings = 1
+    try:
+        z.slots = slots or d.stg_slots
+        z.chunk = chunk or d.stg_chunk
+        z.nrings = nrings
+        z.cap = d.zone_rings
+        z.vis_only = vis_only
+        z.data_off = _stg_data_off(z.slots)
+        # whole pages: each ring is pinned on its own (_land_accept)
+        z.ring_bytes = (z.data_off + <size_t>z.slots * z.chunk + 4095) & ~(<size_t>4095)
+        nbounce = 0 if vis_only else <size_t>z.slots * z.chunk
+        z.bytes = <size_t>nrings * z.ring_bytes + nbounce
+        # Reserved, not allocated: an anonymous mapping reads as zeros and gets
+        # a page only where something is written, so a ring costs memory once
+        # its initiator first uses it (its words, the chunks it sends), never
+        # per job rank up front (issue 23).  A device zone pins its bounce
+        # slots here, each ring when its initiator's first request backs it
+        # (_land_accept), at most z.cap of them.
+        mem = mmap(NULL, z.bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+        if mem == MAP_FAILED:
+            raise MemoryError(f"ofi: no memory for a landing zone of {z.bytes} bytes")
+        z.mem = <char*>mem
+        z.bounce = z.mem + <size_t>nrings * z.ring_bytes if nbounce else NULL
+        z.handled = <uint64_t*>calloc(<size_t>nrings * z.slots, sizeof(uint64_t))
+        z.ring_state = <unsigned char*>calloc(<size_t>nrings, 1)
+        if z.handled == NULL or z.ring_state == NULL:
+            raise MemoryError()
+        z.seg_base = <uintptr_t>seg.addr
+        z.seg_size = seg.size
+        impl = seg.kind.impl
+        if impl is not None and not vis_only:
+            z.kops = <const gx_kind_ops*>PyCapsule_GetPointer(impl.ops_capsule(), b"gexmk.kind_ops")
+            z.kctx = <void*><uintptr_t>impl.handle
+            # pinned: the device copies of the bounce run at DMA speed (the
+            # rings: as they are backed)
+            z.kops.host_register(z.kctx, z.bounce, nbounce, 1)
+            z.pinned = 1
+            z.amo = z.kops.atomic != NULL
+        else:
+            z.amo = not vis_only
+    except BaseException:
+        _zone_free(z)
+        raise
+    return z
+
+
 cdef int _zone_serve(ofi_ep* e) except -1:
-    cdef ofi_dom* d = e.dom
+    return _zone_serve_z(e.dom, e.zone)
+
+
+cdef int _zone_serve_z(ofi_dom* d, ofi_zone* z) except -1:
     if d.nzones >= STG_MAX_ZONES:
         raise UnsupportedError(f"ofi: more than {STG_MAX_ZONES} device segments bound in one process")
     while gx_xchg_int(&d.zlock, 1) != 0:
         sched_yield()
-    d.zones[d.nzones] = e.zone
+    d.zones[d.nzones] = z
     gx_mem_fence()
     d.nzones += 1
+    if z.vis_only:
+        d.nvis_zones += 1
     gx_xchg_int(&d.zlock, 0)
     return 0
 
 
 cdef void _zone_close(ofi_ep* e) noexcept nogil:
     """Stop serving e's zone (the lander finishes its pass first) and free it."""
-    cdef ofi_dom* d = e.dom
     cdef ofi_zone* z = e.zone
-    cdef int i
     if z == NULL:
         return
+    e.zone = NULL
+    e.dev_lo = e.dev_hi = 0
+    _zone_unserve(e.dom, z)
+
+
+cdef void _zone_unserve(ofi_dom* d, ofi_zone* z) noexcept nogil:
+    """Stop serving z (the lander finishes its pass first) and free it."""
+    cdef int i
     while gx_xchg_int(&d.zlock, 1) != 0:
         sched_yield()
     for i in range(d.nzones):
@@ -297,18 +386,30 @@ cdef void _zone_close(ofi_ep* e) noexcept nogil:
             d.zones[i] = d.zones[d.nzones - 1]
             d.nzones -= 1
             break
+    if z.vis_only:
+        d.backed_vis -= z.active
+        d.nvis_zones -= 1
+    else:
+        d.backed -= z.active
     gx_xchg_int(&d.zlock, 0)
-    e.zone = NULL
-    e.dev_lo = e.dev_hi = 0
     _zone_free(z)
 
 
 cdef void _zone_free(ofi_zone* z) noexcept nogil:
-    if z.pinned and (<_raw_register_fn>z.kops.host_register)(z.kctx, z.mem, z.bytes, 0) == -1:
-        _swallow()          # the kind's context is gone with its client: nothing to undo
+    cdef int r
+    if z.pinned:
+        # the kind's context may be gone with its client: nothing to undo then
+        if (<_raw_register_fn>z.kops.host_register)(z.kctx, z.bounce, <size_t>z.slots * z.chunk,
+                                                    0) == -1:
+            _swallow()
+        for r in range(z.nrings if z.ring_state != NULL else 0):
+            if z.ring_state[r] == RING_PINNED and (<_raw_register_fn>z.kops.host_register)(
+                    z.kctx, z.mem + <size_t>r * z.ring_bytes, z.ring_bytes, 0) == -1:
+                _swallow()
     if z.mem != NULL:
         munmap(z.mem, z.bytes)
     free(z.handled)
+    free(z.ring_state)
     free(z)
 
 
@@ -340,10 +441,10 @@ cdef int _stg_copy(ofi_ep* ep, uintptr_t dst, uintptr_t src, size_t n) except -1
 
 
 cdef int _stg_post(ofi_ep* ep, ofi_peer* t, bint write, uint64_t naddr, void* local, size_t n,
-                   gx_op** out) except -1 nogil:
-    """A write (delivery complete) or read of n bytes between local and the
-    network address naddr of t's zone: handed out in *out, or waited for when
-    out is NULL."""
+                   gx_op** out, bint delivery=True) except -1 nogil:
+    """A write (delivery complete; transmit complete only with delivery
+    False) or read of n bytes between local and the network address naddr of
+    t's zone: handed out in *out, or waited for when out is NULL."""
     cdef int mode = GX_NB if out != NULL else GX_BLOCKING
     cdef gx_op* op = _new_op(ep, t, mode, GX_CAT_PUT if write else GX_CAT_GET)
     cdef void* desc
@@ -372,7 +473,8 @@ cdef int _stg_post(ofi_ep* ep, ofi_peer* t, bint write, uint64_t naddr, void* lo
         msg.context = op
     while True:
         if write:
-            rc = fi_writemsg(ep.ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)
+            rc = fi_writemsg(ep.ep, &msg, (FI_COMPLETION | FI_DELIVERY_COMPLETE) if delivery
+                             else FI_COMPLETION)
         else:
             rc = fi_read(ep.ep, local, n, desc, t.net_addr, naddr, t.stg_key, op)
         if rc != -FI_EAGAIN:
@@ -413,6 +515,10 @@ cdef int _stg_failed(ofi_peer* t, int s, uint64_t status) except -1 with gil:
     if status == STG_ECLOSED:
         raise SegmentError(f"ofi-staged: {who} has unbound or destroyed the segment published "
                            "to this process (republish it to reach its new one)")
+    if status == STG_EFULL:
+        raise CommunicationError(f"ofi-staged: {who}'s landing zone backs no ring for this process: "
+                                 "it serves as many initiators as its GEXMK_OFI_ZONE_RINGS allows "
+                                 "(raise it there, 0: no cap)")
     if status == STG_ECOPY:
         raise CommunicationError(f"ofi-staged: the device copy at {who} failed (its segment "
                                  "destroyed, or its device in error?)")
@@ -423,13 +529,15 @@ cdef inline uint64_t _stg_seq(uint64_t done) noexcept nogil:
     return done & ((<uint64_t>1 << STG_SEQ_BITS) - 1)
 
 
-cdef int _stg_wait_slot(ofi_ep* ep, ofi_peer* t, int s, uint64_t want) except -1 nogil:
+cdef int _stg_wait_slot(ofi_ep* ep, ofi_peer* t, int s, uint64_t want,
+                        bint soft=False) except -1 nogil:
     """Until slot s of t's ring has served sequence number want; raise what
-    the target reported for it."""
+    the target reported for it (soft: STG_EFULL is returned, 1, not raised)."""
     cdef int S = t.stg_slots, polls = 0
     cdef double deadline = 0
     cdef timespec ts
     cdef uint64_t st
+    cdef long nap = 5000
     while _stg_seq(t.stg_rb[s]) < want:
         _stg_post(ep, t, False, t.stg_ring + _stg_words_off(S), t.stg_rb, 8 * <size_t>S, NULL)
         if _stg_seq(t.stg_rb[s]) >= want:
@@ -442,15 +550,48 @@ cdef int _stg_wait_slot(ofi_ep* ep, ofi_peer* t, int s, uint64_t want) except -1
                 deadline = _now() + ep.dom.timeout
             elif _now() > deadline:
                 return _raise_timeout(t, ep.dom.timeout, "staged transfer (the target's lander)")
+            # naps that double (5 us .. 200 us): each poll is a read the
+            # target's progress must serve, CPU its lander may need
             ts.tv_sec = 0
-            ts.tv_nsec = 5000
+            ts.tv_nsec = nap
             nanosleep(&ts, NULL)
+            if nap < 200000:
+                nap *= 2
     if t.stg_ok[s] < want:
         t.stg_ok[s] = want
         st = t.stg_rb[s] >> STG_SEQ_BITS
+        if soft and st == STG_EFULL and _stg_seq(t.stg_rb[s]) == want:
+            return 1
         if st == STG_ECLOSED or (st != STG_OK and _stg_seq(t.stg_rb[s]) == want):
             return _stg_failed(t, s, st)
     return 0
+
+
+cdef int _stg_open(ofi_ep* ep, ofi_peer* t) except -1 nogil:
+    """This process's ring in t's zone, backed by the target on its first
+    request (STG_OPEN, sequence 1, slot 0: all its lander looks at in a ring
+    nobody used yet): 1, or 0 where the zone refused it (as many rings
+    backed as its GEXMK_OFI_ZONE_RINGS allows).  Caller holds t.stg_lock."""
+    cdef int s
+    if t.stg_open == 1:
+        return 1
+    if t.stg_open == 2:
+        return 0
+    if t.stg_seq != 0:
+        t.stg_open = 1          # cannot be: a ring in use was backed
+        return 1
+    t.stg_seq = 1
+    t.stg_last[0] = 1
+    _stg_send_desc(ep, t, 0, 1, STG_OPEN, 0, 0)
+    if _stg_wait_slot(ep, t, 0, 1, True) == 1:
+        t.stg_open = 2
+        return 0
+    t.stg_open = 1
+    return 1
+
+
+cdef int _stg_refused(ofi_peer* t) except -1 with gil:
+    return _stg_failed(t, 0, STG_EFULL)
 
 
 cdef int _stg_wait_all(ofi_ep* ep, ofi_peer* t) except -1 nogil:
@@ -646,6 +787,8 @@ cdef int stg_rma(gx_xfer* x, bint put) except -1 nogil:
             _spin_lock(&ep.bb_lock)
         _spin_lock(&t.stg_lock)
         try:
+            if not _stg_open(ep, t):
+                _stg_refused(t)
             if put:
                 _stg_put_zone(ep, t, x.remote - t.g.remote_base, <char*>x.local, x.n, lstg)
             else:
@@ -682,6 +825,8 @@ cdef int stg_amo(ofi_ep* ep, ofi_peer* t, uintptr_t remote, int dt, int op, gx_v
     _app_active(ep.dom)
     _spin_lock(&t.stg_lock)
     try:
+        if not _stg_open(ep, t):
+            _stg_refused(t)
         q = t.stg_seq + 1
         s = <int>((q - 1) % t.stg_slots)
         if t.stg_last[s] > t.stg_ok[s]:

@@ -15,10 +15,9 @@
 # the ofi-staged path (staged.pxi): with small blocks packed at the initiator
 # into one request per landing slot and unpacked by the target's lander
 # (_stg_vis); device blocks to a host target are packed into the endpoint's
-# bounce slots by the kind's batched or strided copies (_vis_dev_pack), then
+# bounce slots by the kind's batched copy (_vis_dev_pack), then
 # go as host ranges (_vis_bounced).
 
-from libc.stddef cimport ptrdiff_t
 from libc.stdlib cimport malloc
 
 cdef enum:
@@ -26,6 +25,20 @@ cdef enum:
 
 
 cdef size_t _VIS_IOV_CAP = env_int("GEXMK_OFI_VIS_IOV", 0, 0, VIS_IOV_MAX)
+
+cdef enum:
+    VIS_LAND_DEFAULT = 64 << 10     # GEXMK_OFI_VIS_LAND: fragments this small (on average) are
+                                    # packed through a host target's VIS landing zone
+    VIS_LAND_MSGS = 4               # ... where direct they would take more messages than this
+
+# A host segment's VIS landing zone (packed VIS, "ofi-landed"): slots per ring
+# and bytes per slot (smaller than a staged zone's: the packing, the wire and
+# the unpacking overlap slot by slot).
+cdef int _VIS_ZONE_SLOTS = env_int("GEXMK_OFI_VIS_SLOTS", 16, 1, STG_MAX_SLOTS)
+cdef size_t _VIS_ZONE_CHUNK = env_int("GEXMK_OFI_VIS_CHUNK", 256 << 10, 16 << 10, 64 << 20)
+# Private, for measurements: 0 sends each slot's descriptor after its data's
+# delivery completion even where the provider orders writes.
+cdef bint _VIS_EARLY = env_int("GEXMK_OFI_VIS_EARLY", 1, 0, 1) != 0
 
 
 cdef void _vis_limits(ofi_dom* d, fi_info* rma) noexcept nogil:
@@ -291,6 +304,7 @@ cdef int net_vis(ofi_ep* ep, ofi_peer* t, bint put, const gx_frag* f, size_t nf,
         if rc < 0:
             _vis_drop(op)
             return _vis_fail(parent, t, rc, put)
+        gx_add_long(&d.n_vis_direct, 1)
         i = i1
     if ordered and nbi:
         _ensure_flush(ep, t)
@@ -358,6 +372,8 @@ cdef int ofi_put_vis(gx_xfer* x) except -1 nogil:
         return _stg_vis(x, True)             # packed through the target's lander
     if _vis_staged_local(ep, x):
         return _vis_bounced(x, True)
+    if t.vzone and _vis_land_worth(ep.dom, t, x, True):
+        return _vis_landed(x, True)          # packed through its VIS landing zone
     return net_vis(ep, t, True, x.vis.frags, x.vis.nfrags, x.mode,
                    x.local_kind == GX_MK_HOST, x.handle)
 
@@ -371,6 +387,8 @@ cdef int ofi_get_vis(gx_xfer* x) except -1 nogil:
         return _stg_vis(x, False)             # packed through the target's lander
     if _vis_staged_local(ep, x):
         return _vis_bounced(x, False)
+    if t.vzone and _vis_land_worth(ep.dom, t, x, False):
+        return _vis_landed(x, False)          # gathered through its VIS landing zone
     return net_vis(ep, t, False, x.vis.frags, x.vis.nfrags, x.mode,
                    x.local_kind == GX_MK_HOST, x.handle)
 
@@ -407,25 +425,18 @@ cdef size_t _vis_group(const gx_frag* f, size_t i, size_t nf, size_t C, size_t h
     return i
 
 
-cdef enum:
-    VIS_RUN_MIN = 8         # blocks of one length at one stride copied as one strided shape
-
-
 cdef int _vis_dev_pack(ofi_ep* ep, bint gather, char* hbuf, const gx_frag* f, size_t i0,
                        size_t i1, size_t C) except -1 nogil:
     """Between the local blocks f[i0..i1) that are small for C (_vis_small)
-    and hbuf, back to back in order: gather (blocks -> hbuf) or scatter.  With
-    the endpoint's kind: each run of VIS_RUN_MIN or more blocks of one length
-    at one rising stride (a strided view's rows, every other byte) as one
-    copy_strided, the other blocks in one copy_batch -- not a synchronous
-    copy per block (a strided 1-byte view of 192 KiB was 196,613 of them);
-    complete on return.  Without one (host memory, GEXMK_OFI_STAGE=all):
-    memcpy."""
+    and hbuf, back to back in order: gather (blocks -> hbuf) or scatter, by
+    one call of the endpoint's kind's copy_batch (which makes a strided
+    view's rows one 2-D copy), not a synchronous copy per block (a strided
+    1-byte view of 192 KiB was 196,613 of them); complete on return.
+    Without a kind (host memory, GEXMK_OFI_STAGE=all): memcpy."""
     cdef ofi_zone* z = ep.zone
     cdef const gx_kind_ops* K = z.kops
     cdef uintptr_t* a = NULL
-    cdef size_t m = i0, e, n, cnt = 0, pos = 0, count
-    cdef ptrdiff_t stride, d, ps
+    cdef size_t m, N = i1 - i0, cnt = 0, pos = 0
     if K == NULL:
         for m in range(i0, i1):
             if _vis_small(f[m].n, C):
@@ -435,52 +446,23 @@ cdef int _vis_dev_pack(ofi_ep* ep, bint gather, char* hbuf, const gx_frag* f, si
                     memcpy(f[m].local, hbuf + pos, f[m].n)
                 pos += f[m].n
         return 0
-    a = <uintptr_t*>malloc(3 * (i1 - i0 + 1) * sizeof(uintptr_t))
+    a = <uintptr_t*>malloc(3 * (N + 1) * sizeof(uintptr_t))
     if a == NULL:
         with gil:
             raise MemoryError("ofi VIS: no memory for a device copy list")
     try:
-        while m < i1:
-            n = f[m].n
-            if not _vis_small(n, C):
-                m += 1
-                continue
-            e = m + 1
-            stride = 0
-            if K.copy_strided != NULL:
-                while e < i1 and f[e].n == n:
-                    d = <ptrdiff_t>(<uintptr_t>f[e].local - <uintptr_t>f[e - 1].local)
-                    if e == m + 1:
-                        if d < <ptrdiff_t>n:
-                            break
-                        stride = d
-                    elif d != stride:
-                        break
-                    e += 1
-            if e - m >= VIS_RUN_MIN:
-                count = e - m
-                ps = <ptrdiff_t>n
-                if gather:
-                    K.copy_strided(z.kctx, NULL, <uintptr_t>(hbuf + pos), &ps,
-                                   <uintptr_t>f[m].local, &stride, n, &count, 1)
-                else:
-                    K.copy_strided(z.kctx, NULL, <uintptr_t>f[m].local, &stride,
-                                   <uintptr_t>(hbuf + pos), &ps, n, &count, 1)
-                pos += count * n
-                m = e
-                continue
-            e = m + 1               # a lone block (or too short a run): batched
-            a[cnt] = <uintptr_t>(hbuf + pos) if gather else <uintptr_t>f[m].local
-            a[(i1 - i0) + cnt] = <uintptr_t>f[m].local if gather else <uintptr_t>(hbuf + pos)
-            a[2 * (i1 - i0) + cnt] = n
-            cnt += 1
-            pos += n
-            m = e
+        for m in range(i0, i1):
+            if _vis_small(f[m].n, C):
+                a[cnt] = <uintptr_t>(hbuf + pos) if gather else <uintptr_t>f[m].local
+                a[N + cnt] = <uintptr_t>f[m].local if gather else <uintptr_t>(hbuf + pos)
+                a[2 * N + cnt] = f[m].n
+                pos += f[m].n
+                cnt += 1
         if cnt and K.copy_batch != NULL:
-            K.copy_batch(z.kctx, NULL, a, a + (i1 - i0), <size_t*>(a + 2 * (i1 - i0)), cnt)
+            K.copy_batch(z.kctx, NULL, a, a + N, <size_t*>(a + 2 * N), cnt)
         else:
             for m in range(cnt):
-                K.copy(z.kctx, NULL, a[m], a[(i1 - i0) + m], a[2 * (i1 - i0) + m])
+                K.copy(z.kctx, NULL, a[m], a[N + m], a[2 * N + m])
     finally:
         free(a)
     return 0
@@ -525,11 +507,13 @@ cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
     cdef uint64_t pk[STG_MAX_SLOTS]
     cdef uint64_t plen[STG_MAX_SLOTS]
     cdef char* b
+    cdef bint early
     for j in range(STG_MAX_SLOTS):
         ops[j] = NULL
     try:
         while True:
-            # the oldest chunks whose data has landed: their descriptors, in order
+            # the oldest chunks whose data has landed: their descriptors, in
+            # order (pseq 0: sent with the data already)
             while cnt > 0:
                 j = h % W
                 if i < nf and cnt < W and gx_load_int(&ops[j].state) != OP_DONE:
@@ -539,7 +523,9 @@ cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
                 op = ops[j]
                 ops[j] = NULL
                 _wait_op(op, t, "staged put (vector data)")
-                _stg_send_desc(ep, t, <int>((pseq[j] - 1) % S), pseq[j], STG_PUTV, pk[j], plen[j])
+                if pseq[j]:
+                    _stg_send_desc(ep, t, <int>((pseq[j] - 1) % S), pseq[j], STG_PUTV, pk[j],
+                                   plen[j])
                 h += 1
                 cnt -= 1
             if i < nf and cnt < W:
@@ -560,8 +546,17 @@ cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
                 pseq[j] = q
                 pk[j] = k
                 plen[j] = nbytes
+                # Where the provider lands one endpoint's writes in issue
+                # order (FI_ORDER_WAW, up to max_order_waw bytes), the
+                # descriptor goes right behind its data, which asks for
+                # transmit completion only (the slot's buffer free again):
+                # no round trip per slot between packing and unpacking.
+                early = _VIS_EARLY and ep.dom.waw and 16 * k + nbytes <= ep.dom.max_order_waw
                 _stg_post(ep, t, True, t.stg_ring + _stg_data_off(S) + <uint64_t>s * t.stg_chunk,
-                          b, 16 * k + nbytes, &ops[j])
+                          b, 16 * k + nbytes, &ops[j], not early)
+                if early:
+                    _stg_send_desc(ep, t, s, q, STG_PUTV, k, nbytes)
+                    pseq[j] = 0
                 cnt += 1
                 i = i1
             elif cnt == 0:
@@ -578,53 +573,85 @@ cdef int _stg_vis_get(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
                       char* buf, size_t C, int W) except -1 nogil:
     """The small fragments gathered by the target's lander, W requests ahead
     (buf: W x C bytes of host memory: the lists, then the data read back);
-    complete on return.  Caller holds t.stg_lock."""
-    cdef int S = t.stg_slots, s, j
+    complete on return.  Caller holds t.stg_lock.  Where the provider orders
+    writes (FI_ORDER_WAW), each list goes with transmit completion and its
+    descriptor right behind it; the reads of served slots are posted as soon
+    as they are known served, several in flight, each unpacked as it
+    completes."""
+    cdef int S = t.stg_slots, s, j, m
     cdef size_t i = 0, k, nbytes
-    cdef size_t posted = 0, got = 0
+    cdef size_t posted = 0, got = 0, rposted = 0
     cdef uint64_t q
     cdef uint64_t qs[STG_MAX_SLOTS]
     cdef size_t g0[STG_MAX_SLOTS]
     cdef size_t g1[STG_MAX_SLOTS]
     cdef size_t gk[STG_MAX_SLOTS]
     cdef size_t gn[STG_MAX_SLOTS]
+    cdef gx_op* lops[STG_MAX_SLOTS]
+    cdef gx_op* rops[STG_MAX_SLOTS]
+    cdef gx_op* op
     cdef uint64_t slot
     cdef char* b
-    while True:
-        while i < nf and posted - got < <size_t>W:
-            g1[posted % W] = _vis_group(f, i, nf, C, 16, &k, &nbytes)
-            if k == 0:
-                i = g1[posted % W]
-                continue
-            j = <int>(posted % W)
-            g0[j] = i
-            gk[j] = k
-            gn[j] = nbytes
-            q = t.stg_seq + 1
-            s = <int>((q - 1) % S)
-            if t.stg_last[s] > t.stg_ok[s]:
-                _stg_wait_slot(ep, t, s, t.stg_last[s])
-            b = buf + <size_t>j * C
-            _vis_list(t, f, i, g1[j], C, b)
-            slot = t.stg_ring + _stg_data_off(S) + <uint64_t>s * t.stg_chunk
-            _stg_post(ep, t, True, slot, b, 16 * k, NULL)       # the list, before its request
-            t.stg_seq = q
-            t.stg_last[s] = q
-            qs[j] = q
-            _stg_send_desc(ep, t, s, q, STG_GETV, k, nbytes)
-            posted += 1
-            i = g1[j]
-        if got == posted:
-            break
-        j = <int>(got % W)
-        q = qs[j]
-        s = <int>((q - 1) % S)
-        _stg_wait_slot(ep, t, s, q)
-        b = buf + <size_t>j * C
-        slot = t.stg_ring + _stg_data_off(S) + <uint64_t>s * t.stg_chunk
-        _stg_post(ep, t, False, slot + 16 * gk[j], b, gn[j], NULL)
-        _vis_pack(ep, lstg, False, b, f, g0[j], g1[j], C)
-        got += 1
+    cdef bint early
+    for m in range(STG_MAX_SLOTS):
+        lops[m] = rops[m] = NULL
+    try:
+        while True:
+            while i < nf and posted - got < <size_t>W:
+                g1[posted % W] = _vis_group(f, i, nf, C, 16, &k, &nbytes)
+                if k == 0:
+                    i = g1[posted % W]
+                    continue
+                j = <int>(posted % W)
+                g0[j] = i
+                gk[j] = k
+                gn[j] = nbytes
+                q = t.stg_seq + 1
+                s = <int>((q - 1) % S)
+                if t.stg_last[s] > t.stg_ok[s]:
+                    _stg_wait_slot(ep, t, s, t.stg_last[s])
+                b = buf + <size_t>j * C
+                _vis_list(t, f, i, g1[j], C, b)
+                slot = t.stg_ring + _stg_data_off(S) + <uint64_t>s * t.stg_chunk
+                early = _VIS_EARLY and ep.dom.waw and 16 * k <= ep.dom.max_order_waw
+                # the list, before its request
+                _stg_post(ep, t, True, slot, b, 16 * k, &lops[j] if early else NULL, not early)
+                t.stg_seq = q
+                t.stg_last[s] = q
+                qs[j] = q
+                _stg_send_desc(ep, t, s, q, STG_GETV, k, nbytes)
+                posted += 1
+                i = g1[j]
+            if got == posted:
+                break
+            # reads: the oldest request's once served, and any later ones
+            # already seen served
+            while rposted < posted:
+                m = <int>(rposted % W)
+                q = qs[m]
+                s = <int>((q - 1) % S)
+                if rposted > got and _stg_seq(t.stg_rb[s]) < q:
+                    break
+                _stg_wait_slot(ep, t, s, q)
+                if lops[m] != NULL:     # its list's buffer takes the data
+                    op = lops[m]
+                    lops[m] = NULL
+                    _wait_op(op, t, "staged get (vector list)")
+                slot = t.stg_ring + _stg_data_off(S) + <uint64_t>s * t.stg_chunk
+                _stg_post(ep, t, False, slot + 16 * gk[m], buf + <size_t>m * C, gn[m], &rops[m])
+                rposted += 1
+            j = <int>(got % W)
+            op = rops[j]
+            rops[j] = NULL
+            _wait_op(op, t, "staged get (vector data)")
+            _vis_pack(ep, lstg, False, buf + <size_t>j * C, f, g0[j], g1[j], C)
+            got += 1
+    finally:
+        for m in range(STG_MAX_SLOTS):
+            if lops[m] != NULL:
+                _orphan(lops[m])
+            if rops[m] != NULL:
+                _orphan(rops[m])
     return 0
 
 
@@ -690,6 +717,8 @@ cdef int _stg_vis(gx_xfer* x, bint put) except -1 nogil:
         buf = ep.zone.bounce
     _spin_lock(&t.stg_lock)
     try:
+        if not _stg_open(ep, t):
+            _stg_refused(t)
         if put:
             _stg_vis_put(ep, t, v.frags, v.nfrags, lstg, buf, C, W)
         else:
@@ -850,6 +879,145 @@ cdef int _vis_bounced(gx_xfer* x, bint put) except -1 nogil:
     finally:
         gx_xchg_int(&ep.bb_lock, 0)
         free(hf)
+    if x.handle != NULL:
+        x.handle[0] = NULL
+    return 0
+
+
+# ---- packed through a host target's VIS landing zone ("ofi-landed") ---------------
+#
+# Over a provider that takes few remote ranges per message (tcp;ofi_rxm: 4, at
+# 6-8 us a message), many small blocks to a host segment go faster packed: a
+# host segment bound to an endpoint gets a landing zone beside it (registered
+# apart, published as the seventh field of the endpoint's blob), and a VIS
+# call whose small fragments would take more than VIS_LAND_MSGS direct
+# messages packs them slot by slot into its ring there (_stg_vis_put/_get:
+# one write and one descriptor per slot, the descriptor right behind the data
+# where the provider orders writes), unpacked by the target's lander; larger
+# fragments and short lists still go direct (fi_writemsg/fi_readmsg).  The
+# zone costs address space until used: a ring is backed on its initiator's
+# first request (STG_OPEN), at most GEXMK_OFI_ZONE_RINGS of them; an
+# initiator the zone refuses sends its VIS direct from then on.  Counted in
+# Domain.vis_paths.
+
+cdef object _vis_zone_open(OfiEndpoint oe, Segment seg):
+    """The VIS landing zone of a host segment bound to oe (GEXMK_OFI_VIS_LAND
+    > 0): what peers need of it, (key, base, slots, chunk, ring bytes), or
+    None (none made: switched off, or the process's zones used up)."""
+    cdef ofi_ep* e = &oe.e
+    cdef ofi_dom* d = e.dom
+    cdef fid_mr* mr = NULL
+    cdef uint64_t key = 0
+    cdef ofi_zone* z
+    if not d.vis_zone or seg.size == 0 or d.nzones >= STG_MAX_ZONES // 2:
+        return None
+    z = _zone_make(d, seg, d.stg_nrings, _VIS_ZONE_SLOTS, _VIS_ZONE_CHUNK, True)
+    try:
+        if not (d.mr_mode & FI_MR_PROV_KEY):
+            key = d.next_key
+            d.next_key += 1
+        with nogil:
+            check("fi_mr_reg (VIS landing zone)", fi_mr_reg(d.domain, z.mem, z.bytes,
+                                                            FI_REMOTE_READ | FI_REMOTE_WRITE
+                                                            | FI_READ | FI_WRITE, 0, key, 0,
+                                                            &mr, NULL))
+        if d.mr_mode & FI_MR_ENDPOINT:
+            try:
+                check("fi_mr_bind", fi_mr_bind(mr, &e.ep.fid, 0))
+                check("fi_mr_enable", fi_mr_enable(mr))
+            except BaseException:
+                fi_close(&mr.fid)
+                raise
+        try:
+            _zone_serve_z(d, z)
+        except BaseException:
+            fi_close(&mr.fid)
+            raise
+    except BaseException:
+        _zone_free(z)
+        raise
+    e.vzone = z
+    e.vzone_mr = mr
+    oe.domain.start_lander()
+    base = <uintptr_t>z.mem if (d.mr_mode & FI_MR_VIRT_ADDR) else 0
+    key = oe._raw_key(mr, base) if (d.mr_mode & FI_MR_RAW) else fi_mr_key(mr)
+    return (key, base, z.slots, z.chunk, z.ring_bytes)
+
+
+cdef bint _vis_land_worth(ofi_dom* d, ofi_peer* t, gx_xfer* x, bint put) noexcept nogil:
+    """Whether x's fragments go faster packed through t's VIS zone: its
+    local blocks host memory, its ring not refused, a put only where the
+    provider's puts gain by it (d.vis_land_put), and its small fragments
+    (at most d.vis_land bytes on average) more than VIS_LAND_MSGS direct
+    messages' worth of remote ranges that do not run on."""
+    cdef const gx_frag* f = x.vis.frags
+    cdef size_t i, k = 0, nbytes = 0, ranges = 0, C = t.stg_chunk
+    cdef uint64_t end = 0
+    if x.local_kind != GX_MK_HOST or t.stg_open == 2 or d.vis_land == 0 or \
+            (put and not d.vis_land_put):
+        return False
+    for i in range(x.vis.nfrags):
+        if _vis_small(f[i].n, C):
+            k += 1
+            nbytes += f[i].n
+            if f[i].remote != end:
+                ranges += 1
+            end = f[i].remote + f[i].n
+    return ranges > VIS_LAND_MSGS * d.vis_rma_iov and nbytes <= k * d.vis_land
+
+
+cdef int _vis_landed(gx_xfer* x, bint put) except -1 nogil:
+    """x's small fragments packed through t's VIS landing zone, the others
+    direct; complete on return whatever the mode.  A ring the zone refuses:
+    all direct (as x.mode asks)."""
+    cdef ofi_ep* ep = <ofi_ep*>x.ep
+    cdef ofi_peer* t = <ofi_peer*>x.peer
+    cdef const gx_vis* v = x.vis
+    cdef size_t C = t.stg_chunk, i, k = 0
+    cdef int W = t.stg_slots
+    cdef char* buf
+    cdef bint kept = False
+    cdef int opened = 0
+    cdef long seq0
+    cdef gx_frag* hf
+    buf = _pack_take(<size_t>W * C, &kept)
+    if buf == NULL:
+        with gil:
+            raise MemoryError(f"ofi VIS: no memory for {W} x {C} bytes of packing buffers")
+    _app_active(ep.dom)
+    _spin_lock(&t.stg_lock)
+    try:
+        opened = _stg_open(ep, t)
+        if opened:
+            seq0 = <long>t.stg_seq
+            if put:
+                _stg_vis_put(ep, t, v.frags, v.nfrags, False, buf, C, W)
+            else:
+                _stg_vis_get(ep, t, v.frags, v.nfrags, False, buf, C, W)
+            gx_add_long(&ep.dom.n_vis_landed, <long>t.stg_seq - seq0)
+    finally:
+        gx_xchg_int(&t.stg_lock, 0)
+        _pack_give(buf, kept)
+    if not opened:
+        gx_add_long(&ep.dom.n_vis_refused, 1)
+        return net_vis(ep, t, put, v.frags, v.nfrags, x.mode, True, x.handle)
+    for i in range(v.nfrags):
+        if v.frags[i].n and not _vis_small(v.frags[i].n, C):
+            k += 1
+    if k:
+        hf = <gx_frag*>malloc(k * sizeof(gx_frag))
+        if hf == NULL:
+            with gil:
+                raise MemoryError("ofi VIS: no memory for a fragment list")
+        k = 0
+        for i in range(v.nfrags):
+            if v.frags[i].n and not _vis_small(v.frags[i].n, C):
+                hf[k] = v.frags[i]
+                k += 1
+        try:
+            net_vis(ep, t, put, hf, k, GX_BLOCKING, True, NULL)
+        finally:
+            free(hf)
     if x.handle != NULL:
         x.handle[0] = NULL
     return 0
