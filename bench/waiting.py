@@ -84,7 +84,7 @@ def _numpy_call(np, ms):
     return lambda: np.dot(a, a)
 
 
-def _worker(out, iters, cpu_wait, lat):
+def _worker(out, iters, cpu_wait, lat, states=None):
     import numpy as np
     import gexmk
     c = gexmk.init()
@@ -106,6 +106,8 @@ def _worker(out, iters, cpu_wait, lat):
             from gexmk.transports import ofi as trace
             res["trace"] = {}
         for sid, state in enumerate(STATES, start=1):
+            if states and state not in states:
+                continue
             tm.barrier()
             if trace is not None:
                 trace._trace_dump()
@@ -204,7 +206,8 @@ def run_job(args, tmp, transport, lat):
         env.update(GEXMK_TRANSPORT="ofi", GEXMK_OFI_PROVIDER=args.provider)
     cmd = [sys.executable, "-P", "-m", "gexmk.run", "-n", "2", "--timeout", "300", "--",
            "-P", str(Path(__file__).resolve()), "--worker", out, "--iters", str(args.iters),
-           "--cpu-wait", str(args.cpu_wait)] + (["--lat"] if lat else [])
+           "--cpu-wait", str(args.cpu_wait), "--states", ",".join(args.states)] + \
+        (["--lat"] if lat else [])
     _run(cmd, env, 320, f"gexmk job ({transport})")
     with open(out + ".0") as f0, open(out + ".1") as f1:
         r0, r1 = json.load(f0), json.load(f1)
@@ -241,12 +244,20 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=400)
     p.add_argument("--cpu-wait", type=float, default=3.0)
     p.add_argument("--json")
+    p.add_argument("--jobs", default="c,ofi,nbrhd",
+                   help="which of the C baseline, the ofi job and the nbrhd job to run (default: all)")
+    p.add_argument("--states", default=",".join(STATES),
+                   help="the target's states to measure, comma-separated (default: all)")
     p.add_argument("--ofi-bench", help="an ofi_bench binary (default: build bench/ofi with meson)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--lat", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.states = [x for x in args.states.split(",") if x]
+    bad = [x for x in args.states if x not in STATES]
+    if bad:
+        p.error(f"--states: unknown {bad}; choose from {STATES}")
     if args.worker:
-        return _worker(args.worker, args.iters, args.cpu_wait, args.lat)
+        return _worker(args.worker, args.iters, args.cpu_wait, args.lat, args.states)
     sys.path.insert(0, str(BENCH))
     rounds = []
     with tempfile.TemporaryDirectory(prefix="gexmk-waiting-") as tmp:
@@ -259,6 +270,7 @@ def main(argv=None):
             load = _load()
             R = {"load": load}
             order = ["c", "ofi", "nbrhd"] if rnd % 2 == 0 else ["nbrhd", "ofi", "c"]
+            order = [x for x in order if x in args.jobs]
             for what in order:
                 try:
                     if what == "c":

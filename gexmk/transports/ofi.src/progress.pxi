@@ -21,6 +21,8 @@ cdef enum:
     TR_PT_SLEEP = 20        # the progress thread sleeps in the CQ fds
     TR_PT_WOKE = 21
     TR_PT_PASS = 22
+    TR_PT_BURST = 23        # ... polls a burst of passes in its window after a wake
+    TR_PT_ASIDE = 24        # ... naps while an application thread drives progress
 
 
 cdef extern from "<sched.h>" nogil:
@@ -124,17 +126,52 @@ cdef inline double _cpu_now() noexcept nogil:
     return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
-cdef inline void _hot_pass(hot_win* h, double c0, double c1, double t1, int got) noexcept nogil:
+cdef inline void _hot_pass(hot_win* h, double c0, double c1, double t1, int got,
+                           double factor=2) noexcept nogil:
     """A polling pass that ended at t1 took the CPU time c1 - c0 and read
     ``got`` CQ entries: traffic (entries, or a pass that worked much longer
-    than an idle one: an RMA the provider served at this target leaves no
-    entry) keeps the window open."""
+    than an idle one, ``factor`` x the shortest + HOT_BUSY: an RMA the
+    provider served at this target leaves no entry) keeps the window open."""
     cdef double dt = c1 - c0
     if h.pass_min == 0 or dt < h.pass_min:
         h.pass_min = dt
-    if (got > 0 or dt > 2 * h.pass_min + HOT_BUSY) and not HOT_FIXED:
+    if (got > 0 or dt > factor * h.pass_min + HOT_BUSY) and not HOT_FIXED:
         h.caught = 1
         h.until = t1 + h.win
+
+
+# ---- a short scheduler slice ------------------------------------------------------
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <unistd.h>
+    #include <sys/syscall.h>
+    struct gx_sched_attr {
+        uint32_t size, sched_policy;
+        uint64_t sched_flags;
+        int32_t sched_nice;
+        uint32_t sched_priority;
+        uint64_t sched_runtime, sched_deadline, sched_period;
+    };
+    /* Ask the fair scheduler (EEVDF, Linux >= 6.12) for a slice of ns for the
+       calling thread: a thread with a shorter slice than the one running
+       preempts it when it wakes, rather than at the next tick.  Policy and
+       nice unchanged; older kernels ignore the runtime.  0, or -errno. */
+    static int gx_set_slice(uint64_t ns) {
+    #if defined(SYS_sched_getattr) && defined(SYS_sched_setattr)
+        struct gx_sched_attr a;
+        if (syscall(SYS_sched_getattr, 0, &a, sizeof(a), 0) != 0) return -1;
+        if (a.sched_policy != 0 /* SCHED_OTHER */) return -2;
+        a.size = sizeof(a);
+        a.sched_runtime = ns;
+        return syscall(SYS_sched_setattr, 0, &a, 0) == 0 ? 0 : -3;
+    #else
+        return -4;
+    #endif
+    }
+    """
+    int gx_set_slice(uint64_t ns) nogil
 
 
 # ---- progress ------------------------------------------------------------------
@@ -259,9 +296,13 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
     cdef int nfd
     cdef pollfd pfds[2 * SLEEP_EPS]
     cdef double hot_until = 0
-    cdef double idle
+    cdef double idle, c0, dt
+    cdef hot_win pth            # its window after traffic (PT_ADAPT)
+    memset(&pth, 0, sizeof(pth))
     # this thread's naps are short and frequent: 1 us timer slack, not 50
     prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
+    if PT_SLICE_US > 0:
+        gx_set_slice(<uint64_t>PT_SLICE_US * 1000)
     while not stop[0]:
         idle = d.driven_until - _now()
         if idle > 0:
@@ -284,6 +325,7 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
                 (STAND_ASIDE if gx_load_long(&d.waiters) > 0 else STAND_ASIDE / 4)
             ts.tv_sec = 0
             ts.tv_nsec = <long>(idle * 1e9) + 50000
+            _tr(TR_PT_ASIDE)
             nanosleep(&ts, NULL)
             if gx_load_long(&d.waiters) == 0:
                 # an application that only issues (never waits) must not keep
@@ -302,6 +344,32 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
             ts.tv_nsec = 1000000
             nanosleep(&ts, NULL)
             continue
+        if not spin and PT_ADAPT and _hot(&pth, _now(), PT_HOT):
+            # woken by traffic lately: bursts of passes with a yield between,
+            # in a window that adapts as the waits' does (hot_win): a burst
+            # that worked longer than an idle one (an RMA served) extends it;
+            # one that ends with none seen halves the next.  Why adapt: a
+            # thread woken by a socket send runs on the sender's CPU (wake-
+            # affine); where the initiator shares that CPU, as on a busy
+            # 2-core node, sched_yield does not hand it over (the fair
+            # scheduler's yield only moves this thread's deadline; a spinning
+            # initiator is not eligible), and every op waited for the end of a
+            # fixed 1 ms window (traced: 7358 bursts on the initiator's CPU in
+            # one run, 8 B put/get to an idle target 42-146 us, p90 1 ms).
+            c0 = _cpu_now()
+            got = 0
+            for i in range(16):
+                nfd = _progress_all(d)
+                if nfd > 0:
+                    got += nfd
+                if gx_load_long(&d.waiters) > 0:
+                    break
+            dt = _cpu_now() - c0
+            _hot_pass(&pth, c0, c0 + dt, _now(), <int>got, 1)
+            if _tr_t != NULL:
+                _tr(<int>(500000 + dt * 1e7))
+            sched_yield()
+            continue
         if spin or _now() < hot_until:
             # spin mode, or just woken by traffic: poll without sleeping for a
             # while (a request/response exchange will bring more at once; a
@@ -314,6 +382,7 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
             # put/get to an idle target: 10.9-11.2 us so, 23 us adaptive, at
             # load < 1.2), where a wait polls without yielding (on a loaded
             # machine a yield hands the core to another job).
+            _tr(TR_PT_BURST)
             for i in range(16):
                 _progress_all(d)
                 if gx_load_long(&d.waiters) > 0:
@@ -338,7 +407,12 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
                 _tr(TR_PT_SLEEP)
                 if poll(pfds, nfd, 20) > 0:
                     _tr(TR_PT_WOKE)
-                    hot_until = _now() + PT_HOT
+                    if PT_ADAPT:
+                        _hot_open(&pth, _now(), PT_HOT)
+                    else:
+                        hot_until = _now() + PT_HOT
+            elif PT_ADAPT:
+                _hot_open(&pth, _now(), PT_HOT)
             else:
                 hot_until = _now() + PT_HOT     # work was pending: stay awake
             n = gx_load_long(&d.neps)
