@@ -23,8 +23,8 @@ directory) with its target busy-polling its CQ (``-P poll``): a
 FI_DELIVERY_COMPLETE ``fi_writemsg`` (what a blocking put asks for) and an
 ``fi_read``, 8 B (also with the target asleep in its CQ's fd, ``-P wait``: the
 floor for a target that sleeps), and 64 KiB / 512 KiB / 4 MiB ``fi_write`` + 8 B read-back flush (``-w 1
--f``: the data at the target, as after a blocking put).  Ratios are gexmk / C
-of the medians.
+-f``: the data at the target, as after a blocking put; the same with the
+target asleep in its CQ fd, ``-P wait``).  Ratios are gexmk / C of the medians.
 
 CPU: rank 1 waits ``--cpu-wait`` seconds in ``tm.barrier()`` for rank 0 (which
 sleeps, then enters it); the process's CPU time over the wait (all threads:
@@ -231,10 +231,16 @@ def run_c(args, exe):
     cmd = [exe, "-p", args.provider, "-P", "wait", "-s", "8", "-b", "8", "-w", "16",
            "-i", "2000", "-t", "0.5", "-W", "60", "--json"]
     w = json.loads(_run(cmd, None, 90, f"ofi_bench -p '{args.provider}' -P wait").stdout)
+    # ... and its bandwidth: what a target that sleeps between socket wake-ups reaches
+    cmd = [exe, "-p", args.provider, "-P", "wait", "-s", "8", "-b", sizes, "-w", "1",
+           "-i", "100", "-t", "0.5", "-W", "60", "-f", "--json"]
+    r = _run(cmd, None, 90, f"ofi_bench -p '{args.provider}' -P wait -b {sizes} -w 1 -f")
+    wbw = json.loads(r.stdout).get("bw_flush_GBps_rounds", {})
     return {"put_us": j["write_dc_lat_us"]["8"]["median"], "get_us": j["read_lat_us"]["8"]["median"],
             "wait_put_us": w["write_dc_lat_us"]["8"]["median"],
             "wait_get_us": w["read_lat_us"]["8"]["median"],
-            "put_bw_GBps": {k: v["median"] for k, v in bw.items()}}
+            "put_bw_GBps": {k: v["median"] for k, v in bw.items()},
+            "wait_put_bw_GBps": {k: v["median"] for k, v in wbw.items()}}
 
 
 def main(argv=None):
@@ -295,7 +301,9 @@ def _report(rnd, R, args):
               + "   write+flush " + ", ".join(f"{int(k) >> 10} KiB {v:.2f}"
                                              for k, v in c["put_bw_GBps"].items()) + " GB/s")
         print(f"  C ofi_bench -P wait:       put {c['wait_put_us']:7.2f} us   get {c['wait_get_us']:7.2f} us"
-              "   (target asleep in its CQ fd: the floor for a sleeping target)")
+              "   write+flush " + ", ".join(f"{int(k) >> 10} KiB {v:.2f}"
+                                             for k, v in c.get("wait_put_bw_GBps", {}).items())
+              + " GB/s   (target asleep in its CQ fd: the floor for a sleeping target)")
     o = R.get("ofi")
     if o:
         for st in STATES:
@@ -309,8 +317,10 @@ def _report(rnd, R, args):
                   f"get {ge:7.2f} us (p90 {x['get_us']['p90']:6.1f}){ratio}{extra}")
             for size, bw in x.get("put_GBps", {}).items():
                 cb = c["put_bw_GBps"].get(size) if c else None
+                cw = c.get("wait_put_bw_GBps", {}).get(size) if c else None
                 print(f"  target in {st:<11} {int(size) >> 10} KiB blocking put {bw:.2f} GB/s"
-                      + (f"  ({bw / cb:.2f}x C)" if cb else ""))
+                      + (f"  ({bw / cb:.2f}x C" if cb else "")
+                      + (f", {bw / cw:.2f}x C's sleeping target)" if cw else (")" if cb else "")))
     for what in ("ofi", "nbrhd"):
         x = R.get(what)
         if x and x["cpu"]:

@@ -174,19 +174,29 @@ cdef double PT_HOT = 0.001
 # and 0.7-1.4 ms (median) or 1.4-5 ms (p90) in others, one tick or two of the
 # woken thread waiting for a CPU (traced: bench/waiting.py, GEXMK_OFI_TRACE).
 cdef int PT_SLICE_US = 100
+# After a sleep in the CQ fds, read only the CQs whose fd poll() found ready
+# (_read_woken); 0: every CQ, as before.
+cdef bint PT_WOKEN_ONLY = True
 # The progress thread's window adapts (hot_win, as the waits'); 0: fixed (PT_HOT).
 cdef bint PT_ADAPT = True
+# ... a burst of its passes that took this much more CPU (s) than the shortest
+# served traffic, and a window with at least one such burst in PT_BUSY_SHARE
+# (and three) is extended (_pt_burst); a window of PT_HOT counts PT_HOT /
+# PT_BURST_S bursts (~10 us of CPU each when idle, tcp;ofi_rxm here).
+cdef double PT_BUSY = 3e-6
+cdef int PT_BUSY_SHARE = 4
+cdef double PT_BURST_S = 10e-6
 # Windows that do not adapt (each the longest, from the wake, not extended by
 # traffic: what was measured before), for experiments.
 cdef bint HOT_FIXED = False
 # Private, for experiments (bench/waiting.py):
-# GEXMK_OFI_WAIT_TUNE="hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt]]]]".
+# GEXMK_OFI_WAIT_TUNE="hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt[,woken_only]]]]]".
 _tune = os.environ.get("GEXMK_OFI_WAIT_TUNE", "")
 if _tune:
     try:
         _tv = [float(x) for x in _tune.split(",")]
     except ValueError:
-        raise ArgumentError(f"GEXMK_OFI_WAIT_TUNE={_tune!r}: expected hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt]]]] "
+        raise ArgumentError(f"GEXMK_OFI_WAIT_TUNE={_tune!r}: expected hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt[,woken_only]]]]] "
                             "(numbers)") from None
     WAIT_HOT = _tv[0] * 1e-6
     if len(_tv) > 1:
@@ -197,6 +207,8 @@ if _tune:
         PT_SLICE_US = <int>_tv[3]
     if len(_tv) > 4:
         PT_ADAPT = _tv[4] != 0
+    if len(_tv) > 5:
+        PT_WOKEN_ONLY = _tv[5] != 0
 
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"
@@ -241,6 +253,9 @@ cdef struct hot_win:        # polling for a while after traffic (WAIT_HOT, progr
     int probe_every         # ... one in this many tries a window again
     int probing             # this window is such a try
     int init
+    int n, nbusy            # the progress thread's bursts in this window, and those with traffic
+    int left                # ... its bursts left in this window (win: its length in bursts)
+    long neps               # the endpoints pass_min was measured over (more: longer passes)
 
 
 cdef struct ofi_zone:       # a device-bound endpoint's landing zone (staged.pxi)
