@@ -104,9 +104,13 @@ class Config:
     #: GEXMK_OFI_HMEM: ``auto`` (default): the domain asks for FI_HMEM where the
     #: provider offers it, and a device segment the provider registers
     #: (fi_mr_regattr, FI_HMEM_CUDA) is reached natively (path ``ofi-hmem``),
-    #: others through their landing zone (``ofi-staged``); ``off``: never asked,
-    #: always staged; ``system`` (tests only): host segments are registered the
-    #: same way with FI_HMEM_SYSTEM, so that a CPU-only machine runs that path.
+    #: others through their landing zone (``ofi-staged``) -- except over
+    #: providers that copy device memory through host memory themselves (shm,
+    #: tcp, udp, sockets), where the staged path is faster; ``native``: register
+    #: natively wherever the provider accepts it (measurements); ``off``: never
+    #: asked, always staged; ``system`` (tests only): host segments are
+    #: registered the same way with FI_HMEM_SYSTEM, so that a CPU-only machine
+    #: runs that path.
     ofi_hmem: str = "auto"
     #: GEXMK_OFI_STAGE_CHUNK / _SLOTS: bytes per landing slot and slots per
     #: initiator in each zone (the zone holds job size x slots x chunk bytes);
@@ -195,8 +199,8 @@ def load(env=None) -> Config:
         ofi_connect=_choice(env, "GEXMK_OFI_CONNECT", {"eager": "eager", "lazy": "lazy"}, "eager"),
         ofi_connect_max=_bytes(env, "GEXMK_OFI_CONNECT_MAX", 32, 0, 1 << 20, suffix=False),
         ofi_stage=_choice(env, "GEXMK_OFI_STAGE", {"auto": "auto", "all": "all"}, "auto"),
-        ofi_hmem=_choice(env, "GEXMK_OFI_HMEM", {"auto": "auto", "off": "off", "system": "system"},
-                         "auto"),
+        ofi_hmem=_choice(env, "GEXMK_OFI_HMEM", {"auto": "auto", "off": "off", "system": "system",
+                                                 "native": "native"}, "auto"),
         ofi_stage_chunk=_bytes(env, "GEXMK_OFI_STAGE_CHUNK", 1 << 20, 4096, 1 << 30),
         ofi_stage_slots=_bytes(env, "GEXMK_OFI_STAGE_SLOTS", 4, 1, 16, suffix=False),
         ofi_rxm_buffer=_bytes(env, "GEXMK_OFI_RXM_BUFFER", 4096, 0, 1 << 24, suffix=False),

@@ -75,9 +75,22 @@ def _features(d):
             d.ordered_writes, d.put_signal_mode)
 
 
+@gpu
+@needs_gpu
+def test_auto_keeps_device_segments_staged_over_shm():
+    """shm copies device memory through host memory itself (slower than the staged
+    path's pinned bounces): under ``auto`` its device segments stay staged and the
+    endpoint says why, whether or not this libfabric could register them."""
+    need(SHM)
+    probe = _cuda_hmem_probe("auto")
+    print("hmem probe:", probe)
+    assert probe.get("native") is False, probe
+    assert "copies device memory through host memory" in (probe.get("note") or ""), probe
+
+
 def test_hmem_option_parses():
     assert config.load({}).ofi_hmem == "auto"
-    for v in ("auto", "off", "system", "OFF"):
+    for v in ("auto", "off", "system", "native", "OFF"):
         assert config.load({"GEXMK_OFI_HMEM": v}).ofi_hmem == v.lower()
     with pytest.raises(E.ArgumentError, match="GEXMK_OFI_HMEM"):
         config.load({"GEXMK_OFI_HMEM": "cuda"})
@@ -295,7 +308,7 @@ out = {}
 with gexmk.init() as c:
     mk = c.mk_create(gexmk.CUDA_UVA, 0)
     seg = c.segment_create(1 << 21, kind=mk)
-    d = ofi.Domain("shm", config=config.load({"GEXMK_OFI_HMEM": "auto"}))
+    d = ofi.Domain("shm", config=config.load({"GEXMK_OFI_HMEM": sys.argv[1]}))
     out["domain"] = d.hmem
     ep = d.endpoint()
     try:
@@ -309,11 +322,12 @@ print("PROBE", json.dumps(out))
 '''
 
 
-def _cuda_hmem_probe():
+def _cuda_hmem_probe(mode="native"):
     """Whether this process's libfabric registers a library-allocated (VMM)
-    device segment with shm: {"domain", "native", "note"}."""
+    device segment with shm under GEXMK_OFI_HMEM=mode: {"domain", "native", "note"}."""
     env = dict(os.environ, GEXMK_TIMEOUT="30", FI_LOG_LEVEL="warn")
-    p = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120,
+    p = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True,
+                       timeout=120,
                        env=env, cwd="/")
     # libfabric's own word on its CUDA support (e.g. "Failed to dlopen libcuda.so":
     # it opens libcudart.so and libcuda.so, unversioned, from the loader's path)
@@ -449,7 +463,7 @@ print("OK", me, flush=True)
 
 @gpu
 @needs_gpu
-@pytest.mark.parametrize("mode", ["auto", "off"])
+@pytest.mark.parametrize("mode", ["native", "off"])
 def test_testcudauva_cases_over_shm_native(tmp_path, mode):
     """testcudauva's four cases at 8 MiB between device segments of two ranks
     on one GPU over shm, VMM and cuMemAlloc segments; device atomics; the path
@@ -459,7 +473,7 @@ def test_testcudauva_cases_over_shm_native(tmp_path, mode):
     need(SHM)
     probe = _cuda_hmem_probe()
     print("hmem probe:", probe)
-    if mode == "auto" and not probe.get("native"):
+    if mode == "native" and not probe.get("native"):
         pytest.skip("libfabric does not register CUDA memory with shm here "
                     f"(domain FI_HMEM: {probe.get('domain')}; {probe.get('note')}; libfabric said: "
                     f"{probe.get('libfabric')}); point LD_LIBRARY_PATH at a libfabric built "
@@ -470,9 +484,9 @@ def test_testcudauva_cases_over_shm_native(tmp_path, mode):
     print(r.stdout)
     assert r.returncode == 0, r.report()
     assert r.stdout.count("OK") == 2, r.stdout
-    # auto: the probe registered a VMM segment natively, so must the job have;
+    # native: the probe registered a VMM segment natively, so must the job have;
     # off: every device segment staged
-    want = "ofi-hmem" if mode == "auto" else "ofi-staged"
+    want = "ofi-hmem" if mode == "native" else "ofi-staged"
     seen = 0
     for line in r.stdout.splitlines():
         if line.startswith("PATHS "):

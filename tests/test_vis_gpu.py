@@ -239,3 +239,23 @@ def test_host_lists_stay_on_the_copy_engine(dev):
     for i in range(64):
         assert bytes(got[4096 * i:4096 * i + 256]) == bytes(data[256 * i:256 * (i + 1)])
     assert _gather_count(seg) == before
+
+
+def test_int_addresses_are_classified_per_block(dev):
+    """Indexed lists of int addresses: device memory of the endpoint's kind outside
+    its segment moves on the device path, host addresses on theirs, and a list
+    that mixes the two is refused by name before a byte moves."""
+    tm, cp, arr, seg = dev
+    other = cp.arange(64 * 64, dtype=cp.uint8).reshape(64, 64)
+    tm.put_indexed(0, [tm.addr(0, 8192 + 128 * i) for i in range(32)], 64,
+                   [other[i].data.ptr for i in range(32)], 64)
+    got = cp.asnumpy(arr)
+    want = cp.asnumpy(other)
+    for i in range(32):
+        assert bytes(got[8192 + 128 * i:8192 + 128 * i + 64]) == bytes(want[i])
+    host = np.full(64 * 32, 7, dtype=np.uint8)
+    mixed = [other[i].data.ptr for i in range(16)] + [host.ctypes.data + 64 * i for i in range(16)]
+    arr[:] = 0
+    with pytest.raises(gexmk.ArgumentError, match="mixes device blocks with host blocks"):
+        tm.put_indexed(0, [tm.addr(0, 128 * i) for i in range(32)], 64, mixed, 64)
+    assert int(cp.count_nonzero(arr)) == 0

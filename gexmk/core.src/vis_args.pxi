@@ -166,12 +166,55 @@ cdef int _local_list(_VisReq q, object lst, Py_ssize_t n, str sig, str name, Py_
         q.ldev = tm.ep.seg_device
     elif ndev == 0 and _device_kinds and fixed >= 0 and n:
         # addresses given as ints: device memory of the endpoint's kind, or host
-        for i in range(n):
-            ndev += _vis_local_kind(q, <void*>q.la[i], q.ln[i], sig, f"{name}[{i}]", tm, False)
+        ndev = _vis_int_kinds(q, <size_t>n, sig, name, tm)
     if (nseg + ndev) and nseg + ndev != <size_t>n:
         raise ArgumentError(f"{_fn(sig)}: {name} mixes device blocks with host blocks; one "
                             "call's local blocks are all of one memory")
     return 0
+
+
+cdef size_t _vis_int_kinds(_VisReq q, size_t n, str sig, str name, const gx_team* tm) except? 0:
+    """How many of the n int addresses q.la are device memory of the endpoint's
+    segment's kind (the others host memory): one driver query per block in a C
+    loop through the kind's classify (a Python-level query per block cost
+    microseconds each: ~ms for a 1024-block list); where a block is memory of
+    another device, or the kind cannot classify, every block goes through
+    _vis_local_kind, which says what is wrong."""
+    cdef const gx_kind_ops* ops = NULL
+    cdef void* kctx = NULL
+    cdef int cls, dev, want_cls = GX_MK_HOST, want_dev = -1
+    cdef size_t i, ndev = 0, bad = n
+    seg = (<Team>tm.owner).ep.segment if tm.owner != NULL else None
+    if seg is not None and (<Segment>seg).kind.impl is not None:
+        impl = (<Segment>seg).kind.impl
+        ops = <const gx_kind_ops*>PyCapsule_GetPointer(impl.ops_capsule(), b"gexmk.kind_ops")
+        kctx = <void*><uintptr_t>impl.handle
+        want_cls = (<Segment>seg).kind.cls
+        want_dev = (<Segment>seg).kind.device
+    if ops == NULL or ops.classify == NULL:
+        for i in range(n):
+            ndev += _vis_local_kind(q, <void*>q.la[i], q.ln[i], sig, f"{name}[{i}]", tm, False)
+        return ndev
+    with nogil:
+        for i in range(n):
+            if q.ln[i] == 0:
+                continue
+            ops.classify(kctx, q.la[i], &cls, &dev)
+            if cls == GX_MK_HOST:
+                continue
+            if cls != want_cls or dev != want_dev:
+                bad = i
+                break
+            ndev += 1
+    if bad < n:          # memory of another device (or managed): the careful loop says what
+        ndev = 0
+        for i in range(n):
+            ndev += _vis_local_kind(q, <void*>q.la[i], q.ln[i], sig, f"{name}[{i}]", tm, False)
+        return ndev
+    if ndev:
+        q.lkind = want_cls
+        q.ldev = want_dev
+    return ndev
 
 
 cdef int _vis_local_kind(_VisReq q, void* p, size_t n, str sig, str name, const gx_team* tm,

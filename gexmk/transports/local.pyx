@@ -559,6 +559,8 @@ _SELF_DEV.put_vis = _NBRHD_DEV.put_vis = _dev_put_vis     # 2-D/3-D and batched 
 _SELF_DEV.get_vis = _NBRHD_DEV.get_vis = _dev_get_vis
 _fill(&_SELF_STAGED, b"self-staged", _staged_put, _staged_get, _dev_atomic, _staged_put_signal)
 _fill(&_NBRHD_STAGED, b"nbrhd-staged", _staged_put, _staged_get, _dev_atomic, _staged_put_signal)
+_SELF_STAGED.put_vis = _NBRHD_STAGED.put_vis = _staged_put_vis    # packed through the bounce buffers
+_SELF_STAGED.get_vis = _NBRHD_STAGED.get_vis = _staged_get_vis
 _fill(&_NBRHD_LANDED, b"nbrhd-landed", _landed_put, _landed_get, _landed_atomic, _landed_put_signal)
 
 

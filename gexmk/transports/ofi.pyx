@@ -222,6 +222,7 @@ cdef enum:
     HMEM_OFF = 0            # GEXMK_OFI_HMEM (hmem.pxi)
     HMEM_AUTO = 1
     HMEM_SYSTEM = 2
+    HMEM_NATIVE = 3         # native wherever the provider accepts, even one that copies via host
 
 # a put_signal's signal as remote CQ data (signal.pxi): kind (2 bits), the
 # target's binding generation (2 bits), the word's index in the segment (24
@@ -350,7 +351,7 @@ cdef struct ofi_dom:
     long readers            # threads walking eps[] without the GIL (see _unregister)
     long quiesce            # endpoints being unregistered: the progress thread stays out of eps[]
     int stg_all             # GEXMK_OFI_STAGE=all: host segments land through zones too (tests)
-    int hmem_want           # GEXMK_OFI_HMEM: HMEM_OFF, HMEM_AUTO, HMEM_SYSTEM (hmem.pxi)
+    int hmem_want           # GEXMK_OFI_HMEM: HMEM_OFF, HMEM_AUTO, HMEM_SYSTEM, HMEM_NATIVE (hmem.pxi)
     int hmem                # the domain was opened with FI_HMEM (and FI_MR_HMEM where offered)
     int stg_slots           # GEXMK_OFI_STAGE_SLOTS
     size_t stg_chunk        # GEXMK_OFI_STAGE_CHUNK

@@ -6,24 +6,39 @@
 cdef int _batch_state = 0        # 0 untried, 1 cuMemcpyBatchAsync works, -1 the driver lacks it
 
 
-cdef int _cu_copy_batch(void* kctx, void* stream, const uintptr_t* dst, const uintptr_t* src,
-                        const size_t* n, size_t count) except -1 nogil:
-    """count copies on one stream: cuMemcpyBatchAsync (CUDA 12.8+ drivers) in
-    one call, else a loop of cuMemcpyAsync.  stream NULL: on the kind's
-    internal stream, complete on return."""
+cdef enum:
+    BATCH_RUN_MIN = 8               # copies of one size at one stride per side: one 2-D copy
+    BATCH_RUN_PITCH = 1 << 30       # ... whose strides stay this small (2-D pitch limits)
+
+
+cdef size_t _cu_run(const uintptr_t* dst, const uintptr_t* src, const size_t* n, size_t i,
+                    size_t count) noexcept nogil:
+    """The end of the run from copy i: copies of n[i] bytes whose addresses rise
+    by one stride per side, each stride at least n[i] (a strided view's rows,
+    every other byte of a 1-byte view)."""
+    cdef size_t e = i + 1, ds = 0, ss = 0
+    while e < count and n[e] == n[i]:
+        if dst[e] <= dst[e - 1] or src[e] <= src[e - 1]:
+            break
+        if e == i + 1:
+            ds = dst[e] - dst[e - 1]
+            ss = src[e] - src[e - 1]
+            if ds < n[i] or ss < n[i] or ds > BATCH_RUN_PITCH or ss > BATCH_RUN_PITCH:
+                break
+        elif dst[e] - dst[e - 1] != ds or src[e] - src[e - 1] != ss:
+            break
+        e += 1
+    return e
+
+
+cdef CUresult _cu_batch(CUstream s, const uintptr_t* dst, const uintptr_t* src, const size_t* n,
+                        size_t count) noexcept nogil:
+    """count copies enqueued on s: cuMemcpyBatchAsync (CUDA 12.8+ drivers), else
+    (or where the driver refuses the batch) a loop of cuMemcpyAsync."""
     global _batch_state
-    cdef CudaCtx* k = <CudaCtx*>kctx
-    cdef CUstream s = <CUstream>stream
     cdef CUresult rc = CUDA_SUCCESS
     cdef cydriver.CUmemcpyAttributes attr
     cdef size_t idx = 0, i
-    if k == NULL or k.closed:
-        return _closed(k)
-    if count == 0:
-        return 0
-    if s == NULL:
-        s = k.sync_stream
-    _push(k)
     if _batch_state >= 0 and count > 1:
         memset(&attr, 0, sizeof(attr))
         attr.srcAccessOrder = cydriver.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
@@ -44,10 +59,59 @@ cdef int _cu_copy_batch(void* kctx, void* stream, const uintptr_t* dst, const ui
                 rc = cydriver.cuMemcpyAsync(<CUdeviceptr>dst[i], <CUdeviceptr>src[i], n[i], s)
                 if rc != CUDA_SUCCESS:
                     break
-    if rc == CUDA_SUCCESS and stream == NULL:
-        rc = cydriver.cuStreamSynchronize(s)
-    _pop(k)
-    return check("cuMemcpyAsync/cuMemcpyBatchAsync", rc)
+    return rc
+
+
+cdef int _cu_copy_batch(void* kctx, void* stream, const uintptr_t* dst, const uintptr_t* src,
+                        const size_t* n, size_t count) except -1 nogil:
+    """count copies on one stream: each run of BATCH_RUN_MIN or more copies of
+    one size at one stride per side (_cu_run) as one cuMemcpy2DAsync -- the
+    copy engine costs microseconds per copy whatever its size, so a 1-byte
+    strided view's 4096 blocks are one copy, not 4096 -- and the others in
+    one batch (_cu_batch).  stream NULL: on the kind's internal stream,
+    complete on return."""
+    cdef CudaCtx* k = <CudaCtx*>kctx
+    cdef CUstream s = <CUstream>stream
+    cdef CUresult rc = CUDA_SUCCESS
+    cdef uintptr_t* rest = NULL
+    cdef size_t i = 0, e, m = 0
+    if k == NULL or k.closed:
+        return _closed(k)
+    if count == 0:
+        return 0
+    if s == NULL:
+        s = k.sync_stream
+    if count >= BATCH_RUN_MIN:
+        rest = <uintptr_t*>calloc(3 * count, sizeof(uintptr_t))
+        if rest == NULL:
+            with gil:
+                raise MemoryError("cuda copy_batch: no memory for the copy list")
+    _push(k)
+    try:
+        if rest == NULL:
+            rc = _cu_batch(s, dst, src, n, count)
+        else:
+            while i < count and rc == CUDA_SUCCESS:
+                e = _cu_run(dst, src, n, i, count)
+                if e - i >= BATCH_RUN_MIN:
+                    rc = _cu_2d(s, dst[i], dst[i + 1] - dst[i], src[i], src[i + 1] - src[i],
+                                n[i], e - i)
+                    i = e
+                    continue
+                while i < e:            # too short a run: the batch takes them
+                    rest[m] = dst[i]
+                    rest[count + m] = src[i]
+                    rest[2 * count + m] = n[i]
+                    m += 1
+                    i += 1
+            if rc == CUDA_SUCCESS and m:
+                rc = _cu_batch(s, rest, rest + count, <size_t*>(rest + 2 * count), m)
+        if rc == CUDA_SUCCESS and stream == NULL:
+            rc = cydriver.cuStreamSynchronize(s)
+    finally:
+        _pop(k)
+        free(rest)
+    return check("cuMemcpyAsync/cuMemcpy2DAsync/cuMemcpyBatchAsync", rc)
 
 
 # copy_gather: lists of small device copies by the gather kernel (atomics.pxi's

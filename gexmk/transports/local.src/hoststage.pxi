@@ -294,6 +294,119 @@ cdef int _staged_get(gx_xfer* x) except -1 nogil:
     return _staged_xfer(x, False)
 
 
+cdef int _kind_list(lp_kind* k, uintptr_t* a, size_t N, size_t cnt) except -1 nogil:
+    """cnt copies of the list a (dst, then src, then sizes, N apart) by kind k,
+    complete on return."""
+    cdef size_t i
+    if cnt == 0:
+        return 0
+    if k.ops.copy_batch != NULL:
+        return k.ops.copy_batch(k.kctx, NULL, a, a + N, <size_t*>(a + 2 * N), cnt)
+    for i in range(cnt):
+        k.ops.copy(k.kctx, NULL, a[i], a[N + i], a[2 * N + i])
+    return 0
+
+
+cdef int _staged_vis_small(lp_ep* ep, lp_dev* d, const gx_frag* f, size_t nf, uintptr_t delta,
+                           size_t* big, bint put) except -1 nogil:
+    """The blocks of up to ``big`` bytes (lowered to the bounce buffers' size
+    if that is less), in windows of that size: packed into them by one
+    kind's batched copy, unpacked by the other's (the endpoint's kind on
+    the local side, the segment's on the target's)."""
+    cdef lp_bounce* bb = _staged_bounce(ep)
+    cdef size_t W = bb.chunk * <size_t>bb.nbuf, i = 0, cnt, pos, N = nf + 1
+    cdef uintptr_t* la = <uintptr_t*>malloc(6 * N * sizeof(uintptr_t))
+    cdef uintptr_t* ra = la + 3 * N
+    cdef uintptr_t slot
+    if big[0] > W:
+        big[0] = W
+    if la == NULL:
+        gx_xchg_int(&bb.busy, 0)
+        with gil:
+            raise MemoryError("host-staged VIS: no memory for the copy lists")
+    try:
+        while i < nf:
+            cnt = pos = 0
+            while i < nf:
+                if f[i].n == 0 or f[i].n > big[0]:
+                    i += 1
+                    continue
+                if pos + f[i].n > W:
+                    break
+                slot = <uintptr_t>(bb.buf + pos)
+                la[cnt] = slot if put else <uintptr_t>f[i].local
+                la[N + cnt] = <uintptr_t>f[i].local if put else slot
+                la[2 * N + cnt] = f[i].n
+                ra[cnt] = f[i].remote + delta if put else slot
+                ra[N + cnt] = slot if put else f[i].remote + delta
+                ra[2 * N + cnt] = f[i].n
+                pos += f[i].n
+                cnt += 1
+                i += 1
+            if put:
+                _kind_list(&ep.k, la, N, cnt)
+                _kind_list(&d.k, ra, N, cnt)
+            else:
+                _kind_list(&d.k, ra, N, cnt)
+                _kind_list(&ep.k, la, N, cnt)
+    finally:
+        free(la)
+        gx_xchg_int(&bb.busy, 0)
+    return 0
+
+
+cdef int _staged_vis(gx_xfer* x, bint put) except -1 nogil:
+    """VIS to / from a host-staged device target.  Host blocks (or no device
+    kind on the endpoint): the segment's GPU copies them itself (_dev_vis).
+    The endpoint's device blocks: the small ones packed through the bounce
+    buffers a window at a time (_staged_vis_small: a strided 1-byte view is
+    a few 2-D copies, not a staged transfer per byte), each larger one
+    staged on its own (_staged_copy).  A stream: a staged transfer per
+    block, enqueued on it.  Complete on return unless _dev_vis says not."""
+    cdef lp_dev* d = <lp_dev*>x.peer
+    cdef lp_ep* ep = <lp_ep*>x.ep
+    cdef const gx_vis* v = x.vis
+    cdef gx_xfer one
+    cdef uintptr_t delta = 0
+    cdef size_t i, big
+    if x.stream == NULL and (x.local_kind == GX_MK_HOST or ep == NULL or ep.k.ops == NULL):
+        return _dev_vis(x, put)
+    if x.stream != NULL:
+        one = x[0]
+        one.vis = NULL
+        one.handle = NULL
+        for i in range(v.nfrags):
+            if v.frags[i].n:
+                one.remote = v.frags[i].remote
+                one.local = v.frags[i].local
+                one.n = v.frags[i].n
+                _staged_xfer(&one, put)
+        _done(x)
+        return 0
+    if d.local_base != NULL:
+        delta = <uintptr_t>d.local_base - x.t.remote_base     # wraps: added back below
+    big = _stage_chunk // 4
+    _staged_vis_small(ep, d, v.frags, v.nfrags, delta, &big, put)
+    for i in range(v.nfrags):
+        if v.frags[i].n > big:
+            if put:
+                _staged_copy(ep, &ep.k, &d.k, v.frags[i].remote + delta,
+                             <uintptr_t>v.frags[i].local, v.frags[i].n)
+            else:
+                _staged_copy(ep, &d.k, &ep.k, <uintptr_t>v.frags[i].local,
+                             v.frags[i].remote + delta, v.frags[i].n)
+    _done(x)
+    return 0
+
+
+cdef int _staged_put_vis(gx_xfer* x) except -1 nogil:
+    return _staged_vis(x, True)
+
+
+cdef int _staged_get_vis(gx_xfer* x) except -1 nogil:
+    return _staged_vis(x, False)
+
+
 cdef int _staged_put_signal(gx_xfer* x) except -1 nogil:
     """The data through the bounce buffers (complete on return), then the
     signal by the segment's GPU."""

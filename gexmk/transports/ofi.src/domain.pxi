@@ -52,7 +52,8 @@ cdef class Domain:
             config = _config.load()
         self.d.timeout = config.timeout
         self.d.stg_all = config.ofi_stage == "all"
-        self.d.hmem_want = {"off": HMEM_OFF, "auto": HMEM_AUTO, "system": HMEM_SYSTEM}[config.ofi_hmem]
+        self.d.hmem_want = {"off": HMEM_OFF, "auto": HMEM_AUTO, "system": HMEM_SYSTEM,
+                            "native": HMEM_NATIVE}[config.ofi_hmem]
         self.d.stg_slots = config.ofi_stage_slots
         self.d.stg_chunk = config.ofi_stage_chunk
         self.d.stg_nrings = 1

@@ -15,10 +15,9 @@
 # the ofi-staged path (staged.pxi): with small blocks packed at the initiator
 # into one request per landing slot and unpacked by the target's lander
 # (_stg_vis); device blocks to a host target are packed into the endpoint's
-# bounce slots by the kind's batched or strided copies (_vis_dev_pack), then
+# bounce slots by the kind's batched copy (_vis_dev_pack), then
 # go as host ranges (_vis_bounced).
 
-from libc.stddef cimport ptrdiff_t
 from libc.stdlib cimport malloc
 
 cdef enum:
@@ -405,25 +404,18 @@ cdef size_t _vis_group(const gx_frag* f, size_t i, size_t nf, size_t C, size_t h
     return i
 
 
-cdef enum:
-    VIS_RUN_MIN = 8         # blocks of one length at one stride copied as one strided shape
-
-
 cdef int _vis_dev_pack(ofi_ep* ep, bint gather, char* hbuf, const gx_frag* f, size_t i0,
                        size_t i1, size_t C) except -1 nogil:
     """Between the local blocks f[i0..i1) that are small for C (_vis_small)
-    and hbuf, back to back in order: gather (blocks -> hbuf) or scatter.  With
-    the endpoint's kind: each run of VIS_RUN_MIN or more blocks of one length
-    at one rising stride (a strided view's rows, every other byte) as one
-    copy_strided, the other blocks in one copy_batch -- not a synchronous
-    copy per block (a strided 1-byte view of 192 KiB was 196,613 of them);
-    complete on return.  Without one (host memory, GEXMK_OFI_STAGE=all):
-    memcpy."""
+    and hbuf, back to back in order: gather (blocks -> hbuf) or scatter, by
+    one call of the endpoint's kind's copy_batch (which makes a strided
+    view's rows one 2-D copy), not a synchronous copy per block (a strided
+    1-byte view of 192 KiB was 196,613 of them); complete on return.
+    Without a kind (host memory, GEXMK_OFI_STAGE=all): memcpy."""
     cdef ofi_zone* z = ep.zone
     cdef const gx_kind_ops* K = z.kops
     cdef uintptr_t* a = NULL
-    cdef size_t m = i0, e, n, cnt = 0, pos = 0, count
-    cdef ptrdiff_t stride, d, ps
+    cdef size_t m, N = i1 - i0, cnt = 0, pos = 0
     if K == NULL:
         for m in range(i0, i1):
             if _vis_small(f[m].n, C):
@@ -433,52 +425,23 @@ cdef int _vis_dev_pack(ofi_ep* ep, bint gather, char* hbuf, const gx_frag* f, si
                     memcpy(f[m].local, hbuf + pos, f[m].n)
                 pos += f[m].n
         return 0
-    a = <uintptr_t*>malloc(3 * (i1 - i0 + 1) * sizeof(uintptr_t))
+    a = <uintptr_t*>malloc(3 * (N + 1) * sizeof(uintptr_t))
     if a == NULL:
         with gil:
             raise MemoryError("ofi VIS: no memory for a device copy list")
     try:
-        while m < i1:
-            n = f[m].n
-            if not _vis_small(n, C):
-                m += 1
-                continue
-            e = m + 1
-            stride = 0
-            if K.copy_strided != NULL:
-                while e < i1 and f[e].n == n:
-                    d = <ptrdiff_t>(<uintptr_t>f[e].local - <uintptr_t>f[e - 1].local)
-                    if e == m + 1:
-                        if d < <ptrdiff_t>n:
-                            break
-                        stride = d
-                    elif d != stride:
-                        break
-                    e += 1
-            if e - m >= VIS_RUN_MIN:
-                count = e - m
-                ps = <ptrdiff_t>n
-                if gather:
-                    K.copy_strided(z.kctx, NULL, <uintptr_t>(hbuf + pos), &ps,
-                                   <uintptr_t>f[m].local, &stride, n, &count, 1)
-                else:
-                    K.copy_strided(z.kctx, NULL, <uintptr_t>f[m].local, &stride,
-                                   <uintptr_t>(hbuf + pos), &ps, n, &count, 1)
-                pos += count * n
-                m = e
-                continue
-            e = m + 1               # a lone block (or too short a run): batched
-            a[cnt] = <uintptr_t>(hbuf + pos) if gather else <uintptr_t>f[m].local
-            a[(i1 - i0) + cnt] = <uintptr_t>f[m].local if gather else <uintptr_t>(hbuf + pos)
-            a[2 * (i1 - i0) + cnt] = n
-            cnt += 1
-            pos += n
-            m = e
+        for m in range(i0, i1):
+            if _vis_small(f[m].n, C):
+                a[cnt] = <uintptr_t>(hbuf + pos) if gather else <uintptr_t>f[m].local
+                a[N + cnt] = <uintptr_t>f[m].local if gather else <uintptr_t>(hbuf + pos)
+                a[2 * N + cnt] = f[m].n
+                pos += f[m].n
+                cnt += 1
         if cnt and K.copy_batch != NULL:
-            K.copy_batch(z.kctx, NULL, a, a + (i1 - i0), <size_t*>(a + 2 * (i1 - i0)), cnt)
+            K.copy_batch(z.kctx, NULL, a, a + N, <size_t*>(a + 2 * N), cnt)
         else:
             for m in range(cnt):
-                K.copy(z.kctx, NULL, a[m], a[(i1 - i0) + m], a[2 * (i1 - i0) + m])
+                K.copy(z.kctx, NULL, a[m], a[N + m], a[2 * N + m])
     finally:
         free(a)
     return 0
