@@ -23,6 +23,9 @@ cdef enum:
     TR_PT_PASS = 22
     TR_PT_BURST = 23        # ... polls a burst of passes in its window after a wake
     TR_PT_ASIDE = 24        # ... naps while an application thread drives progress
+    TR_PT_HOT_IN = 25       # ... opens its window of bursts after traffic (_pt_open)
+    TR_PT_HOT_CAUGHT = 26   # ... which ends, having seen traffic
+    TR_PT_HOT_EMPTY = 27    # ... which ends, having seen none
 
 
 cdef extern from "<sched.h>" nogil:
@@ -177,7 +180,7 @@ cdef inline void _pt_open(hot_win* h) noexcept nogil:
     h.caught = 0
     h.n = 0
     h.nbusy = 0
-    _tr(TR_HOT_IN)
+    _tr(TR_PT_HOT_IN)
 
 
 cdef inline void _pt_burst(hot_win* h, double dt, int got, long neps) noexcept nogil:
@@ -205,7 +208,7 @@ cdef inline void _pt_burst(hot_win* h, double dt, int got, long neps) noexcept n
     h.left -= 1
     if h.left > 0:
         return
-    _tr(TR_HOT_CAUGHT if h.caught else TR_HOT_EMPTY)
+    _tr(TR_PT_HOT_CAUGHT if h.caught else TR_PT_HOT_EMPTY)
     if h.caught:
         h.win = h.win * 2 if h.win * 2 < PT_HOT / PT_BURST_S else PT_HOT / PT_BURST_S
         h.probe_every = HOT_PROBE
@@ -422,6 +425,7 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
             # stops renewing its claim (it went to sleep, or got its word)
             ts.tv_sec = 0
             ts.tv_nsec = <long>(idle * 1e9) + 5000
+            pth.left = 0        # a window does not outlive standing aside
             nanosleep(&ts, NULL)
             continue
         idle = _now_coarse() - d.last_app
@@ -438,6 +442,11 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
             ts.tv_sec = 0
             ts.tv_nsec = <long>(idle * 1e9) + 50000
             _tr(TR_PT_ASIDE)
+            # a window does not outlive standing aside: left open, it resumed
+            # when the application left its wait, with nothing to say that
+            # traffic still came (a test found the thread polling on, never
+            # asleep, through a whole numpy phase)
+            pth.left = 0
             nanosleep(&ts, NULL)
             if gx_load_long(&d.waiters) == 0:
                 # an application that only issues (never waits) must not keep
