@@ -23,8 +23,8 @@ directory) with its target busy-polling its CQ (``-P poll``): a
 FI_DELIVERY_COMPLETE ``fi_writemsg`` (what a blocking put asks for) and an
 ``fi_read``, 8 B (also with the target asleep in its CQ's fd, ``-P wait``: the
 floor for a target that sleeps), and 64 KiB / 512 KiB / 4 MiB ``fi_write`` + 8 B read-back flush (``-w 1
--f``: the data at the target, as after a blocking put).  Ratios are gexmk / C
-of the medians.
+-f``: the data at the target, as after a blocking put; the same with the
+target asleep in its CQ fd, ``-P wait``).  Ratios are gexmk / C of the medians.
 
 CPU: rank 1 waits ``--cpu-wait`` seconds in ``tm.barrier()`` for rank 0 (which
 sleeps, then enters it); the process's CPU time over the wait (all threads:
@@ -84,7 +84,7 @@ def _numpy_call(np, ms):
     return lambda: np.dot(a, a)
 
 
-def _worker(out, iters, cpu_wait, lat):
+def _worker(out, iters, cpu_wait, lat, states=None):
     import numpy as np
     import gexmk
     c = gexmk.init()
@@ -106,6 +106,8 @@ def _worker(out, iters, cpu_wait, lat):
             from gexmk.transports import ofi as trace
             res["trace"] = {}
         for sid, state in enumerate(STATES, start=1):
+            if states and state not in states:
+                continue
             tm.barrier()
             if trace is not None:
                 trace._trace_dump()
@@ -204,7 +206,8 @@ def run_job(args, tmp, transport, lat):
         env.update(GEXMK_TRANSPORT="ofi", GEXMK_OFI_PROVIDER=args.provider)
     cmd = [sys.executable, "-P", "-m", "gexmk.run", "-n", "2", "--timeout", "300", "--",
            "-P", str(Path(__file__).resolve()), "--worker", out, "--iters", str(args.iters),
-           "--cpu-wait", str(args.cpu_wait)] + (["--lat"] if lat else [])
+           "--cpu-wait", str(args.cpu_wait), "--states", ",".join(args.states)] + \
+        (["--lat"] if lat else [])
     _run(cmd, env, 320, f"gexmk job ({transport})")
     with open(out + ".0") as f0, open(out + ".1") as f1:
         r0, r1 = json.load(f0), json.load(f1)
@@ -228,10 +231,16 @@ def run_c(args, exe):
     cmd = [exe, "-p", args.provider, "-P", "wait", "-s", "8", "-b", "8", "-w", "16",
            "-i", "2000", "-t", "0.5", "-W", "60", "--json"]
     w = json.loads(_run(cmd, None, 90, f"ofi_bench -p '{args.provider}' -P wait").stdout)
+    # ... and its bandwidth: what a target that sleeps between socket wake-ups reaches
+    cmd = [exe, "-p", args.provider, "-P", "wait", "-s", "8", "-b", sizes, "-w", "1",
+           "-i", "100", "-t", "0.5", "-W", "60", "-f", "--json"]
+    r = _run(cmd, None, 90, f"ofi_bench -p '{args.provider}' -P wait -b {sizes} -w 1 -f")
+    wbw = json.loads(r.stdout).get("bw_flush_GBps_rounds", {})
     return {"put_us": j["write_dc_lat_us"]["8"]["median"], "get_us": j["read_lat_us"]["8"]["median"],
             "wait_put_us": w["write_dc_lat_us"]["8"]["median"],
             "wait_get_us": w["read_lat_us"]["8"]["median"],
-            "put_bw_GBps": {k: v["median"] for k, v in bw.items()}}
+            "put_bw_GBps": {k: v["median"] for k, v in bw.items()},
+            "wait_put_bw_GBps": {k: v["median"] for k, v in wbw.items()}}
 
 
 def main(argv=None):
@@ -241,12 +250,20 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=400)
     p.add_argument("--cpu-wait", type=float, default=3.0)
     p.add_argument("--json")
+    p.add_argument("--jobs", default="c,ofi,nbrhd",
+                   help="which of the C baseline, the ofi job and the nbrhd job to run (default: all)")
+    p.add_argument("--states", default=",".join(STATES),
+                   help="the target's states to measure, comma-separated (default: all)")
     p.add_argument("--ofi-bench", help="an ofi_bench binary (default: build bench/ofi with meson)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--lat", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.states = [x for x in args.states.split(",") if x]
+    bad = [x for x in args.states if x not in STATES]
+    if bad:
+        p.error(f"--states: unknown {bad}; choose from {STATES}")
     if args.worker:
-        return _worker(args.worker, args.iters, args.cpu_wait, args.lat)
+        return _worker(args.worker, args.iters, args.cpu_wait, args.lat, args.states)
     sys.path.insert(0, str(BENCH))
     rounds = []
     with tempfile.TemporaryDirectory(prefix="gexmk-waiting-") as tmp:
@@ -259,6 +276,7 @@ def main(argv=None):
             load = _load()
             R = {"load": load}
             order = ["c", "ofi", "nbrhd"] if rnd % 2 == 0 else ["nbrhd", "ofi", "c"]
+            order = [x for x in order if x in args.jobs]
             for what in order:
                 try:
                     if what == "c":
@@ -283,7 +301,9 @@ def _report(rnd, R, args):
               + "   write+flush " + ", ".join(f"{int(k) >> 10} KiB {v:.2f}"
                                              for k, v in c["put_bw_GBps"].items()) + " GB/s")
         print(f"  C ofi_bench -P wait:       put {c['wait_put_us']:7.2f} us   get {c['wait_get_us']:7.2f} us"
-              "   (target asleep in its CQ fd: the floor for a sleeping target)")
+              "   write+flush " + ", ".join(f"{int(k) >> 10} KiB {v:.2f}"
+                                             for k, v in c.get("wait_put_bw_GBps", {}).items())
+              + " GB/s   (target asleep in its CQ fd: the floor for a sleeping target)")
     o = R.get("ofi")
     if o:
         for st in STATES:
@@ -297,8 +317,10 @@ def _report(rnd, R, args):
                   f"get {ge:7.2f} us (p90 {x['get_us']['p90']:6.1f}){ratio}{extra}")
             for size, bw in x.get("put_GBps", {}).items():
                 cb = c["put_bw_GBps"].get(size) if c else None
+                cw = c.get("wait_put_bw_GBps", {}).get(size) if c else None
                 print(f"  target in {st:<11} {int(size) >> 10} KiB blocking put {bw:.2f} GB/s"
-                      + (f"  ({bw / cb:.2f}x C)" if cb else ""))
+                      + (f"  ({bw / cb:.2f}x C" if cb else "")
+                      + (f", {bw / cw:.2f}x C's sleeping target)" if cw else (")" if cb else "")))
     for what in ("ofi", "nbrhd"):
         x = R.get(what)
         if x and x["cpu"]:

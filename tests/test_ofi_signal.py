@@ -382,6 +382,9 @@ def test_signals_that_do_not_fit_in_cq_data_keep_their_order(tmp_path, rank0_nod
 # hand-off between the two must lose nothing: each get returns the value just
 # put, and each wait ends.  With GEXMK_OFI_TRACE the target's log must show
 # polling windows opened (default) or none (GEXMK_OFI_WAIT_TUNE=0: window off).
+# Then (state 3) the target computes in numpy, the GIL released, and its
+# progress thread serves it: woken by the traffic, it polls in a window of
+# bursts that adapts (unless pt_adapt is 0: the fixed 1 ms window of before).
 HOTWIN = r'''
 from gexmk.transports import ofi
 c = gexmk.init()
@@ -394,12 +397,17 @@ big, bigback = np.zeros(8192, np.uint64), np.zeros(8192, np.uint64)
 tm.put(peer, tm.addr(peer, 4096), small)       # connected
 tm.barrier()
 ofi._trace_dump()
-for state in (1, 2):
+flag = mine.view(np.uint64)
+mat = np.ones((200, 200))
+for state in (1, 2, 3):
     if me == 1:
         if state == 1:
             tm.barrier()
-        else:
+        elif state == 2:
             tm.wait_until(tm.addr(me, 0), gexmk.CMP_GE, 2)
+        else:
+            while flag[0] < 3:
+                np.dot(mat, mat)        # releases the GIL
     else:
         time.sleep(0.05)        # the target is asleep by now
         for i in range(300):
@@ -417,23 +425,29 @@ for state in (1, 2):
         if state == 1:
             tm.barrier()
         else:
-            small[0] = 2
-            tm.put_signal(1, tm.addr(1, 4096), small, tm.addr(1, 0), 2)
+            small[0] = state
+            tm.put_signal(1, tm.addr(1, 4096), small, tm.addr(1, 0), state)
             tm.quiet()
 tm.barrier()
 if me == 1:
     ev = [e & 0xffffff for t, e in ofi._trace_dump()]
-    opened = ev.count(14)
-    log(f"windows opened {opened}, sleeps {ev.count(10)}, wakes {ev.count(11)}")
-    assert (opened > 0) == (os.environ.get("GEXMK_OFI_WAIT_TUNE") != "0"), opened
+    opened, pt_opened = ev.count(14), ev.count(25)
+    log(f"windows opened {opened}, sleeps {ev.count(10)}, wakes {ev.count(11)}, "
+        f"progress thread woken {ev.count(21)}, its windows {pt_opened}")
+    tune = os.environ.get("GEXMK_OFI_WAIT_TUNE")
+    assert (opened > 0) == (tune != "0"), opened
     assert ev.count(11) > 0         # it slept and traffic woke it
+    assert ev.count(21) > 0         # the progress thread slept and traffic woke it
+    pt_adapt = tune is None or len(tune.split(",")) < 5 or tune.split(",")[4] != "0"
+    assert (pt_opened > 0) == pt_adapt, pt_opened
 print(f"HOTWIN-OK {me}", flush=True)
 c.finalize()
 '''
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("tune", [None, "0", "200,1000,1"], ids=["adaptive", "off", "fixed"])
+@pytest.mark.parametrize("tune", [None, "0", "200,1000,1", "200,1000,0,0,0,0"],
+                         ids=["adaptive", "off", "fixed", "progress-thread-as-before"])
 def test_rma_to_a_waiting_target_loses_nothing(tmp_path, tune):
     _need_ofi("tcp;ofi_rxm")
     env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm", "FI_PROVIDER": None,

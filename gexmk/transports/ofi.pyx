@@ -170,23 +170,50 @@ cdef int QUIET_SLEEP_MAX_US = 5000
 # The progress thread, woken by traffic, polls for this long (s) before it
 # sleeps in the CQ fds again.
 cdef double PT_HOT = 0.001
+# The progress thread asks the scheduler for a slice this short (us; 0: the
+# kernel's default, 1.4 ms here; Linux clamps it to >= 100 us), so that when
+# traffic wakes it, it preempts a busy thread on its CPU at once rather than
+# at the next tick (4 ms at HZ=250).  A target inside a long GIL-releasing
+# numpy call on 2 cores has three busy threads (numpy, this thread, the
+# initiator): with the default slice its 8 B put/get took 10 us in some runs
+# and 0.7-1.4 ms (median) or 1.4-5 ms (p90) in others, one tick or two of the
+# woken thread waiting for a CPU (traced: bench/waiting.py, GEXMK_OFI_TRACE).
+cdef int PT_SLICE_US = 100
+# After a sleep in the CQ fds, read only the CQs whose fd poll() found ready
+# (_read_woken); 0: every CQ, as before.
+cdef bint PT_WOKEN_ONLY = True
+# The progress thread's window adapts (hot_win, as the waits'); 0: fixed (PT_HOT).
+cdef bint PT_ADAPT = True
+# ... a burst of its passes that took this much more CPU (s) than the shortest
+# served traffic, and a window with at least one such burst in PT_BUSY_SHARE
+# (and three) is extended (_pt_burst); a window of PT_HOT counts PT_HOT /
+# PT_BURST_S bursts (~10 us of CPU each when idle, tcp;ofi_rxm here).
+cdef double PT_BUSY = 3e-6
+cdef int PT_BUSY_SHARE = 4
+cdef double PT_BURST_S = 10e-6
 # Windows that do not adapt (each the longest, from the wake, not extended by
 # traffic: what was measured before), for experiments.
 cdef bint HOT_FIXED = False
 # Private, for experiments (bench/waiting.py):
-# GEXMK_OFI_WAIT_TUNE="hot_us[,pt_hot_us[,fixed]]".
+# GEXMK_OFI_WAIT_TUNE="hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt[,woken_only]]]]]".
 _tune = os.environ.get("GEXMK_OFI_WAIT_TUNE", "")
 if _tune:
     try:
         _tv = [float(x) for x in _tune.split(",")]
     except ValueError:
-        raise ArgumentError(f"GEXMK_OFI_WAIT_TUNE={_tune!r}: expected hot_us[,pt_hot_us[,fixed]] "
+        raise ArgumentError(f"GEXMK_OFI_WAIT_TUNE={_tune!r}: expected hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt[,woken_only]]]]] "
                             "(numbers)") from None
     WAIT_HOT = _tv[0] * 1e-6
     if len(_tv) > 1:
         PT_HOT = _tv[1] * 1e-6
     if len(_tv) > 2:
         HOT_FIXED = _tv[2] != 0
+    if len(_tv) > 3:
+        PT_SLICE_US = <int>_tv[3]
+    if len(_tv) > 4:
+        PT_ADAPT = _tv[4] != 0
+    if len(_tv) > 5:
+        PT_WOKEN_ONLY = _tv[5] != 0
 
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"
@@ -232,6 +259,9 @@ cdef struct hot_win:        # polling for a while after traffic (WAIT_HOT, progr
     int probe_every         # ... one in this many tries a window again
     int probing             # this window is such a try
     int init
+    int n, nbusy            # the progress thread's bursts in this window, and those with traffic
+    int left                # ... its bursts left in this window (win: its length in bursts)
+    long neps               # the endpoints pass_min was measured over (more: longer passes)
 
 
 cdef struct ofi_zone:       # a device-bound endpoint's landing zone (staged.pxi)

@@ -587,7 +587,7 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
         ts.tv_nsec = (i % 1000000) * 1000
         _tr(TR_SLEEP)
         if ppoll(pfds, nfd if nfd > 0 else -nfd, &ts, NULL) > 0:
-            woke = 1
+            woke = 2            # poll() says which fds
             _tr(TR_WOKE)
         elif nfd > 0:
             _tr(TR_TIMEOUT)
@@ -602,18 +602,15 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
     # its provider applies when that CQ is read)
     rc = 0
     if nfd > 0:
-        for i in range(gx_load_long(&d.neps)):
-            e = d.eps[i]
-            rc = _read_ep_cq(e)
-            if rc < 0 or (e.acq != NULL and _read_cq(e.acq) < 0):
-                rc = -1
-                break
-            got += rc
+        # those whose fd woke it, after a sleep (_read_woken); every one else
+        got = _read_woken(d, pfds, nfd, hot or woke != 2 or not PT_WOKEN_ONLY)
+        rc = -1 if got < 0 else 0
         d.driven_until = _now() + WAIT_ASIDE
         gx_add_long(&d.waiters, -1)
         if hot:
             now = _cpu_now() - c0
-            _hot_pass(&d.wait_hot, c0, c0 + now, d.driven_until - WAIT_ASIDE, got)
+            _hot_pass(&d.wait_hot, c0, c0 + now, d.driven_until - WAIT_ASIDE, got,
+                      gx_load_long(&d.neps))
             if _tr_t != NULL:
                 _tr(<int>(1000 + now * 1e7))
         elif _tr_t != NULL:

@@ -21,6 +21,11 @@ cdef enum:
     TR_PT_SLEEP = 20        # the progress thread sleeps in the CQ fds
     TR_PT_WOKE = 21
     TR_PT_PASS = 22
+    TR_PT_BURST = 23        # ... polls a burst of passes in its window after a wake
+    TR_PT_ASIDE = 24        # ... naps while an application thread drives progress
+    TR_PT_HOT_IN = 25       # ... opens its window of bursts after traffic (_pt_open)
+    TR_PT_HOT_CAUGHT = 26   # ... which ends, having seen traffic
+    TR_PT_HOT_EMPTY = 27    # ... which ends, having seen none
 
 
 cdef extern from "<sched.h>" nogil:
@@ -90,6 +95,8 @@ cdef inline void _hot_open(hot_win* h, double now, double longest) noexcept nogi
     h.until = now + h.win
     _tr(TR_HOT_IN)
     h.caught = 0
+    h.n = 0
+    h.nbusy = 0
 
 
 cdef inline bint _hot(hot_win* h, double now, double longest) noexcept nogil:
@@ -124,17 +131,128 @@ cdef inline double _cpu_now() noexcept nogil:
     return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
-cdef inline void _hot_pass(hot_win* h, double c0, double c1, double t1, int got) noexcept nogil:
-    """A polling pass that ended at t1 took the CPU time c1 - c0 and read
-    ``got`` CQ entries: traffic (entries, or a pass that worked much longer
-    than an idle one: an RMA the provider served at this target leaves no
-    entry) keeps the window open."""
-    cdef double dt = c1 - c0
+cdef inline void _hot_min(hot_win* h, double dt, long neps) noexcept nogil:
+    """Keep the shortest pass (or burst) over the current endpoints: one
+    measured while the process had fewer (a pass reads each endpoint's CQs)
+    would make every later pass look busy, and a window open for ever (the
+    initiator's progress thread polled through its 0.3 s sleep, traced)."""
+    if h.neps != neps:
+        h.neps = neps
+        h.pass_min = 0
     if h.pass_min == 0 or dt < h.pass_min:
         h.pass_min = dt
-    if (got > 0 or dt > 2 * h.pass_min + HOT_BUSY) and not HOT_FIXED:
+
+
+cdef inline void _hot_pass(hot_win* h, double c0, double c1, double t1, int got,
+                           long neps, double factor=2) noexcept nogil:
+    """A polling pass that ended at t1 took the CPU time c1 - c0 and read
+    ``got`` CQ entries: traffic (entries, or a pass that worked much longer
+    than an idle one, ``factor`` x the shortest + HOT_BUSY: an RMA the
+    provider served at this target leaves no entry) keeps the window open."""
+    cdef double dt = c1 - c0
+    _hot_min(h, dt, neps)
+    if (got > 0 or dt > factor * h.pass_min + HOT_BUSY) and not HOT_FIXED:
         h.caught = 1
         h.until = t1 + h.win
+
+
+# The progress thread's window counts bursts of passes (PT_BURST passes and
+# a yield), not wall time: a thread that other jobs keep off the CPU does not
+# use its window up meanwhile (a wall-clock window then ended before the next
+# op came, and each op paid a wake-up: 8 B put/get to an idle target 24-120
+# us at load 10, 13.5 us with main's fixed window), while one that polls on
+# the initiator's CPU and sees nothing uses it up quickly (~10 us a burst).
+
+cdef inline void _pt_open(hot_win* h) noexcept nogil:
+    """Traffic woke the progress thread: poll for the window's bursts."""
+    if not h.init:
+        h.init = 1
+        h.win = PT_HOT / PT_BURST_S
+        h.probe_every = HOT_PROBE
+    if h.win < 1:
+        h.wakes += 1
+        if h.wakes < h.probe_every:
+            return
+        h.wakes = 0
+        h.win = HOT_PROBE_WIN / PT_BURST_S
+        h.probing = 1
+    h.left = <int>h.win
+    h.caught = 0
+    h.n = 0
+    h.nbusy = 0
+    _tr(TR_PT_HOT_IN)
+
+
+cdef inline void _pt_burst(hot_win* h, double dt, int got, long neps) noexcept nogil:
+    """A burst took the CPU time dt and read ``got`` CQ entries.  One that
+    worked PT_BUSY longer than the shortest served traffic (an 8 B put adds
+    ~10 us to a ~10 us burst); the window starts afresh once at least three
+    bursts and one in PT_BUSY_SHARE did since it last did -- not on any one
+    or two: 0.5-2.5 % of idle bursts run that much longer (interrupts, a
+    preempted vCPU), and a thread that starves the initiator on its CPU
+    still serves one op now and then: with two in eight, such a window stayed
+    open for 249 bursts (an op 7.7 ms, traced).  Traffic that runs at the
+    network's speed keeps 50-85 % of the bursts busy.
+    Once the window's bursts are used up, the next window's length: twice
+    (traffic in it) or half (none, down to none) or, after a probe, none."""
+    _hot_min(h, dt, neps)
+    h.n += 1
+    if got > 0 or dt > h.pass_min + PT_BUSY:
+        h.nbusy += 1
+    if h.nbusy >= 3 and h.nbusy * PT_BUSY_SHARE >= h.n:
+        h.caught = 1
+        h.left = <int>h.win
+        h.n = 0
+        h.nbusy = 0
+        return
+    h.left -= 1
+    if h.left > 0:
+        return
+    _tr(TR_PT_HOT_CAUGHT if h.caught else TR_PT_HOT_EMPTY)
+    if h.caught:
+        h.win = h.win * 2 if h.win * 2 < PT_HOT / PT_BURST_S else PT_HOT / PT_BURST_S
+        h.probe_every = HOT_PROBE
+    elif h.probing:
+        h.win = 0
+        if h.probe_every < HOT_PROBE_MAX:
+            h.probe_every *= 2
+    else:
+        h.win = h.win / 2 if h.win / 2 >= HOT_MIN / PT_BURST_S else 0
+    h.probing = 0
+
+
+# ---- a short scheduler slice ------------------------------------------------------
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <unistd.h>
+    #include <sys/syscall.h>
+    struct gx_sched_attr {
+        uint32_t size, sched_policy;
+        uint64_t sched_flags;
+        int32_t sched_nice;
+        uint32_t sched_priority;
+        uint64_t sched_runtime, sched_deadline, sched_period;
+    };
+    /* Ask the fair scheduler (EEVDF, Linux >= 6.12) for a slice of ns for the
+       calling thread: a thread with a shorter slice than the one running
+       preempts it when it wakes, rather than at the next tick.  Policy and
+       nice unchanged; older kernels ignore the runtime.  0, or -errno. */
+    static int gx_set_slice(uint64_t ns) {
+    #if defined(SYS_sched_getattr) && defined(SYS_sched_setattr)
+        struct gx_sched_attr a;
+        if (syscall(SYS_sched_getattr, 0, &a, sizeof(a), 0) != 0) return -1;
+        if (a.sched_policy != 0 /* SCHED_OTHER */) return -2;
+        a.size = sizeof(a);
+        a.sched_runtime = ns;
+        return syscall(SYS_sched_setattr, 0, &a, 0) == 0 ? 0 : -3;
+    #else
+        return -4;
+    #endif
+    }
+    """
+    int gx_set_slice(uint64_t ns) nogil
 
 
 # ---- progress ------------------------------------------------------------------
@@ -250,6 +368,40 @@ cdef int _ep_wait_fds(ofi_ep* ep, fid** cqfids, pollfd* pfds, int nfd) noexcept 
     return nfd
 
 
+cdef int _read_woken(ofi_dom* d, pollfd* pfds, int nfd, bint every) noexcept nogil:
+    """After a sleep in poll() on the fds _wait_set gathered (pfds, nfd of
+    them): read the CQs whose fd poll() found readable -- or every CQ
+    (``every``: the sleep timed out, or it was not slept), and those of an
+    endpoint registered since.  Reading a CQ is a progress pass over its
+    endpoint's sockets (an epoll_wait and reads on tcp): a target woken by
+    an 8 B put spent 6.8 us reading its 3-4 CQs where one had work.  A CQ
+    whose fd was not ready had nothing that poll() could see; what comes to it
+    meanwhile leaves its fd ready for the next poll().  Entries read, or -1 on
+    a CQ failure.  The caller counts itself among d.readers."""
+    cdef long i, n = gx_load_long(&d.neps)
+    cdef int k = 0, got = 0, r
+    cdef bint rd
+    cdef ofi_ep* e
+    for i in range(n):
+        e = d.eps[i]
+        rd = every or k >= nfd or pfds[k].revents != 0
+        k += 1
+        if rd:
+            r = _read_ep_cq(e)
+            if r < 0:
+                return -1
+            got += r
+        if e.acq != NULL:
+            rd = every or k >= nfd or pfds[k].revents != 0
+            k += 1
+            if rd:
+                r = _read_cq(e.acq)
+                if r < 0:
+                    return -1
+                got += r
+    return got
+
+
 cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept nogil:
     cdef timespec ts
     cdef fi_cq_entry entries[16]
@@ -259,9 +411,13 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
     cdef int nfd
     cdef pollfd pfds[2 * SLEEP_EPS]
     cdef double hot_until = 0
-    cdef double idle
+    cdef double idle, c0, dt
+    cdef hot_win pth            # its window after traffic (PT_ADAPT)
+    memset(&pth, 0, sizeof(pth))
     # this thread's naps are short and frequent: 1 us timer slack, not 50
     prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
+    if PT_SLICE_US > 0:
+        gx_set_slice(<uint64_t>PT_SLICE_US * 1000)
     while not stop[0]:
         idle = d.driven_until - _now()
         if idle > 0:
@@ -269,6 +425,7 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
             # stops renewing its claim (it went to sleep, or got its word)
             ts.tv_sec = 0
             ts.tv_nsec = <long>(idle * 1e9) + 5000
+            pth.left = 0        # a window does not outlive standing aside
             nanosleep(&ts, NULL)
             continue
         idle = _now_coarse() - d.last_app
@@ -284,6 +441,12 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
                 (STAND_ASIDE if gx_load_long(&d.waiters) > 0 else STAND_ASIDE / 4)
             ts.tv_sec = 0
             ts.tv_nsec = <long>(idle * 1e9) + 50000
+            _tr(TR_PT_ASIDE)
+            # a window does not outlive standing aside: left open, it resumed
+            # when the application left its wait, with nothing to say that
+            # traffic still came (a test found the thread polling on, never
+            # asleep, through a whole numpy phase)
+            pth.left = 0
             nanosleep(&ts, NULL)
             if gx_load_long(&d.waiters) == 0:
                 # an application that only issues (never waits) must not keep
@@ -302,6 +465,36 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
             ts.tv_nsec = 1000000
             nanosleep(&ts, NULL)
             continue
+        if not spin and PT_ADAPT and pth.left > 0:
+            # woken by traffic lately: bursts of passes with a yield between,
+            # in a window of bursts that adapts as the waits' does (_pt_burst):
+            # bursts that worked longer than an idle one (an RMA served) extend
+            # it; one that ends with none seen halves the next.  Why adapt: a
+            # thread woken by a socket send runs on the sender's CPU (wake-
+            # affine); where the initiator shares that CPU, as on a busy
+            # 2-core node, sched_yield does not hand it over (the fair
+            # scheduler's yield only moves this thread's deadline; a spinning
+            # initiator is not eligible), and every op waited for the end of a
+            # fixed 1 ms window (traced: 7358 bursts on the initiator's CPU in
+            # one run, 8 B put/get to an idle target 42-146 us, p90 1 ms).
+            c0 = _cpu_now()
+            got = 0
+            for i in range(16):
+                nfd = _progress_all(d)
+                if nfd > 0:
+                    got += nfd
+                if gx_load_long(&d.waiters) > 0:
+                    # an application thread drives progress now: the window
+                    # ends (unjudged: this burst was cut short)
+                    pth.left = 0
+                    break
+            if pth.left > 0:
+                dt = _cpu_now() - c0
+                _pt_burst(&pth, dt, <int>got, n)
+                if _tr_t != NULL:
+                    _tr(<int>(500000 + (dt if dt < 0.3 else 0.3) * 1e7) + (4000000 if got > 0 else 0))
+                sched_yield()
+            continue
         if spin or _now() < hot_until:
             # spin mode, or just woken by traffic: poll without sleeping for a
             # while (a request/response exchange will bring more at once; a
@@ -314,6 +507,7 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
             # put/get to an idle target: 10.9-11.2 us so, 23 us adaptive, at
             # load < 1.2), where a wait polls without yielding (on a loaded
             # machine a yield hands the core to another job).
+            _tr(TR_PT_BURST)
             for i in range(16):
                 _progress_all(d)
                 if gx_load_long(&d.waiters) > 0:
@@ -334,16 +528,27 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
             # fi_trywait says whether sleeping is safe (nothing left to
             # progress on any of them); then poll() the fds, as libfabric
             # prescribes.
+            got = -1            # every CQ, unless poll() says which
             if fi_trywait(d.fabric, cqfids, nfd) == 0:
                 _tr(TR_PT_SLEEP)
-                if poll(pfds, nfd, 20) > 0:
+                got = poll(pfds, nfd, 20)
+                if got > 0:
                     _tr(TR_PT_WOKE)
-                    hot_until = _now() + PT_HOT
+                    if PT_ADAPT:
+                        _pt_open(&pth)
+                    else:
+                        hot_until = _now() + PT_HOT
+            elif PT_ADAPT:
+                _pt_open(&pth)
             else:
                 hot_until = _now() + PT_HOT     # work was pending: stay awake
-            n = gx_load_long(&d.neps)
-            for i in range(n):
-                _progress_quiet(d.eps[i])
+            if got == 0:
+                # woken by nothing (its 20 ms ran out): the passes of before
+                n = gx_load_long(&d.neps)
+                for i in range(n):
+                    _progress_quiet(d.eps[i])
+            else:
+                _read_woken(d, pfds, nfd, got < 0 or not PT_WOKEN_ONLY)
             _tr(TR_PT_PASS)
             gx_add_long(&d.readers, -1)
             continue
