@@ -541,6 +541,19 @@ cdef int _barrier_failed(_Coll co, uint64_t seq, int step, object e) except -1:
     raise type(e)(f"{co.broken}: {e}") from None
 
 
+cdef int _settle(_Coll co) except -1 nogil:
+    """A barrier completed: what transports took in before it is applied
+    before it returns (GX_WAIT_SETTLE: a peer's put_signal that its quiet
+    counted complete, still an unread message here).  Through the team's
+    endpoint and the sync team's (the transports of both)."""
+    cdef gx_ep* e
+    cdef int i
+    e = co.st.ep
+    for i in range(e.ntr):
+        e.tr[i].ops.nbi_test(e.tr[i].ep, GX_WAIT_SETTLE)
+    return 0
+
+
 cdef int _barrier(_Coll co, double timeout, bint data) except -1:
     """A blocking barrier over the team (``data``: a collective's, see _NET_YIELD)."""
     co.data = data
@@ -554,6 +567,7 @@ cdef int _barrier(_Coll co, double timeout, bint data) except -1:
                 _step_done(co, step, seq, True, timeout)
                 step += 1
             _release(co, seq)
+            _settle(co)
     except (TimeoutError_, PeerDeadError, StateError) as e:
         _barrier_failed(co, seq, step, e)
     return 0
@@ -590,6 +604,8 @@ cdef class _CollEvent(Event):
                 if self.step < co.nsteps:
                     _step_arrive(co, self.step, self.seq)
             _release(co, self.seq)
+            with nogil:
+                _settle(co)
         except (TimeoutError_, PeerDeadError, StateError) as e:
             _barrier_failed(co, self.seq, self.step, e)
         self.seq = 0

@@ -53,6 +53,7 @@ cdef extern from "gexmk/gexmk.h" nogil:
         GX_CAT_ALL
         GX_WAIT_DRIVING
         GX_WAIT_SLEEP
+        GX_WAIT_SETTLE
     int GX_WAIT_SLEEP_US(long us)
     int GX_WAIT_SLEEP_OF(int flags)
 

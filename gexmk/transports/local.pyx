@@ -515,8 +515,8 @@ cdef int _sync(void* epv, int categories) except -1 nogil:
 
 cdef int _nbi_test(void* epv, int categories) except -1 nogil:
     cdef lp_ep* ep = <lp_ep*>epv
-    if ep == NULL or gx_load_long(&ep.nbi_dev) == 0:
-        return 1
+    if ep == NULL or categories & GX_WAIT_SETTLE or gx_load_long(&ep.nbi_dev) == 0:
+        return 1            # (settle: what lands here is applied as it lands)
     return _ep_streams_done(ep, False)
 
 

@@ -103,6 +103,12 @@ enum { GX_WAIT_DRIVING = 1 << 8 };
  * traffic arrives does so, progresses, and returns 2; any other returns as for
  * categories 0, and the wait sleeps on its wake word instead. */
 enum { GX_WAIT_SLEEP = 1 << 9 };
+/* nbi_test(ep, GX_WAIT_SETTLE): a barrier has just completed here: whatever
+ * the transport has taken in for this process but not yet applied (signals
+ * that arrived as messages or remote CQ data, which a peer's quiet counts as
+ * complete once the provider has them) is applied before it returns, by
+ * whichever thread holds it; 1. */
+enum { GX_WAIT_SETTLE = 1 << 10 };
 #define GX_WAIT_SLEEP_US(us) ((int)(((unsigned)(us) > 0x7fffu ? 0x7fffu : (unsigned)(us)) << 16))
 #define GX_WAIT_SLEEP_OF(flags) ((int)(((unsigned)(flags) >> 16) & 0x7fffu))
 

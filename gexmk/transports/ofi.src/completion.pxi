@@ -160,6 +160,40 @@ cdef int _progress_all(ofi_dom* dom) noexcept nogil:
     return got
 
 
+cdef int _settle(ofi_dom* dom) noexcept nogil:
+    """After a barrier (GX_WAIT_SETTLE): every endpoint that takes signals
+    (messages, or remote CQ data) has its CQ read until empty, waiting for a
+    thread that holds it (rx_lock) to finish applying what it read.  A peer's
+    quiet before the barrier counted its put_signal complete once this
+    provider had the message (its flush read is served after it), but the
+    signal is written only when a pass here reads the entry: without this a
+    barrier's arrivals (other words, on the sync endpoint) could be seen
+    first, and the word read before the signal landed (a conformance cell
+    under load: put_signal's word still 0 after the barrier).  -1 when a CQ
+    fails."""
+    cdef long i, n
+    cdef int k, r = 0
+    cdef ofi_ep* ep
+    gx_add_long(&dom.readers, 1)
+    gx_mem_fence()
+    n = gx_load_long(&dom.neps)
+    for i in range(n):
+        ep = dom.eps[i]
+        if ep.rx == NULL and not dom.sig_data:
+            continue
+        while gx_xchg_int(&ep.rx_lock, 1) != 0:
+            sched_yield()
+        for k in range(64):                 # until empty (bounded: new traffic is not ours)
+            r = _read_data_cq(ep) if dom.sig_data else _read_cq(ep.cq)
+            if r <= 0:
+                break
+        gx_xchg_int(&ep.rx_lock, 0)
+        if r < 0:
+            break
+    gx_add_long(&dom.readers, -1)
+    return -1 if r < 0 else 0
+
+
 cdef int _progress(ofi_ep* ep) except -1 nogil:
     """Read completions from the endpoint's CQ (and drive manual progress)."""
     cdef int n = _progress_quiet(ep)
@@ -446,6 +480,10 @@ cdef int net_nbi_test(void* epv, int categories) except -1 nogil:
         return 1
     if categories & GX_WAIT_SLEEP:
         return _wait_sleep(ep, GX_WAIT_SLEEP_OF(categories))
+    if categories & GX_WAIT_SETTLE:
+        if _settle(ep.dom) < 0:
+            return check("fi_cq_read", -FI_EIO)
+        return 1
     if (categories & GX_CAT_ALL) == 0:
         # A wait's progress pass (wait_until and its kin, core.src/signal.pxi).
         # What it waits for is mostly a signal: a message (signal.pxi) in this
