@@ -117,8 +117,8 @@ cdef class Team:
         """``{'rma': name, 'atomic': name}``: the paths chosen for team rank
         ``rank``, separately for RMA and atomics; and ``'vis': name`` where
         the RMA path moves vector, indexed and strided transfers of small
-        blocks another way (``ofi-landed``: packed through the target's VIS
-        landing zone)."""
+        blocks another way (a network transport that packs them through the
+        target's landing zone names that path here)."""
         cdef _Route rt = self._route_objs[self._check_rank(rank, "paths")]
         out = {"rma": rt.rma_name, "atomic": rt.amo_name}
         best = rt.keep[0] if rt.keep is not None else None
