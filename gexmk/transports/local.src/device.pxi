@@ -298,6 +298,20 @@ cdef int _mapped_get_vis(gx_xfer* x) except -1 nogil:
     return _mapped_vis(x, False)
 
 
+cdef int _kind_list(lp_kind* k, void* s, uintptr_t* a, size_t N, size_t cnt) except -1 nogil:
+    """cnt copies of the list a (destinations, then sources, then sizes, N
+    apart) by kind k on stream s: its copy_batch, else one copy each.
+    Stream NULL: complete on return."""
+    cdef size_t i
+    if cnt == 0:
+        return 0
+    if k.ops.copy_batch != NULL:
+        return k.ops.copy_batch(k.kctx, s, a, a + N, <size_t*>(a + 2 * N), cnt)
+    for i in range(cnt):
+        k.ops.copy(k.kctx, s, a[i], a[N + i], a[2 * N + i])
+    return 0
+
+
 cdef int _kind_vis(gx_xfer* x, lp_kind* kk, uintptr_t delta, bint put,
                    bint device_both) except -1 nogil:
     """x.vis's blocks through kind kk (remote address + delta = its address
@@ -345,11 +359,8 @@ cdef int _kind_vis(gx_xfer* x, lp_kind* kk, uintptr_t delta, bint put,
                 a[2 * n + i] = v.frags[i].n
             if device_both and d_k.ops.copy_gather != NULL:
                 d_k.ops.copy_gather(d_k.kctx, s, a, a + n, <size_t*>(a + 2 * n), n)
-            elif d_k.ops.copy_batch != NULL:
-                d_k.ops.copy_batch(d_k.kctx, s, a, a + n, <size_t*>(a + 2 * n), n)
             else:
-                for i in range(n):
-                    d_k.ops.copy(d_k.kctx, s, a[i], a[n + i], a[2 * n + i])
+                _kind_list(d_k, s, a, n, n)
         finally:
             free(a)
     if x.stream != NULL or s == NULL:      # stream-ordered, or done synchronously above

@@ -294,19 +294,6 @@ cdef int _staged_get(gx_xfer* x) except -1 nogil:
     return _staged_xfer(x, False)
 
 
-cdef int _kind_list(lp_kind* k, uintptr_t* a, size_t N, size_t cnt) except -1 nogil:
-    """cnt copies of the list a (dst, then src, then sizes, N apart) by kind k,
-    complete on return."""
-    cdef size_t i
-    if cnt == 0:
-        return 0
-    if k.ops.copy_batch != NULL:
-        return k.ops.copy_batch(k.kctx, NULL, a, a + N, <size_t*>(a + 2 * N), cnt)
-    for i in range(cnt):
-        k.ops.copy(k.kctx, NULL, a[i], a[N + i], a[2 * N + i])
-    return 0
-
-
 cdef int _staged_vis_small(lp_ep* ep, lp_dev* d, const gx_frag* f, size_t nf, uintptr_t delta,
                            size_t* big, bint put) except -1 nogil:
     """The blocks of up to ``big`` bytes (lowered to the bounce buffers' size
@@ -344,11 +331,11 @@ cdef int _staged_vis_small(lp_ep* ep, lp_dev* d, const gx_frag* f, size_t nf, ui
                 cnt += 1
                 i += 1
             if put:
-                _kind_list(&ep.k, la, N, cnt)
-                _kind_list(&d.k, ra, N, cnt)
+                _kind_list(&ep.k, NULL, la, N, cnt)
+                _kind_list(&d.k, NULL, ra, N, cnt)
             else:
-                _kind_list(&d.k, ra, N, cnt)
-                _kind_list(&ep.k, la, N, cnt)
+                _kind_list(&d.k, NULL, ra, N, cnt)
+                _kind_list(&ep.k, NULL, la, N, cnt)
     finally:
         free(la)
         gx_xchg_int(&bb.busy, 0)

@@ -15,7 +15,7 @@
 # the ofi-staged path (staged.pxi): with small blocks packed at the initiator
 # into one request per landing slot and unpacked by the target's lander
 # (_stg_vis); device blocks to a host target are packed into the endpoint's
-# bounce slots by the kind's batched copy (_vis_dev_pack), then
+# bounce slots by the kind's batched copy (_vis_pack), then
 # go as host ranges (_vis_bounced).
 
 from libc.stdlib cimport malloc
@@ -425,16 +425,15 @@ cdef size_t _vis_group(const gx_frag* f, size_t i, size_t nf, size_t C, size_t h
     return i
 
 
-cdef int _vis_dev_pack(ofi_ep* ep, bint gather, char* hbuf, const gx_frag* f, size_t i0,
-                       size_t i1, size_t C) except -1 nogil:
+cdef int _vis_pack(ofi_ep* ep, bint lstg, bint gather, char* hbuf, const gx_frag* f, size_t i0,
+                   size_t i1, size_t C) except -1 nogil:
     """Between the local blocks f[i0..i1) that are small for C (_vis_small)
-    and hbuf, back to back in order: gather (blocks -> hbuf) or scatter, by
-    one call of the endpoint's kind's copy_batch (which makes a strided
-    view's rows one 2-D copy), not a synchronous copy per block (a strided
-    1-byte view of 192 KiB was 196,613 of them); complete on return.
-    Without a kind (host memory, GEXMK_OFI_STAGE=all): memcpy."""
-    cdef ofi_zone* z = ep.zone
-    cdef const gx_kind_ops* K = z.kops
+    and hbuf, back to back in order: gather (blocks -> hbuf) or scatter.
+    Device blocks (lstg, the endpoint's zone has a kind): one call of the
+    kind's copy_batch (which makes a strided view's rows one 2-D copy), not
+    a synchronous copy per block (a strided 1-byte view of 192 KiB was
+    196,613 of them); complete on return.  Host memory: memcpy."""
+    cdef const gx_kind_ops* K = ep.zone.kops if lstg else NULL
     cdef uintptr_t* a = NULL
     cdef size_t m, N = i1 - i0, cnt = 0, pos = 0
     if K == NULL:
@@ -459,28 +458,12 @@ cdef int _vis_dev_pack(ofi_ep* ep, bint gather, char* hbuf, const gx_frag* f, si
                 pos += f[m].n
                 cnt += 1
         if cnt and K.copy_batch != NULL:
-            K.copy_batch(z.kctx, NULL, a, a + N, <size_t*>(a + 2 * N), cnt)
+            K.copy_batch(ep.zone.kctx, NULL, a, a + N, <size_t*>(a + 2 * N), cnt)
         else:
             for m in range(cnt):
-                K.copy(z.kctx, NULL, a[m], a[N + m], a[2 * N + m])
+                K.copy(ep.zone.kctx, NULL, a[m], a[N + m], a[2 * N + m])
     finally:
         free(a)
-    return 0
-
-
-cdef int _vis_pack(ofi_ep* ep, bint lstg, bint gather, char* hbuf, const gx_frag* f, size_t i0,
-                   size_t i1, size_t C) except -1 nogil:
-    """As _vis_dev_pack, for local blocks of either side of lstg."""
-    cdef size_t m, pos = 0
-    if lstg:
-        return _vis_dev_pack(ep, gather, hbuf, f, i0, i1, C)
-    for m in range(i0, i1):
-        if _vis_small(f[m].n, C):
-            if gather:
-                memcpy(hbuf + pos, f[m].local, f[m].n)
-            else:
-                memcpy(f[m].local, hbuf + pos, f[m].n)
-            pos += f[m].n
     return 0
 
 
@@ -745,7 +728,7 @@ cdef int _stg_vis(gx_xfer* x, bint put) except -1 nogil:
 #
 # Device memory the provider cannot reach, to a target it reaches directly
 # (a host segment): the small blocks are packed into the endpoint's bounce
-# slots (_vis_dev_pack), each slot's blocks then one net_vis of host ranges
+# slots (_vis_pack), each slot's blocks then one net_vis of host ranges
 # (which merge where the target's blocks run on: a strided view's put to a
 # contiguous range is one write per slot), slots overlapping as in
 # _stg_host_put; larger blocks go as staged transfers of their own.
@@ -787,7 +770,7 @@ cdef int _vis_bounced_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf,
                 ops[b] = NULL
                 _wait_op(op, t, "staged put (vector)")
             buf = z.bounce + <size_t>b * C
-            _vis_dev_pack(ep, True, buf, f, i, i1, C)
+            _vis_pack(ep, True, True, buf, f, i, i1, C)
             k = _vis_host_frags(f, i, i1, C, buf, hf)
             net_vis(ep, t, True, hf, k, GX_NB, True, <void**>&ops[b])
             b = (b + 1) % S
@@ -838,7 +821,7 @@ cdef int _vis_bounced_get(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf,
                 op = ops[j]
                 ops[j] = NULL
                 _wait_op(op, t, "staged get (vector)")
-            _vis_dev_pack(ep, False, z.bounce + <size_t>j * C, f, g0[j], g1[j], C)
+            _vis_pack(ep, True, False, z.bounce + <size_t>j * C, f, g0[j], g1[j], C)
             got += 1
     finally:
         for j in range(STG_MAX_SLOTS):
