@@ -116,6 +116,8 @@ cdef enum:
     SIG_RX = 64             # signal messages: receives posted per endpoint (signal.pxi)
     PROBE_AFTER_MS = 200    # a queue full this long: is the target endpoint still there? (_gone)
     PROBE_EVERY_MS = 200    # ... asked again at most this often per target
+    LINGER_EPS = 8          # shm: closed endpoints kept served for peers (OfiEndpoint._linger)
+    OPEN_FRESH_MS = 50      # shm: a target seen open is trusted this long within a barrier epoch
     PROBE_WAIT_MS = 100     # ... waiting at most this long for its answer
     PROBE_TCP = 1           # dom.probe: a TCP connection to the endpoint's name (tcp;ofi_rxm)
     PROBE_SHM = 2           # ... its region in /dev/shm (shm)
@@ -318,6 +320,8 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
     int gone                # its endpoint was found closed since its publication (rma.pxi
                             # _gone): operations that meet a full queue fail at once
     double probe_at         # when that was last looked into (_now())
+    long open_epoch         # shm: dom.settles when its endpoint was last seen open (_check_open)
+    double open_at          # ... and when (_now_coarse())
     long out                # ops of this process in flight to it (as ofi_ep.live counts them)
     int local               # its process runs on this node (its pid is ours to look at)
     int stg_open            # this process's ring in t's zone: 0 not asked yet, 1 backed, 2 refused
@@ -398,6 +402,8 @@ cdef struct ofi_dom:
                             # leave locked (shm): see _poisoned
     int probe               # how to tell a target endpoint closed while its queue stays full
                             # (PROBE_TCP, PROBE_SHM; 0: no way): rma.pxi _gone
+    long settles            # barriers settled so far (GX_WAIT_SETTLE): over shm a target is
+                            # looked at again after each before an op goes to it (_check_open)
 
 
 cdef struct ofi_ep:
@@ -497,6 +503,7 @@ include "ofi.src/connect.pxi"
 cdef int ofi_put(gx_xfer* x) except -1 nogil:
     if x.stream != NULL:
         return _no_stream(x, "put")
+    _check_open(<ofi_ep*>x.ep, <ofi_peer*>x.peer, "put")
     if (<ofi_peer*>x.peer).stg or _stg_local(<ofi_ep*>x.ep, x):
         return stg_rma(x, True)
     return net_put(x.ep, <ofi_peer*>x.peer, x.remote, x.local, x.n, x.mode, x.handle)
@@ -505,6 +512,7 @@ cdef int ofi_put(gx_xfer* x) except -1 nogil:
 cdef int ofi_get(gx_xfer* x) except -1 nogil:
     if x.stream != NULL:
         return _no_stream(x, "get")
+    _check_open(<ofi_ep*>x.ep, <ofi_peer*>x.peer, "get")
     if (<ofi_peer*>x.peer).stg or _stg_local(<ofi_ep*>x.ep, x):
         return stg_rma(x, False)
     return net_get(x.ep, <ofi_peer*>x.peer, x.remote, x.local, x.n, x.mode, x.handle)
@@ -517,6 +525,7 @@ cdef int _no_stream(gx_xfer* x, const char* what) except -1 with gil:
 
 cdef int ofi_atomic(gx_xfer* x) except -1 nogil:
     cdef ofi_peer* t = <ofi_peer*>x.peer
+    _check_open(<ofi_ep*>x.ep, t, "atomic")
     if t.stg or t.hmem:         # device memory: run by the owner's lander (staged.pxi, hmem.pxi)
         stg_amo(<ofi_ep*>x.ep, t, x.remote, x.dt, x.op, x.a, x.b, x.result)
         if x.handle != NULL:
@@ -638,6 +647,7 @@ cdef class OfiTransport:
         p.c.gone = 0            # published as it is now: there (rma.pxi _gone)
         p.c.local = bool(peer.same_node)
         p.c.probe_at = 0
+        p.c.open_epoch = -1     # looked at again before its first op (_check_open)
         p.c.no_amo = name.startswith(_SINGLE_TAG)       # an endpoint without atomics
         old = (p.c.stg_key, p.c.stg_ring, p.c.stg or p.c.hmem or p.c.vzone)
         p.c.net_key = self.domain.map_key(rkey, base)   # raw keys are mapped here

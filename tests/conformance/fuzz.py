@@ -1552,16 +1552,19 @@ class Gen:
                 self.emit(It("seg_destroy", r, sid=segs[0]))
 
 
-#: Transports where an access to a peer's stale publication disturbs more than
-#: that access or stalls: over shm, a put to a peer's segment destroyed since
-#: (not its endpoint) can wait until GEXMK_TIMEOUT (seed 619, not analysed).
-#: (An endpoint destroyed since raises CommunicationError within about 200 ms
-#: now, over tcp and shm: seeds 528, 608, 707; before, rxm retried connecting
-#: and shm's op sat in a queue nobody reads until GEXMK_TIMEOUT.  A segment
-#: unbound or destroyed since is served by a retired registration, over tcp and
-#: shm alike: seeds 7, 10 and 314; before, tcp took the connection down and
-#: shm stalled the peer's queue.)  Their plans avoid such accesses unless asked
-#: (--stale; the regressions that show it).
+#: Transports where an access to a peer's stale publication disturbed more than
+#: that access or stalled (those found are fixed; plans still avoid such
+#: accesses unless asked).  Over shm one stale op towards a peer's destroyed
+#: endpoint held up every later op of the initiator's endpoint until
+#: GEXMK_TIMEOUT (seed 619): now ops look for the target's region after each
+#: barrier, and a destroyed endpoint lingers, still served, until finalize.  An
+#: endpoint destroyed since raises CommunicationError within about 200 ms now,
+#: over tcp and shm: seeds 528, 608, 707; before, rxm retried connecting and
+#: shm's op sat in a queue nobody reads until GEXMK_TIMEOUT.  A segment unbound
+#: or destroyed since is served by a retired registration, over tcp and shm
+#: alike: seeds 7, 10 and 314; before, tcp took the connection down and shm
+#: stalled the peer's queue.  (--stale keeps such accesses; the regressions
+#: that show it.)
 STALE_UNSAFE = {"ofi-tcp", "ofi-shm", "ofi-tcp-staged", "ofi-shm-staged"}
 
 

@@ -481,6 +481,7 @@ cdef int net_nbi_test(void* epv, int categories) except -1 nogil:
     if categories & GX_WAIT_SLEEP:
         return _wait_sleep(ep, GX_WAIT_SLEEP_OF(categories))
     if categories & GX_WAIT_SETTLE:
+        gx_add_long(&ep.dom.settles, 1)     # a barrier: shm targets are looked at again
         if _settle(ep.dom) < 0:
             return check("fi_cq_read", -FI_EIO)
         return 1

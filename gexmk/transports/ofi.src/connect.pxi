@@ -81,6 +81,7 @@ cdef object _connect_pairs(Domain dom, list pairs, double secs):
                 # without the GIL: a touch that meets a full queue retries until the
                 # peer is known dead, and that notice comes on a thread of its own
                 with nogil:
+                    _check_open(e, t, "connection set-up")     # see there: not into a closed one
                     if w == 0:
                         net_get(e, t, remote, _CONNECT_SINK, 1, GX_NB, &out)
                     else:

@@ -23,6 +23,7 @@ cdef class Domain:
     cdef dict _addrs
     cdef dict _raw_keys
     cdef list _eps
+    cdef list _lingering                  # closed endpoints still served for peers (shm)
     cdef object _thread
     cdef bint _spin
     cdef volatile int _stop_flag          # read by the progress thread without the GIL
@@ -46,6 +47,7 @@ cdef class Domain:
         self._addrs = {}
         self._raw_keys = {}
         self._eps = []
+        self._lingering = []
         # the settings first: a bad value raises before anything is allocated
         if config is None:
             from gexmk import config as _config
@@ -465,14 +467,40 @@ cdef class Domain:
         self._lander = None
         self._lstop = 0
 
+    def linger(self, ep):
+        """Whether the closed endpoint ``ep`` is to linger (OfiEndpoint._linger):
+        over shm while the domain is open, at most LINGER_EPS at a time (the
+        oldest is then released: a peer's access racing with its closure may
+        meet a closed endpoint again).  A lingering endpoint stays in the
+        list the progress thread and waits poll."""
+        if self.closed or self.provider != "shm":
+            return False
+        self._lingering.append(ep)
+        while len(self._lingering) > LINGER_EPS:
+            self._unlinger(self._lingering.pop(0))
+        return True
+
+    @property
+    def lingering(self):
+        """How many closed endpoints are still served for peers (shm)."""
+        return len(self._lingering)
+
+    cdef _unlinger(self, OfiEndpoint e):
+        e._unregister()
+        e._release()
+
     def close(self):
         """Close every endpoint, the AV, domain and fabric (idempotent)."""
         if self.closed:
             return
         self.stop_lander()
         self.stop_progress()
+        self.closed = True      # endpoints closed from now on do not linger
         for e in self._eps:
             (<OfiEndpoint>e).close()
+        for e in self._lingering:
+            self._unlinger(e)
+        self._lingering = []
         self._eps = []
         self.closed = True
         for k in self._raw_keys.values():

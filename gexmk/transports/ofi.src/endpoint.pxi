@@ -413,7 +413,10 @@ cdef class OfiEndpoint:
         went to a peer that died are not waited for, see _drain); should
         others not complete, the libfabric endpoint and its CQs are left open
         (leaked, with a warning) rather than closed under them.  Waits on
-        ops that did not complete raise StateError."""
+        ops that did not complete raise StateError.
+
+        Over shm the libfabric endpoint lingers (see _linger) until the
+        domain closes: closed for this process, still served for peers."""
         if self.closed:
             return
         self.closed = True
@@ -423,6 +426,10 @@ cdef class OfiEndpoint:
             with nogil:
                 left = _drain(&self.e, secs)
         gx_xchg_int(&self.e.closed, 1)
+        if not left and self.domain.linger(self):
+            self.unbind()
+            self._linger()
+            return
         self._unregister()
         self.unbind()
         if left and not self.e.dom.deaths:
@@ -431,6 +438,37 @@ cdef class OfiEndpoint:
                           f"after {secs:g} s; its libfabric endpoint is left open (leaked)",
                           RuntimeWarning, stacklevel=2)
             return
+        self._release()
+
+    def _linger(self):
+        """Over shm: the endpoint is closed for this process (nothing is
+        issued on it, waits on it raise StateError), but its libfabric
+        endpoint stays open and progressed, its registrations retired over
+        dummies (_retire_mr), until the domain closes (Domain.linger keeps
+        at most LINGER_EPS).  shm completes a peer endpoint's operations
+        that need an answer in the order they were issued, and an endpoint
+        that closed answers nothing: a peer's stale operation that raced
+        with this closure (no barrier between, so the peer's look before
+        issuing, rma.pxi _check_open, found it open) would otherwise hold up
+        every later operation of that peer endpoint, to anyone, until
+        GEXMK_TIMEOUT (fuzz seed 619: a put_nbi_val to an endpoint destroyed
+        meanwhile, then a put to a live peer hung).  Its region leaves
+        /dev/shm now, so that peers see it closed (_check_open, _gone) and
+        none connects to it anew; those already connected keep their
+        mapping of it, and what they still send is served."""
+        name = self.name.split(b"\0", 1)[0].decode(errors="replace")
+        for prefix in ("fi_shm://", "fi_ns://"):
+            if name.startswith(prefix):
+                name = name[len(prefix):]
+        if name and "/" not in name:
+            try:
+                os.unlink("/dev/shm/" + name)
+            except OSError:
+                pass
+
+    def _release(self):
+        """Close the libfabric endpoint, its CQs and retired registrations
+        (after close(): unregistered from the domain and unbound)."""
         if self.e.aep != NULL and self.e.aep != self.e.ep:
             fi_close(&self.e.aep.fid)
         self.e.aep = NULL

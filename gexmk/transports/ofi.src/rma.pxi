@@ -180,8 +180,6 @@ cdef bint _gone(ofi_dom* dom, ofi_peer* t, double since) noexcept nogil:
     target, ask whether anything still listens at its name (a refused TCP
     connection) or its shared-memory region still exists.  An answer of
     "closed" is kept (t.gone) until the next publication of the endpoint."""
-    cdef char name[256]
-    cdef size_t n = sizeof(name)
     cdef double now
     cdef int closed = 0
     if t == NULL or dom.probe == 0:
@@ -192,16 +190,57 @@ cdef bint _gone(ofi_dom* dom, ofi_peer* t, double since) noexcept nogil:
     if now - since < PROBE_AFTER_MS * 1e-3 or now - t.probe_at < PROBE_EVERY_MS * 1e-3:
         return False
     t.probe_at = now
+    closed = _closed_now(dom, t)
+    if closed:
+        t.gone = 1
+    return closed != 0
+
+
+cdef int _check_open(ofi_ep* ep, ofi_peer* t, const char* what) except -1 nogil:
+    """Over shm, before an operation goes to t: is its endpoint still open?
+    shm completes an endpoint's operations that need the target's answer
+    (reads, delivery-complete writes, fetching atomics) in the order they
+    were issued, and a closed endpoint never answers: one such operation
+    towards an endpoint destroyed since its publication (or whose process
+    finalized) held up every later one of the same local endpoint, to any
+    peer, until GEXMK_TIMEOUT -- a TM-pair's connection touch to a live
+    peer got no answer in 10 s, then its get hung (fuzz seed 619; _gone
+    only catches the stale op itself, after it was queued).  So the
+    region of the target endpoint is looked for in /dev/shm (a stat, about
+    a microsecond) at the first operation to it after each barrier
+    (dom.settles) and OPEN_FRESH_MS after the last look; an endpoint found
+    closed raises at once (CommunicationError naming it, or PeerDeadError)
+    and nothing is queued.  An access racing with the closure, with no
+    barrier between, can still meet it.  The library's synchronisation
+    endpoints (index 2**30 and up) close only at finalize: not looked at."""
+    cdef double now
+    if ep.dom.probe != PROBE_SHM or t == NULL or t.g.ep_index >= (1 << 30):
+        return 0
+    if t.gone:
+        return _raise_gone(t, what)
+    now = _now_coarse()
+    if t.open_epoch == ep.dom.settles and now - t.open_at < OPEN_FRESH_MS * 1e-3:
+        return 0
+    if _closed_now(ep.dom, t):
+        t.gone = 1
+        return _raise_gone(t, what)
+    t.open_epoch = ep.dom.settles
+    t.open_at = now
+    return 0
+
+
+cdef bint _closed_now(ofi_dom* dom, ofi_peer* t) noexcept nogil:
+    """Whether t's endpoint is closed, asked now (see _gone)."""
+    cdef char name[256]
+    cdef size_t n = sizeof(name)
     memset(name, 0, sizeof(name))
     if fi_av_lookup(dom.av, t.net_addr, name, &n) != 0 or n > sizeof(name):
         return False
     if dom.probe == PROBE_TCP:
-        closed = gx_tcp_refused(name, n, PROBE_WAIT_MS)
-    elif dom.probe == PROBE_SHM:
-        closed = gx_shm_gone(name, n)
-    if closed:
-        t.gone = 1
-    return closed != 0
+        return gx_tcp_refused(name, n, PROBE_WAIT_MS) != 0
+    if dom.probe == PROBE_SHM:
+        return gx_shm_gone(name, n) != 0
+    return False
 
 
 cdef int _raise_gone_now(ofi_peer* t, const char* what) except -1 with gil:

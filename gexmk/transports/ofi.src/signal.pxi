@@ -48,6 +48,7 @@ cdef int ofi_put_signal(gx_xfer* x) except -1 nogil:
     cdef int amode
     if x.stream != NULL:
         return _no_stream(x, "put_signal")
+    _check_open(ep, t, "put_signal")
     if x.sig_addr & 7:
         with gil:
             from gexmk.errors import BoundsError

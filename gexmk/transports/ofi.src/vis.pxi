@@ -368,6 +368,7 @@ cdef int ofi_put_vis(gx_xfer* x) except -1 nogil:
     cdef ofi_peer* t = <ofi_peer*>x.peer
     if x.stream != NULL:
         return _no_stream(x, "put (vector)")
+    _check_open(ep, t, "put (vector)")
     if t.stg:
         return _stg_vis(x, True)             # packed through the target's lander
     if _vis_staged_local(ep, x):
@@ -383,6 +384,7 @@ cdef int ofi_get_vis(gx_xfer* x) except -1 nogil:
     cdef ofi_peer* t = <ofi_peer*>x.peer
     if x.stream != NULL:
         return _no_stream(x, "get (vector)")
+    _check_open(ep, t, "get (vector)")
     if t.stg:
         return _stg_vis(x, False)             # packed through the target's lander
     if _vis_staged_local(ep, x):
