@@ -172,30 +172,46 @@ def test_init_with_comm_self_is_a_job_of_one(tmp_path):
     assert_all_ok(tmp_path, run_mpi(tmp_path, src), 2, size=1)
 
 
-@pytest.mark.timeout(120)
+#: Iterations of init / GIL-holding allreduce / finalize in the job below, and how
+#: long one iteration may take before its watchdog calls it a hang (1-2 ms
+#: each on an idle machine; GEXMK_TIMEOUT=5 ends any wait of gexmk's own sooner)
+GIL_RACE_ITERATIONS = 3000
+GIL_RACE_HANG_S = 30
+
+
+@pytest.mark.timeout(330)
 def test_init_then_gil_holding_mpi_call_does_not_hang(tmp_path):
     """Right after gexmk.init(), a rank may enter an MPI call that keeps the
     GIL while it blocks (mpi4py's object allreduce does: it reduces with a
     Python op).  MPI rank 0 hosts the rendezvous server in a thread of its
     own process, so init must not return on rank 0 before the server has told
     every rank the job is complete, or the others wait for their welcome
-    forever.  A tiny GIL switch interval makes the race easy to hit; the job
-    runs a few times to catch it."""
-    src = r'''
+    forever.  A tiny GIL switch interval makes the race easy to hit; the loop
+    runs it a few thousand times.
+
+    A hang is told from a slow machine per iteration: each is watched (the
+    watchdog prints every thread's stack and ends the rank), and the job as a
+    whole gets several minutes.  It used to get 15 s per 1000 iterations,
+    which a loaded 2-core machine overran without any iteration stalling
+    (24 of 129 such jobs took 15-23 s under load, and none had an iteration
+    over 3 s): the "deadlock" this test reported now and then was that."""
+    src = f'''
     from mpi4py import MPI
     W = MPI.COMM_WORLD
     sys.setswitchinterval(1e-6)
-    for i in range(1000):
+    for i in range({GIL_RACE_ITERATIONS}):
+        # re-armed each iteration: one that stalls prints every thread's stack and exits
+        faulthandler.dump_traceback_later({GIL_RACE_HANG_S}, exit=True)
         c = gexmk.init(comm=W)
         assert W.allreduce(1) == c.size        # holds the GIL while it waits
         c.finalize()
-    with open(f"ok.{W.Get_rank()}", "w") as f:
+    faulthandler.dump_traceback_later({GIL_RACE_HANG_S}, exit=True)   # and the exit
+    with open(f"ok.{{W.Get_rank()}}", "w") as f:
         f.write(str(W.Get_size()))
     '''
-    for attempt in range(4):
-        for p in tmp_path.glob("ok.*"):
-            p.unlink()
-        res = run_mpi(tmp_path, src, env={"GEXMK_TIMEOUT": "5"}, timeout=15)
-        assert res.returncode == 0 and not res.timed_out, \
-            f"attempt {attempt}: init/allreduce deadlocked\n{res.report()}"
-        assert_all_ok(tmp_path, res, 2)
+    res = run_mpi(tmp_path, src, env={"GEXMK_TIMEOUT": "5", "GEXMK_TEST_TRACEBACK_AFTER": "0"},
+                  timeout=300)
+    assert res.returncode == 0 and not res.timed_out, \
+        f"init/allreduce/finalize stalled (an iteration over {GIL_RACE_HANG_S} s prints its " \
+        f"stacks)\n{res.report()}"
+    assert_all_ok(tmp_path, res, 2)
