@@ -1580,13 +1580,16 @@ STALE_UNSAFE = {"ofi-tcp", "ofi-shm", "ofi-tcp-staged", "ofi-shm-staged"}
 #:               use the fetching forms towards other ranks
 #:   kill        found here (seeds 104, 107, 109, 119, 139 on ofi-shm): after a peer's
 #:               SIGKILL, a survivor's blocking atomic or put to another survivor can
-#:               stall for good: libfabric shm's shared queues are not robust to a
-#:               process killed while it used them (likely a command slot claimed
-#:               and never committed, which blocks its consumer).  Such an op now
-#:               raises PeerDeadError 1 s after the death (ofi completion.pxi,
-#:               _poisoned) instead of waiting GEXMK_TIMEOUT, but the survivors
-#:               cannot go on over shm as the plans expect (seed 139); what would:
-#:               new shm endpoints after a death
+#:               stall for good: shm completes an endpoint's answered ops (reads,
+#:               delivery-complete writes, fetching atomics) in issue order, and one
+#:               towards the killed process (in flight at its death, or queued
+#:               before its death notice came) is never answered, so it holds up
+#:               every later one of that endpoint, to any peer (ofi completion.pxi
+#:               _poisoned says how it was seen).  Such an op now raises
+#:               PeerDeadError 1 s after the death instead of waiting GEXMK_TIMEOUT,
+#:               but the survivors cannot go on over shm as the plans expect (seed
+#:               139: 5 of 8 runs pass); what would: new shm endpoints after a
+#:               death (survivors re-create and republish theirs)
 #:   kill        (tcp) issue 19 item 3: a barrier after a peer's SIGKILL may SIGSEGV
 #:               (seed 213: in the survivors' probe of the primordial team)
 #:   destroy_pending  found here, the ep.destroy() form of issue 19 item 4 (an NB op

@@ -18,10 +18,17 @@ cdef int _raise_dead(ofi_peer* t, const char* what) except -1 with gil:
 
 cdef inline bint _poisoned(ofi_dom* dom, double* since) noexcept nogil:
     """Whether a wait that began at *since (0: now, set here) has to give up
-    because a peer was killed: over shm the provider's queues live in shared
-    memory, and a process killed while it held one's lock leaves it locked, so
-    operations between survivors can stall for good (fuzz seeds 104, 107,
-    109, 119 on ofi-shm).  After a death, an operation that has not completed
+    because a peer was killed: over shm operations between survivors can
+    stall for good (fuzz seeds 104, 107, 109, 119, 139 on ofi-shm).  shm
+    completes an endpoint's operations that need the target's answer
+    (reads, delivery-complete writes, fetching atomics) in issue order, and a
+    killed process answers nothing: one such op of this endpoint towards it
+    -- in flight at its death, or queued before its death notice came --
+    holds up every later one, to any peer (seen: a get queued to a process
+    that had just killed itself, then a get to a live survivor on the same
+    endpoint stalled; without the first get it completed).  A process killed
+    while it held a lock in a survivor's region would stall it too (not
+    seen).  After a death, an operation that has not completed
     DEATH_GRACE_MS after both the death and the start of its wait is taken
     as stalled by it (PeerDeadError, _raise_poisoned) rather than waited for
     until GEXMK_TIMEOUT."""
@@ -41,8 +48,8 @@ cdef int _raise_poisoned(int dead, ofi_peer* t, const char* what) except -1 with
     dead_s = f"job rank {dead}" if dead >= 0 else "a peer"
     raise PeerDeadError(f"{what.decode()}: {who} did not complete it within "
                         f"{DEATH_GRACE_MS / 1000:g} s after {dead_s} died; over "
-                        "libfabric shm a killed process can leave the node's shared queues locked, "
-                        "so it is given up")
+                        "libfabric shm an operation of this endpoint that the killed process never "
+                        "answered holds up the endpoint's later ones, so it is given up")
 
 
 cdef int _raise_timeout(ofi_peer* t, double secs, const char* what) except -1 with gil:
