@@ -219,6 +219,22 @@ BAD = [
      TypeError, ["dsts[0]", "(remote address, nbytes)"]),
     ("vector-remote-negative-length", lambda tm, s: tm.put_vector(
         0, [(tm.addr(0, 0), -8)], [s[:8]]), ArgumentError, ["dsts[0] nbytes"]),
+    # (address, nbytes) pairs, on the intake's fast path for plain ints and off it
+    ("vector-local-pair-null", lambda tm, s: tm.put_vector(
+        0, [(tm.addr(0, 0), 8), (tm.addr(0, 8), 8)], [(s.ctypes.data, 8), (0, 8)]),
+     ArgumentError, ["srcs[1]", "NULL"]),
+    ("vector-local-pair-negative-length", lambda tm, s: tm.put_vector(
+        0, [(tm.addr(0, 0), 8)], [(s.ctypes.data, -8)]), ArgumentError, ["srcs[0]", "nbytes"]),
+    ("vector-local-pair-float", lambda tm, s: tm.put_vector(
+        0, [(tm.addr(0, 0), 8)], [(s.ctypes.data, 8.0)]), TypeError, ["srcs[0]", "nbytes"]),
+    ("vector-local-pair-negative-address", lambda tm, s: tm.put_vector(
+        0, [(tm.addr(0, 0), 8)], [(-s.ctypes.data, 8)]), ArgumentError, ["srcs[0]", "address"]),
+    ("vector-remote-negative-address", lambda tm, s: tm.put_vector(
+        0, [(tm.addr(0, 0), 8), (-8, 8)], [s[:16]]), BoundsError, ["dsts[1]"]),
+    ("vector-remote-2**64-address", lambda tm, s: tm.put_vector(
+        0, [(2 ** 64, 8)], [s[:8]]), BoundsError, ["dsts[0]"]),
+    ("indexed-remote-negative-int", lambda tm, s: tm.put_indexed(
+        0, [tm.addr(0, 0), -1], 8, [s.ctypes.data] * 2, 8), BoundsError, ["dsts[1]"]),
     ("vector-local-not-a-buffer", lambda tm, s: tm.put_vector(
         0, [(tm.addr(0, 0), 8)], [3.5]), TypeError, ["srcs[0]"]),
     ("vector-local-noncontiguous", lambda tm, s: tm.put_vector(

@@ -93,19 +93,37 @@ cdef int _remote_list(_VisReq q, object lst, Py_ssize_t n, str sig, str name,
         finally:
             PyBuffer_Release(&view)
         return 0
+    cdef long long v, m
     for i, item in enumerate(lst):
         if i >= n:
             break
+        # plain ints first, with no name built for a message (a 1024-block list of
+        # ints took ~30 us here, most of it formatting names that no error used)
         if fixed >= 0:
-            q.ra[i] = _as_addr(item, sig, f"{name}[{i}]")
+            if type(item) is int and _exact_int_ll(item, &v) and v >= 0:
+                q.ra[i] = <uintptr_t>v
+            else:
+                q.ra[i] = _as_addr(item, sig, f"{name}[{i}]")
             q.rn[i] = <size_t>fixed
         else:
+            if _int_pair(item, &v, &m) and v >= 0:
+                q.ra[i] = <uintptr_t>v
+                q.rn[i] = <size_t>m
+                continue
             if type(item) is not tuple or len(<tuple>item) != 2:
                 raise TypeError(f"{_fn(sig)}: {name}[{i}] must be (remote address, nbytes), "
                                 f"got {_got(item)}")
             q.ra[i] = _as_addr(item[0], sig, f"{name}[{i}] address")
             q.rn[i] = _as_size(item[1], sig, f"{name}[{i}] nbytes")
     return 0
+
+
+cdef inline bint _int_pair(object item, long long* a, long long* n) noexcept:
+    """Whether ``item`` is a tuple of two plain ints, the second >= 0 (stored)."""
+    return (type(item) is tuple and len(<tuple>item) == 2
+            and type((<tuple>item)[0]) is int and type((<tuple>item)[1]) is int
+            and _exact_int_ll((<tuple>item)[0], a) and _exact_int_ll((<tuple>item)[1], n)
+            and n[0] >= 0)
 
 
 cdef int _local_list(_VisReq q, object lst, Py_ssize_t n, str sig, str name, Py_ssize_t fixed,
@@ -116,8 +134,9 @@ cdef int _local_list(_VisReq q, object lst, Py_ssize_t n, str sig, str name, Py_
     cdef Py_buffer view
     cdef _Local loc
     cdef Py_ssize_t i
-    cdef size_t ndev = 0
+    cdef size_t ndev = 0, naddr = 0
     cdef const int64_t* a
+    cdef long long v, m
     if fixed >= 0 and _int_array(lst, &view, 1):
         a = <const int64_t*>view.buf
         for i in range(n):
@@ -129,10 +148,22 @@ cdef int _local_list(_VisReq q, object lst, Py_ssize_t n, str sig, str name, Py_
         for i, item in enumerate(lst):
             if i >= n:
                 break
-            # an address: an int, or any integer (numpy integers export buffers too)
+            # an address: an int, or any integer (numpy integers export buffers too);
+            # plain ints and (int, int) pairs first, with no name built for a message
+            if fixed >= 0 and type(item) is int and _exact_int_ll(item, &v) and v >= 0:
+                q.la[i] = <uintptr_t>v
+                q.ln[i] = <size_t>fixed
+                continue
             if fixed >= 0 and (type(item) is int or isinstance(item, numbers.Integral)):
                 q.la[i] = _as_addr(item, sig, f"{name}[{i}]", ArgumentError)
                 q.ln[i] = <size_t>fixed
+                continue
+            if fixed < 0 and _int_pair(item, &v, &m) and v > 0:
+                # (address, nbytes): classified with the others below (one C loop),
+                # not block by block as _take would
+                q.la[i] = <uintptr_t>v
+                q.ln[i] = <size_t>m
+                naddr += 1
                 continue
             if _take(item, &view, &loc, writable, sig, f"{name}[{i}]".encode(), tm, True) == 1:
                 raise TypeError(f"{_fn(sig)}: {name}[{i}] is not contiguous; a block of a vector "
@@ -164,9 +195,19 @@ cdef int _local_list(_VisReq q, object lst, Py_ssize_t n, str sig, str name, Py_
     if nseg:
         q.lkind = tm.ep.seg_kind
         q.ldev = tm.ep.seg_device
-    elif ndev == 0 and _device_kinds and fixed >= 0 and n:
-        # addresses given as ints: device memory of the endpoint's kind, or host
+    if ndev == 0 and nseg != <size_t>n and _device_kinds and n and (fixed >= 0 or naddr == <size_t>n):
+        # addresses only (ints, or (address, nbytes) pairs) outside the segment:
+        # device memory of the endpoint's kind, or host
         ndev = _vis_int_kinds(q, <size_t>n, sig, name, tm)
+    if _device_kinds and naddr and naddr != <size_t>n:
+        # pairs beside buffers: each pair outside the segment classified on its
+        # own, as _take classifies a lone (address, nbytes)
+        for i, item in enumerate(lst):
+            if i >= n:
+                break
+            if (q.ln[i] and _int_pair(item, &v, &m) and v > 0
+                    and not gx_in_dev(tm, <void*>q.la[i], q.ln[i])):
+                ndev += _vis_local_kind(q, <void*>q.la[i], q.ln[i], sig, f"{name}[{i}]", tm, False)
     if (nseg + ndev) and nseg + ndev != <size_t>n:
         raise ArgumentError(f"{_fn(sig)}: {name} mixes device blocks with host blocks; one "
                             "call's local blocks are all of one memory")
@@ -174,8 +215,8 @@ cdef int _local_list(_VisReq q, object lst, Py_ssize_t n, str sig, str name, Py_
 
 
 cdef size_t _vis_int_kinds(_VisReq q, size_t n, str sig, str name, const gx_team* tm) except? 0:
-    """How many of the n int addresses q.la are device memory of the endpoint's
-    segment's kind (the others host memory): one driver query per block in a C
+    """How many of the n int addresses q.la outside the endpoint's segment are
+    device memory of its kind (the others host memory): one driver query per block in a C
     loop through the kind's classify (a Python-level query per block cost
     microseconds each: ~ms for a 1024-block list); where a block is memory of
     another device, or the kind cannot classify, every block goes through
@@ -193,12 +234,13 @@ cdef size_t _vis_int_kinds(_VisReq q, size_t n, str sig, str name, const gx_team
         want_dev = (<Segment>seg).kind.device
     if ops == NULL or ops.classify == NULL:
         for i in range(n):
-            ndev += _vis_local_kind(q, <void*>q.la[i], q.ln[i], sig, f"{name}[{i}]", tm, False)
+            if not gx_in_dev(tm, <void*>q.la[i], q.ln[i]):
+                ndev += _vis_local_kind(q, <void*>q.la[i], q.ln[i], sig, f"{name}[{i}]", tm, False)
         return ndev
     with nogil:
         for i in range(n):
-            if q.ln[i] == 0:
-                continue
+            if q.ln[i] == 0 or gx_in_dev(tm, <void*>q.la[i], q.ln[i]):
+                continue            # in the segment: counted as such by the caller
             ops.classify(kctx, q.la[i], &cls, &dev)
             if cls == GX_MK_HOST:
                 continue
@@ -209,7 +251,8 @@ cdef size_t _vis_int_kinds(_VisReq q, size_t n, str sig, str name, const gx_team
     if bad < n:          # memory of another device (or managed): the careful loop says what
         ndev = 0
         for i in range(n):
-            ndev += _vis_local_kind(q, <void*>q.la[i], q.ln[i], sig, f"{name}[{i}]", tm, False)
+            if not gx_in_dev(tm, <void*>q.la[i], q.ln[i]):
+                ndev += _vis_local_kind(q, <void*>q.la[i], q.ln[i], sig, f"{name}[{i}]", tm, False)
         return ndev
     if ndev:
         q.lkind = want_cls
