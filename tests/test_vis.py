@@ -254,6 +254,26 @@ BAD = [
         [s.ctypes.data] * 4, 8), BoundsError, ["dsts[3]"]),
     ("indexed-address-below-segment", lambda tm, s: tm.get_indexed(
         [s.ctypes.data], 8, 0, [tm.addr(0, 0) - 8], 8), BoundsError, ["srcs[0]"]),
+    # uint64 arrays on both sides (the one-pass intake): what it cannot vouch for
+    # goes to the block-by-block checks, which name the block
+    ("indexed-arrays-block-outside", lambda tm, s: tm.put_indexed(
+        0, np.array([tm.addr(0, 0), tm.addr(0, 64), tm.addr(0, SEG - 7)], np.uint64), 8,
+        np.array([s.ctypes.data] * 3, np.uint64), 8), BoundsError, ["dsts[2]"]),
+    ("indexed-arrays-below-segment", lambda tm, s: tm.get_indexed(
+        np.array([s.ctypes.data] * 2, np.uint64), 8, 0,
+        np.array([tm.addr(0, 8), tm.addr(0, 0) - 8], np.uint64), 8), BoundsError, ["srcs[1]"]),
+    ("indexed-arrays-null-local", lambda tm, s: tm.put_indexed(
+        0, np.array([tm.addr(0, 0), tm.addr(0, 8)], np.uint64), 8,
+        np.array([s.ctypes.data, 0], np.uint64), 8), ArgumentError, ["srcs[1]", "NULL"]),
+    ("indexed-arrays-2**64-1", lambda tm, s: tm.put_indexed(
+        0, np.array([2 ** 64 - 1], np.uint64), 8, np.array([s.ctypes.data], np.uint64), 8),
+     BoundsError, ["dsts[0]"]),
+    ("indexed-arrays-bad-rank", lambda tm, s: tm.put_indexed(
+        0 + 7, np.array([tm.addr(0, 0)], np.uint64), 8, np.array([s.ctypes.data], np.uint64), 8),
+     RankError, ["rank 7"]),
+    ("indexed-arrays-unequal-lengths", lambda tm, s: tm.put_indexed(
+        0, np.array([tm.addr(0, 0)] * 2, np.uint64), 8, np.array([s.ctypes.data] * 3, np.uint64), 8),
+     ArgumentError, ["totals"]),
     ("indexed-null-local", lambda tm, s: tm.put_indexed(0, [tm.addr(0, 0)], 8, [0], 8),
      ArgumentError, ["srcs[0]", "NULL"]),
     ("indexed-buffer-of-wrong-size", lambda tm, s: tm.put_indexed(

@@ -502,8 +502,89 @@ cdef object _indexed(Team tm, bint is_put, int mode, object rank, object dsts, o
     cdef int r
     cdef Py_ssize_t dl = _block_size(dstlen, sig, "dstlen")
     cdef Py_ssize_t sl = _block_size(srclen, sig, "srclen")
-    q = _vector_req(tm, rank, dsts, srcs, is_put, dl, sl, sig, &r)
+    q = None
+    if dl == sl:
+        q = _indexed_arrays(tm, rank, dsts, srcs, is_put, dl, &r)
+    if q is None:
+        q = _vector_req(tm, rank, dsts, srcs, is_put, dl, sl, sig, &r)
     return _vis_complete(tm, q, r, is_put, mode, lc, _fn(sig), stream)
+
+
+cdef object _indexed_arrays(Team tm, object rank, object dsts, object srcs, bint is_put,
+                            Py_ssize_t blk, int* rk):
+    """The KV-cache shape in one pass: both sides integer arrays of one length,
+    blocks of one size (blk).  Each pair is a fragment as it stands; the span
+    of the remote blocks is checked against the target's segment once, the
+    span of the local ones against the endpoint's device segment.  None where
+    a block may be out of bounds, NULL or of another memory (the general
+    path then says which, block by block), or the lists are not such arrays."""
+    cdef Py_buffer rv, lv
+    cdef const uint64_t* ra
+    cdef const uint64_t* la
+    cdef size_t i, n
+    cdef uint64_t rmin = <uint64_t>-1, rmax = 0, lmin = <uint64_t>-1, lmax = 0, x
+    cdef char* p
+    cdef gx_route* rt
+    cdef int rc, r
+    cdef long long rk64
+    cdef bint indev
+    remote, local = (dsts, srcs) if is_put else (srcs, dsts)
+    if not _int_array(remote, &rv, 1):
+        return None
+    if not _int_array(local, &lv, 1):
+        PyBuffer_Release(&rv)
+        return None
+    try:
+        if rv.shape[0] != lv.shape[0] or rv.shape[0] == 0:
+            return None
+        if not (type(rank) is int and _exact_int_ll(rank, &rk64) and 0 <= rk64 < tm.c.size):
+            return None
+        r = <int>rk64
+        tm.check_alive()
+        n = <size_t>rv.shape[0]
+        ra = <const uint64_t*>rv.buf
+        la = <const uint64_t*>lv.buf
+        for i in range(n):
+            x = ra[i]
+            if x < rmin:
+                rmin = x
+            if x > rmax:
+                rmax = x
+            x = la[i]
+            if x < lmin:
+                lmin = x
+            if x > lmax:
+                lmax = x
+        if (rmax > <uint64_t>PY_SSIZE_T_MAX or lmax > <uint64_t>PY_SSIZE_T_MAX or lmin == 0):
+            return None
+        rc = gx_locate(&tm.c, r, <uintptr_t>rmin, <size_t>(rmax - rmin) + <size_t>blk, &p, &rt)
+        if rc != GX_OK and rc != GX_NOT_MAPPED:
+            return None
+        indev = gx_in_dev(&tm.c, <void*><uintptr_t>lmin, <size_t>(lmax - lmin) + <size_t>blk)
+        if not indev and _device_kinds:
+            return None             # host or device memory outside the segment: classified there
+        q = _VisReq.__new__(_VisReq)
+        (<_VisReq>q).frags = <gx_frag*>malloc(n * sizeof(gx_frag))
+        if (<_VisReq>q).frags == NULL:
+            raise MemoryError(f"vis: no memory for {n} fragments")
+        for i in range(n):
+            (<_VisReq>q).frags[i].local = <void*><uintptr_t>la[i]
+            (<_VisReq>q).frags[i].remote = <uintptr_t>ra[i]
+            (<_VisReq>q).frags[i].n = <size_t>blk
+        (<_VisReq>q).v.frags = (<_VisReq>q).frags
+        (<_VisReq>q).v.nfrags = n
+        (<_VisReq>q).v.total = n * <size_t>blk
+        (<_VisReq>q).v.ndim = 0
+        if indev:
+            (<_VisReq>q).lkind = tm.c.ep.seg_kind
+            (<_VisReq>q).ldev = tm.c.ep.seg_device
+        (<_VisReq>q).keep.append(local)
+        (<_VisReq>q).keep.append(remote)
+        rk[0] = r
+        return q
+    finally:
+        PyBuffer_Release(&rv)
+        PyBuffer_Release(&lv)
 
 
 cdef object _strided(Team tm, bint is_put, int mode, object rank, object dest, object dstrides,
