@@ -322,6 +322,7 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
     double probe_at         # when that was last looked into (_now())
     long open_epoch         # shm: dom.settles when its endpoint was last seen open (_check_open)
     double open_at          # ... and when (_now_coarse())
+    char shm_path[80]       # ... its region's path there ("": not known yet, "-": none)
     long out                # ops of this process in flight to it (as ofi_ep.live counts them)
     int local               # its process runs on this node (its pid is ours to look at)
     int stg_open            # this process's ring in t's zone: 0 not asked yet, 1 backed, 2 refused
@@ -648,6 +649,7 @@ cdef class OfiTransport:
         p.c.local = bool(peer.same_node)
         p.c.probe_at = 0
         p.c.open_epoch = -1     # looked at again before its first op (_check_open)
+        p.c.shm_path[0] = 0     # ... where its name now says
         p.c.no_amo = name.startswith(_SINGLE_TAG)       # an endpoint without atomics
         old = (p.c.stg_key, p.c.stg_ring, p.c.stg or p.c.hmem or p.c.vzone)
         p.c.net_key = self.domain.map_key(rkey, base)   # raw keys are mapped here

@@ -131,19 +131,26 @@ cdef extern from *:
        its endpoints: "<pid>:<n>:<m>", maybe after "fi_shm://" or "fi_ns://")
        is gone from /dev/shm: its endpoint closed.  0 when it is there or the
        name is not of that form. */
-    static int gx_shm_gone(const char *name, size_t len) {
-        char path[300];
-        struct stat st;
+    static int gx_shm_path(const char *name, size_t len, char *path, size_t size) {
         size_t n = strnlen(name, len);
         const char *sep = memchr(name, '/', n);
         if (n >= 9 && memcmp(name, "fi_shm://", 9) == 0) { name += 9; n -= 9; }
         else if (n >= 8 && memcmp(name, "fi_ns://", 8) == 0) { name += 8; n -= 8; }
         else if (sep != NULL) return 0;
-        if (n == 0 || n > 255 || memchr(name, '/', n) != NULL) return 0;
+        if (n == 0 || n + 10 > size || memchr(name, '/', n) != NULL) return 0;
         memcpy(path, "/dev/shm/", 9);
         memcpy(path + 9, name, n);
         path[9 + n] = 0;
+        return 1;
+    }
+    /* 1 when the file at `path` does not exist. */
+    static int gx_path_gone(const char *path) {
+        struct stat st;
         return stat(path, &st) != 0 && errno == ENOENT;
+    }
+    static int gx_shm_gone(const char *name, size_t len) {
+        char path[300];
+        return gx_shm_path(name, len, path, sizeof(path)) && gx_path_gone(path);
     }
     /* 1 when process `pid` of this node exists and is not a zombie (a killed
        process stays one until its parent reaps it), from /proc/<pid>/stat. */
@@ -168,6 +175,8 @@ cdef extern from *:
     int gx_tcp_refused(const void* addr, size_t len, int ms) nogil
     int gx_proc_alive(int pid) nogil
     int gx_shm_gone(const char* name, size_t len) nogil
+    int gx_shm_path(const char* name, size_t len, char* path, size_t size) nogil
+    int gx_path_gone(const char* path) nogil
 
 
 cdef bint _gone(ofi_dom* dom, ofi_peer* t, double since) noexcept nogil:
@@ -206,14 +215,15 @@ cdef int _check_open(ofi_ep* ep, ofi_peer* t, const char* what) except -1 nogil:
     peer, until GEXMK_TIMEOUT -- a TM-pair's connection touch to a live
     peer got no answer in 10 s, then its get hung (fuzz seed 619; _gone
     only catches the stale op itself, after it was queued).  So the
-    region of the target endpoint is looked for in /dev/shm (a stat, about
-    a microsecond) at the first operation to it after each barrier
+    region of the target endpoint is looked for in /dev/shm (a stat of its
+    path, kept per publication) at the first operation to it after each barrier
     (dom.settles) and OPEN_FRESH_MS after the last look; an endpoint found
     closed raises at once (CommunicationError naming it, or PeerDeadError)
     and nothing is queued.  An access racing with the closure, with no
     barrier between, can still meet it.  The library's synchronisation
     endpoints (index 2**30 and up) close only at finalize: not looked at."""
     cdef double now
+    cdef bint closed
     if ep.dom.probe != PROBE_SHM or t == NULL or t.g.ep_index >= (1 << 30):
         return 0
     if t.gone:
@@ -221,12 +231,30 @@ cdef int _check_open(ofi_ep* ep, ofi_peer* t, const char* what) except -1 nogil:
     now = _now_coarse()
     if t.open_epoch == ep.dom.settles and now - t.open_at < OPEN_FRESH_MS * 1e-3:
         return 0
-    if _closed_now(ep.dom, t):
+    if t.shm_path[0] == 0:
+        _shm_path(ep.dom, t)
+    if t.shm_path[0] == ord('/'):
+        closed = gx_path_gone(t.shm_path) != 0
+    else:
+        closed = _closed_now(ep.dom, t)
+    if closed:
         t.gone = 1
         return _raise_gone(t, what)
     t.open_epoch = ep.dom.settles
     t.open_at = now
     return 0
+
+
+cdef void _shm_path(ofi_dom* dom, ofi_peer* t) noexcept nogil:
+    """t.shm_path: its region's path in /dev/shm, found once per publication
+    (a look then costs one stat); "-" when its name gives none."""
+    cdef char name[256]
+    cdef size_t n = sizeof(name)
+    memset(name, 0, sizeof(name))
+    if fi_av_lookup(dom.av, t.net_addr, name, &n) != 0 or n > sizeof(name) or \
+            not gx_shm_path(name, n, t.shm_path, sizeof(t.shm_path)):
+        t.shm_path[0] = ord('-')
+        t.shm_path[1] = 0
 
 
 cdef bint _closed_now(ofi_dom* dom, ofi_peer* t) noexcept nogil:
