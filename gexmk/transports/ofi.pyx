@@ -34,6 +34,8 @@ import pickle
 import threading
 
 from cpython.pycapsule cimport PyCapsule_New
+from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_acquire_lock,
+                               PyThread_release_lock, WAIT_LOCK)
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t, int64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
