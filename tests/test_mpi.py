@@ -80,8 +80,9 @@ def run_mpi(tmp_path, source, n=2, env=None, timeout=60):
     before = _mpich_shm()
     res = mp_util.run_command([MPIEXEC, "-n", str(n), sys.executable, script], timeout=timeout,
                               env=mp_util.child_env(env), cwd=str(tmp_path), script=script)
-    if res.timed_out:
+    if res.timed_out or res.returncode != 0:
         # MPICH leaves its shared-memory files behind when its ranks are SIGKILLed
+        # or end by os._exit (a watchdog's faulthandler exit)
         for f in _mpich_shm() - before:
             try:
                 os.unlink(os.path.join("/dev/shm", f))
