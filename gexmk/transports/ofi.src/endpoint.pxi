@@ -262,8 +262,8 @@ cdef class OfiEndpoint:
         put lands there, a stale get reads zeros -- never the owner's memory --
         and a landing zone's done words say "closed", so a stale staged
         operation raises SegmentError at its initiator.  Released once every
-        peer that held the key has had a publication of this endpoint
-        (published()), or at close."""
+        peer that held the key has applied a later publication of this
+        endpoint (published(): the team's next collective), or at close."""
         cdef ofi_zone* z = self.e.zone
         cdef ofi_zone* vz = self.e.vzone
         cdef fid_mr* vmr = self.e.vzone_mr
@@ -326,20 +326,30 @@ cdef class OfiEndpoint:
         self._retired.append([<uintptr_t>nmr, <uintptr_t>dummy, size, set(held)])
 
     def published(self, jobranks):
-        """This endpoint was just published to the processes of ``jobranks``
-        (called by the core after every member applied it): they hold the
-        current key now, and none of them still uses a retired one."""
+        """This endpoint was just published to the processes of ``jobranks``:
+        they hold the current key now (an unbinding from here on retires it
+        for them).  Returns the call that drops them from the registrations
+        retired before this publication; the core makes it once every member
+        has applied it (the team's next collective), when none of them uses
+        a retired key any more."""
         ranks = set(jobranks)
         if self.e.seg_mr != NULL or self.e.vzone_mr != NULL:
             self._published_to |= ranks
-        keep = []
-        for rt in self._retired:
-            rt[3] -= ranks
-            if rt[3]:
-                keep.append(rt)
-            else:
-                self._free_retired(rt)
-        self._retired = keep
+        if not self._retired:
+            return None
+        before = list(self._retired)
+
+        def settle():
+            keep = []
+            for rt in self._retired:
+                if any(rt is b for b in before):
+                    rt[3] -= ranks
+                if rt[3]:
+                    keep.append(rt)
+                else:
+                    self._free_retired(rt)
+            self._retired = keep
+        return settle
 
     def _free_retired(self, rt):
         fi_close(&(<fid_mr*><uintptr_t>rt[0]).fid)
