@@ -737,9 +737,13 @@ cdef class Client:
                 tg.ctx.pop(tr.name, None)
             else:
                 tg.ctx[tr.name] = ctx
+        reached = False
         for rt in tg.routes:
             self._choose(rt)
-        if err is not None and all(rt.rma_name == "none" for rt in tg.routes):
+            reached = reached or rt.rma_name != "none"
+        # (a loop, not all(genexpr): a generator's rt is untyped, and reading
+        # the cdef rma_name through it raised AttributeError over err)
+        if err is not None and not reached:
             raise err
         return tg
 
