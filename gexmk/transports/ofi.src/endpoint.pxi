@@ -164,7 +164,8 @@ cdef class OfiEndpoint:
             raise
         self.domain.start_lander()
         return pickle.dumps((self.name, key, base, answers,
-                             (z.slots, z.chunk, z.ring_bytes, bool(z.amo))))
+                             (z.slots, z.chunk, z.ring_bytes, bool(z.amo), z.bell_off,
+                              z.bell2_off)))
 
     @property
     def staged_local(self):
@@ -197,6 +198,18 @@ cdef class OfiEndpoint:
         cdef ofi_zone* v = self.e.vzone
         return {"zone": (z.active, z.refused, z.cap) if z != NULL else None,
                 "vis": (v.active, v.refused, v.cap) if v != NULL else None}
+
+    @property
+    def lander_work(self):
+        """``{"zone": (passes, rings read), "vis": (...)}`` for this endpoint's
+        landing zone and its host segment's VIS zone (None where there is
+        none): the lander's passes over the zone so far and the rings it read
+        in them (each backed ring every pass, a rung one once) -- what a pass
+        costs, for tests and diagnostics."""
+        cdef ofi_zone* z = self.e.zone
+        cdef ofi_zone* v = self.e.vzone
+        return {"zone": (z.passes, z.rings_read) if z != NULL else None,
+                "vis": (v.passes, v.rings_read) if v != NULL else None}
 
     @property
     def hmem(self):
