@@ -282,7 +282,12 @@ cdef class Team:
         """Publish the bound segments of ``eps`` (local endpoints; zero is
         allowed) to every member's process (GASNet-EX
         ``gex_EP_PublishBoundSegment``).  Collective over the team; may be
-        repeated; an endpoint with nothing bound publishes "no segment"."""
+        repeated; an endpoint with nothing bound publishes "no segment".
+        One allgather: a member returns while others may still apply what it
+        published, so what it handed out (memory, memfd, exports, retired
+        network keys) outlives an unbind or destroy until the team's next
+        collective, its next publication or finalize.  This process's
+        implicit puts and atomics complete first, as before a barrier."""
         self.check_alive()
         eps = list(eps)
         for e in eps:
