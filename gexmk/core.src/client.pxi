@@ -497,7 +497,7 @@ cdef class Client:
         must not be handed back while a peer that has not seen
         a new publication may still write to it, and no segment is released
         while a publication of it is not yet applied by every member (a
-        peer still to map its memfd: see _hold_segments)."""
+        peer still to map it: see _hold_segments)."""
         bound = False
         for e in self._eps:
             if e is not None and (<Endpoint>e).segment is seg:
@@ -527,7 +527,7 @@ cdef class Client:
 
     def _hold_segments(self, list segs):
         """Publications of ``segs`` went out that some member may not have
-        applied yet: a destroy keeps their memory (and memfd) until _settle."""
+        applied yet: a destroy keeps their memory (and its file) until _settle."""
         for s in segs:
             self._held[s] = self._held.get(s, 0) + 1
 

@@ -284,7 +284,7 @@ cdef class Team:
         ``gex_EP_PublishBoundSegment``).  Collective over the team; may be
         repeated; an endpoint with nothing bound publishes "no segment".
         One allgather: a member returns while others may still apply what it
-        published, so what it handed out (memory, memfd, exports, retired
+        published, so what it handed out (memory, exports, retired
         network keys) outlives an unbind or destroy until the team's next
         collective, its next publication or finalize.  This process's
         implicit puts and atomics complete first, as before a barrier."""
@@ -304,7 +304,7 @@ cdef class Team:
         err = _quiet_unsynced()
         # One collective: the allgather of what is published.  What owners
         # must keep until every member has applied it (a host segment's
-        # memfd, fd-server offers, retired network keys) is held until the
+        # file, exported handles, retired keys) is held until the
         # team's next collective completes here -- every member entered that
         # one after leaving this publication -- or the next publication on
         # the team (its allgather is that collective), or finalize.
