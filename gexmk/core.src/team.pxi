@@ -346,6 +346,10 @@ cdef class Team:
         collective to complete here (see _settled)."""
         if not settle and not segs:
             return 0
+        me = self.client.rank
+        if all(m[0] == me for m in self._members):
+            self.client._settle(settle, [])     # no other process to wait for
+            return 0
         if self._unsettled is None:
             self._unsettled = []
         # barriers entered so far: one entered before this publication (an
