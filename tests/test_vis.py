@@ -219,6 +219,22 @@ BAD = [
      TypeError, ["dsts[0]", "(remote address, nbytes)"]),
     ("vector-remote-negative-length", lambda tm, s: tm.put_vector(
         0, [(tm.addr(0, 0), -8)], [s[:8]]), ArgumentError, ["dsts[0] nbytes"]),
+    # (address, nbytes) pairs, on the intake's fast path for plain ints and off it
+    ("vector-local-pair-null", lambda tm, s: tm.put_vector(
+        0, [(tm.addr(0, 0), 8), (tm.addr(0, 8), 8)], [(s.ctypes.data, 8), (0, 8)]),
+     ArgumentError, ["srcs[1]", "NULL"]),
+    ("vector-local-pair-negative-length", lambda tm, s: tm.put_vector(
+        0, [(tm.addr(0, 0), 8)], [(s.ctypes.data, -8)]), ArgumentError, ["srcs[0]", "nbytes"]),
+    ("vector-local-pair-float", lambda tm, s: tm.put_vector(
+        0, [(tm.addr(0, 0), 8)], [(s.ctypes.data, 8.0)]), TypeError, ["srcs[0]", "nbytes"]),
+    ("vector-local-pair-negative-address", lambda tm, s: tm.put_vector(
+        0, [(tm.addr(0, 0), 8)], [(-s.ctypes.data, 8)]), ArgumentError, ["srcs[0]", "address"]),
+    ("vector-remote-negative-address", lambda tm, s: tm.put_vector(
+        0, [(tm.addr(0, 0), 8), (-8, 8)], [s[:16]]), BoundsError, ["dsts[1]"]),
+    ("vector-remote-2**64-address", lambda tm, s: tm.put_vector(
+        0, [(2 ** 64, 8)], [s[:8]]), BoundsError, ["dsts[0]"]),
+    ("indexed-remote-negative-int", lambda tm, s: tm.put_indexed(
+        0, [tm.addr(0, 0), -1], 8, [s.ctypes.data] * 2, 8), BoundsError, ["dsts[1]"]),
     ("vector-local-not-a-buffer", lambda tm, s: tm.put_vector(
         0, [(tm.addr(0, 0), 8)], [3.5]), TypeError, ["srcs[0]"]),
     ("vector-local-noncontiguous", lambda tm, s: tm.put_vector(
@@ -238,6 +254,26 @@ BAD = [
         [s.ctypes.data] * 4, 8), BoundsError, ["dsts[3]"]),
     ("indexed-address-below-segment", lambda tm, s: tm.get_indexed(
         [s.ctypes.data], 8, 0, [tm.addr(0, 0) - 8], 8), BoundsError, ["srcs[0]"]),
+    # uint64 arrays on both sides (the one-pass intake): what it cannot vouch for
+    # goes to the block-by-block checks, which name the block
+    ("indexed-arrays-block-outside", lambda tm, s: tm.put_indexed(
+        0, np.array([tm.addr(0, 0), tm.addr(0, 64), tm.addr(0, SEG - 7)], np.uint64), 8,
+        np.array([s.ctypes.data] * 3, np.uint64), 8), BoundsError, ["dsts[2]"]),
+    ("indexed-arrays-below-segment", lambda tm, s: tm.get_indexed(
+        np.array([s.ctypes.data] * 2, np.uint64), 8, 0,
+        np.array([tm.addr(0, 8), tm.addr(0, 0) - 8], np.uint64), 8), BoundsError, ["srcs[1]"]),
+    ("indexed-arrays-null-local", lambda tm, s: tm.put_indexed(
+        0, np.array([tm.addr(0, 0), tm.addr(0, 8)], np.uint64), 8,
+        np.array([s.ctypes.data, 0], np.uint64), 8), ArgumentError, ["srcs[1]", "NULL"]),
+    ("indexed-arrays-2**64-1", lambda tm, s: tm.put_indexed(
+        0, np.array([2 ** 64 - 1], np.uint64), 8, np.array([s.ctypes.data], np.uint64), 8),
+     BoundsError, ["dsts[0]"]),
+    ("indexed-arrays-bad-rank", lambda tm, s: tm.put_indexed(
+        0 + 7, np.array([tm.addr(0, 0)], np.uint64), 8, np.array([s.ctypes.data], np.uint64), 8),
+     RankError, ["rank 7"]),
+    ("indexed-arrays-unequal-lengths", lambda tm, s: tm.put_indexed(
+        0, np.array([tm.addr(0, 0)] * 2, np.uint64), 8, np.array([s.ctypes.data] * 3, np.uint64), 8),
+     ArgumentError, ["totals"]),
     ("indexed-null-local", lambda tm, s: tm.put_indexed(0, [tm.addr(0, 0)], 8, [0], 8),
      ArgumentError, ["srcs[0]", "NULL"]),
     ("indexed-buffer-of-wrong-size", lambda tm, s: tm.put_indexed(

@@ -259,3 +259,41 @@ def test_int_addresses_are_classified_per_block(dev):
     with pytest.raises(gexmk.ArgumentError, match="mixes device blocks with host blocks"):
         tm.put_indexed(0, [tm.addr(0, 128 * i) for i in range(32)], 64, mixed, 64)
     assert int(cp.count_nonzero(arr)) == 0
+
+
+def test_vector_pairs_are_classified_in_bulk(dev):
+    """(address, nbytes) pairs as the local side of a vector: device memory of the
+    endpoint's kind outside its segment, in it, or both in one list, moves on the
+    device path; host pairs on theirs; a list mixing host and device pairs is
+    refused by name before a byte moves."""
+    tm, cp, arr, seg = dev
+    other = cp.arange(64 * 64, dtype=cp.uint8).reshape(64, 64)
+    want = cp.asnumpy(other)
+    # outside the segment only
+    tm.put_vector(0, [(tm.addr(0, 128 * i), 64) for i in range(32)],
+                  [(other[i].data.ptr, 64) for i in range(32)])
+    got = cp.asnumpy(arr)
+    for i in range(32):
+        assert bytes(got[128 * i:128 * i + 64]) == bytes(want[i])
+    # half in the segment (its last MiB), half outside: all device memory
+    arr[3 * MiB:3 * MiB + 64 * 64] = other.reshape(-1)
+    inseg = [(seg.address + 3 * MiB + 64 * i, 64) for i in range(16)]
+    outseg = [(other[i].data.ptr, 64) for i in range(16, 32)]
+    arr[:64 * 128] = 0
+    tm.put_vector(0, [(tm.addr(0, 128 * i), 64) for i in range(32)], inseg + outseg)
+    got = cp.asnumpy(arr)
+    for i in range(32):
+        assert bytes(got[128 * i:128 * i + 64]) == bytes(want[i]), f"block {i}"
+    # host pairs
+    host = np.arange(32 * 64, dtype=np.uint8) % 199
+    tm.put_vector(0, [(tm.addr(0, 8192 + 128 * i), 64) for i in range(32)],
+                  [(host.ctypes.data + 64 * i, 64) for i in range(32)])
+    got = cp.asnumpy(arr)
+    for i in range(32):
+        assert bytes(got[8192 + 128 * i:8192 + 128 * i + 64]) == bytes(host[64 * i:64 * (i + 1)])
+    # host and device pairs in one list
+    arr[:] = 0
+    mixed = outseg + [(host.ctypes.data + 64 * i, 64) for i in range(16)]
+    with pytest.raises(gexmk.ArgumentError, match="mixes device blocks with host blocks"):
+        tm.put_vector(0, [(tm.addr(0, 128 * i), 64) for i in range(32)], mixed)
+    assert not cp.asnumpy(arr).any()

@@ -13,6 +13,8 @@ on at one end only; lists cut differently on the two sides; gets; blocking,
 NB (one Event) and NBI forms; and a block outside the target's segment,
 refused before a byte moves.
 """
+import os
+
 import pytest
 
 try:
@@ -172,6 +174,11 @@ if me == 0:
     elif landed == "0":
         assert vp["ofi-landed"] == 0 and vp["ofi"] > 0, vp
         assert tm.paths(peer) == {"rma": "ofi", "atomic": "ofi"}, tm.paths(peer)
+    packer = os.environ.get("GEXMK_OFI_VIS_PACKER")
+    if packer == "1" and landed == "1":
+        assert vp["packed-ahead"] > 0, vp
+    elif packer == "0":
+        assert vp["packed-ahead"] == 0, vp
     log("OK")
 tm.barrier()
 c.finalize()
@@ -202,11 +209,21 @@ def test_vis_over_ofi_direct(tmp_path, provider):
     _run(tmp_path, provider, "ofi", GX_WANT_LANDED="0", GEXMK_OFI_VIS_LAND="0")
 
 
-def test_vis_over_ofi_small_landing_slots(tmp_path):
+@pytest.mark.parametrize("packer", ["0", "1"])
+def test_vis_over_ofi_small_landing_slots(tmp_path, packer):
     """The VIS landing zone's slots small and few: each reused many times
-    over in one call, descriptors right behind their data."""
+    over in one call, descriptors right behind their data; with the packer
+    thread packing the next slot while one goes out, and without."""
     _run(tmp_path, "tcp;ofi_rxm", "ofi", GX_WANT_LANDED="1", GEXMK_OFI_VIS_SLOTS="2",
-         GEXMK_OFI_VIS_CHUNK="16384")
+         GEXMK_OFI_VIS_CHUNK="16384", GEXMK_OFI_VIS_PACKER=packer)
+
+
+@pytest.mark.parametrize("packer", ["0", "1"])
+def test_vis_packer_over_tcp(tmp_path, packer):
+    """Packed puts with the packer thread forced on (it packs slot k + 1 while
+    slot k goes out; GEXMK_OFI_VIS_PACKER=auto turns it on from four CPUs)
+    and off: every byte checked as above, the slots it packed counted."""
+    _run(tmp_path, "tcp;ofi_rxm", "ofi", GX_WANT_LANDED="1", GEXMK_OFI_VIS_PACKER=packer)
 
 
 CAP_WORKER = r'''
@@ -352,3 +369,14 @@ def test_vis_device_segments_over_tcp_staged(tmp_path):
     r = mp_util.run_job(tmp_path, GPU_WORKER, 2, launcher_timeout=200, env=env)
     assert r.returncode == 0, r.report()
     assert r.stdout.count("OK") == 2, r.report()
+
+
+def test_vis_packer_setting_is_checked(tmp_path):
+    """A GEXMK_OFI_VIS_PACKER that is none of auto, 0, 1 is refused by name when
+    the transport is imported, not ignored."""
+    import subprocess
+    import sys
+    env = dict(os.environ, GEXMK_OFI_VIS_PACKER="yes")
+    r = subprocess.run([sys.executable, "-P", "-c", "import gexmk.transports.ofi"], env=env,
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode != 0 and "GEXMK_OFI_VIS_PACKER='yes'" in r.stderr, r.stderr

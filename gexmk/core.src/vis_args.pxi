@@ -93,19 +93,37 @@ cdef int _remote_list(_VisReq q, object lst, Py_ssize_t n, str sig, str name,
         finally:
             PyBuffer_Release(&view)
         return 0
+    cdef long long v, m
     for i, item in enumerate(lst):
         if i >= n:
             break
+        # plain ints first, with no name built for a message (a 1024-block list of
+        # ints took ~30 us here, most of it formatting names that no error used)
         if fixed >= 0:
-            q.ra[i] = _as_addr(item, sig, f"{name}[{i}]")
+            if type(item) is int and _exact_int_ll(item, &v) and v >= 0:
+                q.ra[i] = <uintptr_t>v
+            else:
+                q.ra[i] = _as_addr(item, sig, f"{name}[{i}]")
             q.rn[i] = <size_t>fixed
         else:
+            if _int_pair(item, &v, &m) and v >= 0:
+                q.ra[i] = <uintptr_t>v
+                q.rn[i] = <size_t>m
+                continue
             if type(item) is not tuple or len(<tuple>item) != 2:
                 raise TypeError(f"{_fn(sig)}: {name}[{i}] must be (remote address, nbytes), "
                                 f"got {_got(item)}")
             q.ra[i] = _as_addr(item[0], sig, f"{name}[{i}] address")
             q.rn[i] = _as_size(item[1], sig, f"{name}[{i}] nbytes")
     return 0
+
+
+cdef inline bint _int_pair(object item, long long* a, long long* n) noexcept:
+    """Whether ``item`` is a tuple of two plain ints, the second >= 0 (stored)."""
+    return (type(item) is tuple and len(<tuple>item) == 2
+            and type((<tuple>item)[0]) is int and type((<tuple>item)[1]) is int
+            and _exact_int_ll((<tuple>item)[0], a) and _exact_int_ll((<tuple>item)[1], n)
+            and n[0] >= 0)
 
 
 cdef int _local_list(_VisReq q, object lst, Py_ssize_t n, str sig, str name, Py_ssize_t fixed,
@@ -116,8 +134,9 @@ cdef int _local_list(_VisReq q, object lst, Py_ssize_t n, str sig, str name, Py_
     cdef Py_buffer view
     cdef _Local loc
     cdef Py_ssize_t i
-    cdef size_t ndev = 0
+    cdef size_t ndev = 0, naddr = 0
     cdef const int64_t* a
+    cdef long long v, m
     if fixed >= 0 and _int_array(lst, &view, 1):
         a = <const int64_t*>view.buf
         for i in range(n):
@@ -129,10 +148,22 @@ cdef int _local_list(_VisReq q, object lst, Py_ssize_t n, str sig, str name, Py_
         for i, item in enumerate(lst):
             if i >= n:
                 break
-            # an address: an int, or any integer (numpy integers export buffers too)
+            # an address: an int, or any integer (numpy integers export buffers too);
+            # plain ints and (int, int) pairs first, with no name built for a message
+            if fixed >= 0 and type(item) is int and _exact_int_ll(item, &v) and v >= 0:
+                q.la[i] = <uintptr_t>v
+                q.ln[i] = <size_t>fixed
+                continue
             if fixed >= 0 and (type(item) is int or isinstance(item, numbers.Integral)):
                 q.la[i] = _as_addr(item, sig, f"{name}[{i}]", ArgumentError)
                 q.ln[i] = <size_t>fixed
+                continue
+            if fixed < 0 and _int_pair(item, &v, &m) and v > 0:
+                # (address, nbytes): classified with the others below (one C loop),
+                # not block by block as _take would
+                q.la[i] = <uintptr_t>v
+                q.ln[i] = <size_t>m
+                naddr += 1
                 continue
             if _take(item, &view, &loc, writable, sig, f"{name}[{i}]".encode(), tm, True) == 1:
                 raise TypeError(f"{_fn(sig)}: {name}[{i}] is not contiguous; a block of a vector "
@@ -164,9 +195,19 @@ cdef int _local_list(_VisReq q, object lst, Py_ssize_t n, str sig, str name, Py_
     if nseg:
         q.lkind = tm.ep.seg_kind
         q.ldev = tm.ep.seg_device
-    elif ndev == 0 and _device_kinds and fixed >= 0 and n:
-        # addresses given as ints: device memory of the endpoint's kind, or host
+    if ndev == 0 and nseg != <size_t>n and _device_kinds and n and (fixed >= 0 or naddr == <size_t>n):
+        # addresses only (ints, or (address, nbytes) pairs) outside the segment:
+        # device memory of the endpoint's kind, or host
         ndev = _vis_int_kinds(q, <size_t>n, sig, name, tm)
+    if _device_kinds and naddr and naddr != <size_t>n:
+        # pairs beside buffers: each pair outside the segment classified on its
+        # own, as _take classifies a lone (address, nbytes)
+        for i, item in enumerate(lst):
+            if i >= n:
+                break
+            if (q.ln[i] and _int_pair(item, &v, &m) and v > 0
+                    and not gx_in_dev(tm, <void*>q.la[i], q.ln[i])):
+                ndev += _vis_local_kind(q, <void*>q.la[i], q.ln[i], sig, f"{name}[{i}]", tm, False)
     if (nseg + ndev) and nseg + ndev != <size_t>n:
         raise ArgumentError(f"{_fn(sig)}: {name} mixes device blocks with host blocks; one "
                             "call's local blocks are all of one memory")
@@ -174,8 +215,8 @@ cdef int _local_list(_VisReq q, object lst, Py_ssize_t n, str sig, str name, Py_
 
 
 cdef size_t _vis_int_kinds(_VisReq q, size_t n, str sig, str name, const gx_team* tm) except? 0:
-    """How many of the n int addresses q.la are device memory of the endpoint's
-    segment's kind (the others host memory): one driver query per block in a C
+    """How many of the n int addresses q.la outside the endpoint's segment are
+    device memory of its kind (the others host memory): one driver query per block in a C
     loop through the kind's classify (a Python-level query per block cost
     microseconds each: ~ms for a 1024-block list); where a block is memory of
     another device, or the kind cannot classify, every block goes through
@@ -193,12 +234,13 @@ cdef size_t _vis_int_kinds(_VisReq q, size_t n, str sig, str name, const gx_team
         want_dev = (<Segment>seg).kind.device
     if ops == NULL or ops.classify == NULL:
         for i in range(n):
-            ndev += _vis_local_kind(q, <void*>q.la[i], q.ln[i], sig, f"{name}[{i}]", tm, False)
+            if not gx_in_dev(tm, <void*>q.la[i], q.ln[i]):
+                ndev += _vis_local_kind(q, <void*>q.la[i], q.ln[i], sig, f"{name}[{i}]", tm, False)
         return ndev
     with nogil:
         for i in range(n):
-            if q.ln[i] == 0:
-                continue
+            if q.ln[i] == 0 or gx_in_dev(tm, <void*>q.la[i], q.ln[i]):
+                continue            # in the segment: counted as such by the caller
             ops.classify(kctx, q.la[i], &cls, &dev)
             if cls == GX_MK_HOST:
                 continue
@@ -209,7 +251,8 @@ cdef size_t _vis_int_kinds(_VisReq q, size_t n, str sig, str name, const gx_team
     if bad < n:          # memory of another device (or managed): the careful loop says what
         ndev = 0
         for i in range(n):
-            ndev += _vis_local_kind(q, <void*>q.la[i], q.ln[i], sig, f"{name}[{i}]", tm, False)
+            if not gx_in_dev(tm, <void*>q.la[i], q.ln[i]):
+                ndev += _vis_local_kind(q, <void*>q.la[i], q.ln[i], sig, f"{name}[{i}]", tm, False)
         return ndev
     if ndev:
         q.lkind = want_cls
@@ -459,8 +502,89 @@ cdef object _indexed(Team tm, bint is_put, int mode, object rank, object dsts, o
     cdef int r
     cdef Py_ssize_t dl = _block_size(dstlen, sig, "dstlen")
     cdef Py_ssize_t sl = _block_size(srclen, sig, "srclen")
-    q = _vector_req(tm, rank, dsts, srcs, is_put, dl, sl, sig, &r)
+    q = None
+    if dl == sl:
+        q = _indexed_arrays(tm, rank, dsts, srcs, is_put, dl, &r)
+    if q is None:
+        q = _vector_req(tm, rank, dsts, srcs, is_put, dl, sl, sig, &r)
     return _vis_complete(tm, q, r, is_put, mode, lc, _fn(sig), stream)
+
+
+cdef object _indexed_arrays(Team tm, object rank, object dsts, object srcs, bint is_put,
+                            Py_ssize_t blk, int* rk):
+    """The KV-cache shape in one pass: both sides integer arrays of one length,
+    blocks of one size (blk).  Each pair is a fragment as it stands; the span
+    of the remote blocks is checked against the target's segment once, the
+    span of the local ones against the endpoint's device segment.  None where
+    a block may be out of bounds, NULL or of another memory (the general
+    path then says which, block by block), or the lists are not such arrays."""
+    cdef Py_buffer rv, lv
+    cdef const uint64_t* ra
+    cdef const uint64_t* la
+    cdef size_t i, n
+    cdef uint64_t rmin = <uint64_t>-1, rmax = 0, lmin = <uint64_t>-1, lmax = 0, x
+    cdef char* p
+    cdef gx_route* rt
+    cdef int rc, r
+    cdef long long rk64
+    cdef bint indev
+    remote, local = (dsts, srcs) if is_put else (srcs, dsts)
+    if not _int_array(remote, &rv, 1):
+        return None
+    if not _int_array(local, &lv, 1):
+        PyBuffer_Release(&rv)
+        return None
+    try:
+        if rv.shape[0] != lv.shape[0] or rv.shape[0] == 0:
+            return None
+        if not (type(rank) is int and _exact_int_ll(rank, &rk64) and 0 <= rk64 < tm.c.size):
+            return None
+        r = <int>rk64
+        tm.check_alive()
+        n = <size_t>rv.shape[0]
+        ra = <const uint64_t*>rv.buf
+        la = <const uint64_t*>lv.buf
+        for i in range(n):
+            x = ra[i]
+            if x < rmin:
+                rmin = x
+            if x > rmax:
+                rmax = x
+            x = la[i]
+            if x < lmin:
+                lmin = x
+            if x > lmax:
+                lmax = x
+        if (rmax > <uint64_t>PY_SSIZE_T_MAX or lmax > <uint64_t>PY_SSIZE_T_MAX or lmin == 0):
+            return None
+        rc = gx_locate(&tm.c, r, <uintptr_t>rmin, <size_t>(rmax - rmin) + <size_t>blk, &p, &rt)
+        if rc != GX_OK and rc != GX_NOT_MAPPED:
+            return None
+        indev = gx_in_dev(&tm.c, <void*><uintptr_t>lmin, <size_t>(lmax - lmin) + <size_t>blk)
+        if not indev and _device_kinds:
+            return None             # host or device memory outside the segment: classified there
+        q = _VisReq.__new__(_VisReq)
+        (<_VisReq>q).frags = <gx_frag*>malloc(n * sizeof(gx_frag))
+        if (<_VisReq>q).frags == NULL:
+            raise MemoryError(f"vis: no memory for {n} fragments")
+        for i in range(n):
+            (<_VisReq>q).frags[i].local = <void*><uintptr_t>la[i]
+            (<_VisReq>q).frags[i].remote = <uintptr_t>ra[i]
+            (<_VisReq>q).frags[i].n = <size_t>blk
+        (<_VisReq>q).v.frags = (<_VisReq>q).frags
+        (<_VisReq>q).v.nfrags = n
+        (<_VisReq>q).v.total = n * <size_t>blk
+        (<_VisReq>q).v.ndim = 0
+        if indev:
+            (<_VisReq>q).lkind = tm.c.ep.seg_kind
+            (<_VisReq>q).ldev = tm.c.ep.seg_device
+        (<_VisReq>q).keep.append(local)
+        (<_VisReq>q).keep.append(remote)
+        rk[0] = r
+        return q
+    finally:
+        PyBuffer_Release(&rv)
+        PyBuffer_Release(&lv)
 
 
 cdef object _strided(Team tm, bint is_put, int mode, object rank, object dest, object dstrides,

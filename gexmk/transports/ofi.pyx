@@ -34,6 +34,8 @@ import pickle
 import threading
 
 from cpython.pycapsule cimport PyCapsule_New
+from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_acquire_lock,
+                               PyThread_release_lock, WAIT_LOCK)
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t, int64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
@@ -194,14 +196,17 @@ cdef double PT_BURST_S = 10e-6
 # Windows that do not adapt (each the longest, from the wake, not extended by
 # traffic: what was measured before), for experiments.
 cdef bint HOT_FIXED = False
+# A thread waiting for its own operation (_spin) polls that operation's endpoint
+# every pass and all of the process's endpoints every SPIN_ALL passes (1: every pass).
+cdef int SPIN_ALL = 8
 # Private, for experiments (bench/waiting.py):
-# GEXMK_OFI_WAIT_TUNE="hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt[,woken_only]]]]]".
+# GEXMK_OFI_WAIT_TUNE="hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt[,woken_only[,spin_all]]]]]]".
 _tune = os.environ.get("GEXMK_OFI_WAIT_TUNE", "")
 if _tune:
     try:
         _tv = [float(x) for x in _tune.split(",")]
     except ValueError:
-        raise ArgumentError(f"GEXMK_OFI_WAIT_TUNE={_tune!r}: expected hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt[,woken_only]]]]] "
+        raise ArgumentError(f"GEXMK_OFI_WAIT_TUNE={_tune!r}: expected hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt[,woken_only[,spin_all]]]]]] "
                             "(numbers)") from None
     WAIT_HOT = _tv[0] * 1e-6
     if len(_tv) > 1:
@@ -214,6 +219,8 @@ if _tune:
         PT_ADAPT = _tv[4] != 0
     if len(_tv) > 5:
         PT_WOKEN_ONLY = _tv[5] != 0
+    if len(_tv) > 6:
+        SPIN_ALL = <int>_tv[6] if _tv[6] >= 1 else 1
 
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"

@@ -224,7 +224,12 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
             if gx_load_int(&op.state) != OP_DONE:
                 why = 4
             break
-        if _progress_all(dom) < 0:
+        # its own endpoint every pass, every endpoint of the process every
+        # SPIN_ALL passes (a waiter still serves its peers; each pass over an
+        # rxm endpoint is a poll of its sockets, and an 8 B round trip paid
+        # for those of every endpoint)
+        if (_progress_all(dom) if SPIN_ALL <= 1 or spins % SPIN_ALL == 0
+                else _progress_quiet(op.ep)) < 0:
             why = 3
             break
         spins += 1

@@ -446,9 +446,11 @@ cdef class Domain:
         direct (path ``ofi``: fi_writemsg/fi_readmsg of several ranges), slots
         packed through a host target's landing zone (``ofi-landed``), and calls
         sent direct because the target's zone had no ring left for this
-        process (``refused``, GEXMK_OFI_ZONE_RINGS)."""
+        process (``refused``, GEXMK_OFI_ZONE_RINGS); and of the landed slots,
+        those the process's packer thread packed while the slot before went
+        out (``packed-ahead``, GEXMK_OFI_VIS_PACKER)."""
         return {"ofi": self.d.n_vis_direct, "ofi-landed": self.d.n_vis_landed,
-                "refused": self.d.n_vis_refused}
+                "refused": self.d.n_vis_refused, "packed-ahead": _pk.jobs}
 
     @property
     def landed(self):

@@ -425,6 +425,129 @@ cdef size_t _vis_group(const gx_frag* f, size_t i, size_t nf, size_t C, size_t h
     return i
 
 
+cdef void _vis_pack_host(bint gather, char* hbuf, const gx_frag* f, size_t i0, size_t i1,
+                         size_t C) noexcept nogil:
+    """_vis_pack for host memory: memcpy between the small blocks and hbuf."""
+    cdef size_t m, pos = 0
+    for m in range(i0, i1):
+        if _vis_small(f[m].n, C):
+            if gather:
+                memcpy(hbuf + pos, f[m].local, f[m].n)
+            else:
+                memcpy(f[m].local, hbuf + pos, f[m].n)
+            pos += f[m].n
+
+
+# ---- a second thread that packs the next slot while this one sends -------------------
+#
+# Over tcp a packed put costs its initiator two copies of every byte on one thread:
+# packing the blocks into a slot (memcpy) and the provider's send of the slot (the
+# socket's copy, inline in fi_write or in progress).  A contiguous put costs one,
+# so packed puts ran at about half its rate however many cores the node had
+# (1024 x 4 KiB to a host segment: 0.44-0.62x a 4 MiB put on a 32-core host).
+# Where the process may run on at least four CPUs (GEXMK_OFI_VIS_PACKER=auto; 1:
+# always, 0: never), the packer thread packs slot k + 1 while this thread posts and
+# sends slot k.  One per process, taken by one packed put at a time (another packs
+# for itself); it sleeps on a lock between slots.
+
+cdef struct _packer_t:
+    PyThread_type_lock go          # released by the putter to hand over a job
+    volatile int state             # 0 idle, 1 a job handed over, 2 its bytes are packed
+    volatile int busy              # a packed put holds the packer
+    volatile int stop
+    char* dst
+    const gx_frag* f
+    size_t i0, i1, C
+    long jobs                      # slots it packed (Domain.vis_paths["packed-ahead"])
+
+cdef _packer_t _pk
+_packer_thread_obj = None
+
+
+cdef int _packer_want() except -1:
+    """GEXMK_OFI_VIS_PACKER, read at import: 1 to use the packer thread."""
+    want = os.environ.get("GEXMK_OFI_VIS_PACKER", "auto").strip().lower()
+    if want not in ("auto", "0", "1"):
+        raise ArgumentError(f"GEXMK_OFI_VIS_PACKER={want!r}: expected auto, 0 or 1")
+    if want != "auto":
+        return want == "1"
+    try:
+        ncpu = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        ncpu = os.cpu_count() or 1
+    return ncpu >= 4
+
+
+# 1: wanted, not started yet; 2: running; 0: not used
+cdef int _PACKER_MODE = _packer_want()
+
+
+cdef int _packer_start() except -1:
+    global _PACKER_MODE, _packer_thread_obj
+    if _PACKER_MODE != 1:
+        return 0
+    _PACKER_MODE = 0
+    _pk.go = PyThread_allocate_lock()
+    if _pk.go == NULL:
+        return 0
+    PyThread_acquire_lock(_pk.go, WAIT_LOCK)     # held: the packer waits on it
+    _packer_thread_obj = threading.Thread(target=_packer_run, name="gexmk-ofi-packer",
+                                          daemon=True)
+    _packer_thread_obj.start()
+    _PACKER_MODE = 2
+    return 0
+
+
+def _packer_run():
+    with nogil:
+        _packer_loop()
+
+
+cdef void _packer_loop() noexcept nogil:
+    while True:
+        PyThread_acquire_lock(_pk.go, WAIT_LOCK)
+        if _pk.stop:
+            return
+        _vis_pack_host(True, _pk.dst, _pk.f, _pk.i0, _pk.i1, _pk.C)
+        gx_xchg_int(&_pk.state, 2)
+
+
+cdef bint _packer_take() noexcept nogil:
+    """Whether this packed put may use the packer (held until _packer_give);
+    started by the first that asks."""
+    if _PACKER_MODE == 1 and gx_xchg_int(&_pk.busy, 1) == 0:
+        with gil:
+            try:
+                _packer_start()
+            except BaseException:       # no thread to be had: each put packs for itself
+                pass
+        gx_xchg_int(&_pk.busy, 0)
+    return _PACKER_MODE == 2 and gx_xchg_int(&_pk.busy, 1) == 0
+
+
+cdef void _packer_give() noexcept nogil:
+    _packer_join()
+    gx_xchg_int(&_pk.busy, 0)
+
+
+cdef void _packer_hand(char* dst, const gx_frag* f, size_t i0, size_t i1, size_t C) noexcept nogil:
+    _pk.dst = dst
+    _pk.f = f
+    _pk.i0 = i0
+    _pk.i1 = i1
+    _pk.C = C
+    _pk.jobs += 1
+    gx_xchg_int(&_pk.state, 1)
+    PyThread_release_lock(_pk.go)
+
+
+cdef void _packer_join() noexcept nogil:
+    """Until the job handed over (if any) is packed: a bounded memcpy."""
+    while gx_load_int(&_pk.state) == 1:
+        sched_yield()
+    gx_xchg_int(&_pk.state, 0)
+
+
 cdef int _vis_pack(ofi_ep* ep, bint lstg, bint gather, char* hbuf, const gx_frag* f, size_t i0,
                    size_t i1, size_t C) except -1 nogil:
     """Between the local blocks f[i0..i1) that are small for C (_vis_small)
@@ -437,13 +560,7 @@ cdef int _vis_pack(ofi_ep* ep, bint lstg, bint gather, char* hbuf, const gx_frag
     cdef uintptr_t* a = NULL
     cdef size_t m, N = i1 - i0, cnt = 0, pos = 0
     if K == NULL:
-        for m in range(i0, i1):
-            if _vis_small(f[m].n, C):
-                if gather:
-                    memcpy(hbuf + pos, f[m].local, f[m].n)
-                else:
-                    memcpy(f[m].local, hbuf + pos, f[m].n)
-                pos += f[m].n
+        _vis_pack_host(gather, hbuf, f, i0, i1, C)
         return 0
     a = <uintptr_t*>malloc(3 * (N + 1) * sizeof(uintptr_t))
     if a == NULL:
@@ -491,8 +608,12 @@ cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
     cdef uint64_t plen[STG_MAX_SLOTS]
     cdef char* b
     cdef bint early
+    cdef bint packer = False        # the packer is ours for this call
+    cdef size_t pre_i = <size_t>-1, nk, nnb, ni1   # the group it packs
     for j in range(STG_MAX_SLOTS):
         ops[j] = NULL
+    if not lstg and W > 1:
+        packer = _packer_take()
     try:
         while True:
             # the oldest chunks whose data has landed: their descriptors, in
@@ -522,8 +643,25 @@ cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
                     _stg_wait_slot(ep, t, s, t.stg_last[s])
                 j = (h + cnt) % W
                 b = buf + <size_t>j * C
-                _vis_list(t, f, i, i1, C, b)
-                _vis_pack(ep, lstg, True, b + 16 * k, f, i, i1, C)
+                if packer and pre_i == i:
+                    # the packer packed this group into this buffer (list and data)
+                    while gx_load_int(&_pk.state) == 1:
+                        _progress(ep)        # sends of the slots posted before go on
+                    gx_xchg_int(&_pk.state, 0)
+                    pre_i = <size_t>-1
+                else:
+                    _vis_list(t, f, i, i1, C, b)
+                    _vis_pack(ep, lstg, True, b + 16 * k, f, i, i1, C)
+                if packer and i1 < nf and cnt + 1 < W:
+                    # the next group into the next buffer (free: fewer than W
+                    # slots in flight once this one is posted), packed there
+                    # while this slot goes out
+                    ni1 = _vis_group(f, i1, nf, C, 16, &nk, &nnb)
+                    if nk:
+                        _vis_list(t, f, i1, ni1, C, buf + <size_t>((h + cnt + 1) % W) * C)
+                        _packer_hand(buf + <size_t>((h + cnt + 1) % W) * C + 16 * nk, f, i1,
+                                     ni1, C)
+                        pre_i = i1
                 t.stg_seq = q
                 t.stg_last[s] = q
                 pseq[j] = q
@@ -546,6 +684,8 @@ cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
                 break
         _stg_wait_all(ep, t)
     finally:
+        if packer:
+            _packer_give()       # its job done first: the buffer goes back after this
         for j in range(STG_MAX_SLOTS):
             if ops[j] != NULL:
                 _orphan(ops[j])
