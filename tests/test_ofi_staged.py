@@ -316,3 +316,39 @@ def test_lander_reads_only_rings_in_use(tmp_path):
     r = mp_util.run_job(tmp_path, LANDER_WORKER, 6, launcher_timeout=150,
                         env=staged_env(GEXMK_OFI_CONNECT="lazy"))
     r.check()
+
+
+# issue 23: a retired zone (its segment unbound, its key kept for peers that
+# hold it) marks "closed" only the rings in use -- a page each, not one per job
+# rank -- and a word every initiator waiting for its first answer reads: a
+# peer that never used its ring learns of the unbinding from its first request
+# (SegmentError, again on the next), as one that used it does.
+RETIRED_WORKER = r'''
+with gexmk.init() as c:
+    tm = c.tm
+    seg = c.segment_attach(1 << 20)
+    old = tm.addr(0, 0)
+    if tm.rank == 2:
+        tm.put(0, old, np.arange(1000, dtype=np.uint8))     # rank 2's ring is in use
+    tm.barrier()
+    if tm.rank == 0:
+        c.ep(0).unbind_segment()
+        assert c.ep(0).contexts["ofi"].retired >= 1
+    tm.barrier()
+    if tm.rank in (1, 2):
+        assert tm.paths(0)["rma"] == "ofi-staged", tm.paths(0)
+        for _ in range(2):
+            e = expect_raises(E.SegmentError, tm.put, 0, old + 64, np.ones(100, np.uint8))
+            assert "unbound or destroyed" in str(e), e
+    tm.barrier()
+    if tm.rank == 0:
+        assert not seg.view(np.uint8)[1000:].any(), "a stale put reached the unbound segment"
+    tm.barrier()
+'''
+
+
+@pytest.mark.timeout(180)
+def test_retired_zone_closes_unused_rings_too(tmp_path):
+    need(PROVIDER)
+    r = mp_util.run_job(tmp_path, RETIRED_WORKER, 3, launcher_timeout=150, env=staged_env())
+    r.check()

@@ -165,7 +165,7 @@ cdef class OfiEndpoint:
         self.domain.start_lander()
         return pickle.dumps((self.name, key, base, answers,
                              (z.slots, z.chunk, z.ring_bytes, bool(z.amo), z.bell_off,
-                              z.bell2_off)))
+                              z.bell2_off, z.closed_off)))
 
     @property
     def staged_local(self):
@@ -321,10 +321,22 @@ cdef class OfiEndpoint:
                 fi_close(&mr.fid)
             return
         if z != NULL:
+            # The lander stops serving the zone first, so no ring is backed
+            # after the scan below.  Only rings in use get "closed" done words
+            # (a page each): an initiator whose ring was never answered reads
+            # the closed word instead (_stg_wait_slot), so a retired zone costs
+            # a page per initiator that used it, not per job rank.
+            while gx_xchg_int(&self.e.dom.zlock, 1) != 0:
+                sched_yield()
+            z.closing = 1
+            gx_xchg_int(&self.e.dom.zlock, 0)
             for r in range(z.nrings):
+                if z.ring_state[r] == RING_NEW:
+                    continue
                 done = <uint64_t*>(<char*>dummy + <size_t>r * z.ring_bytes + _stg_words_off(z.slots))
                 for s in range(z.slots):
                     done[s] = STG_CLOSED_DONE
+            (<uint64_t*>(<char*>dummy + z.closed_off))[0] = 1
         # Close, then register the key again at once: a stale access that
         # arrives between the two (microseconds) still finds no key.
         if seg:

@@ -221,6 +221,8 @@ cdef long _land_pass(ofi_dom* d) noexcept nogil:
         sched_yield()
     for i in range(d.nzones):
         z = d.zones[i]
+        if z.closing:
+            continue
         z.passes += 1
         bell = <volatile unsigned char*>(z.mem + z.bell_off)
         bell2 = <volatile unsigned char*>(z.mem + z.bell2_off)
@@ -347,7 +349,8 @@ cdef ofi_zone* _zone_make(ofi_dom* d, Segment seg, int nrings, int slots, size_t
         # 64 rings (_land_pass)
         z.bell_off = <size_t>nrings * z.ring_bytes + nbounce
         z.bell2_off = z.bell_off + ((<size_t>nrings + 63) & ~(<size_t>63))
-        z.bytes = z.bell2_off + (((<size_t>nrings + 63) // 64 + 63) & ~(<size_t>63))
+        z.closed_off = z.bell2_off + (((<size_t>nrings + 63) // 64 + 63) & ~(<size_t>63))
+        z.bytes = z.closed_off + 64
         # Reserved, not allocated: an anonymous mapping reads as zeros and gets
         # a page only where something is written, so a ring costs memory once
         # its initiator first uses it (its words, the chunks it sends), never
@@ -583,6 +586,15 @@ cdef int _stg_wait_slot(ofi_ep* ep, ofi_peer* t, int s, uint64_t want,
         if t.g.dead:
             return _raise_dead(t, "staged transfer")
         if ringing and (polls & 3) == 3:
+            # a retired zone answers no first request: its closed word says so
+            _stg_post(ep, t, False, t.stg_closed, &t.stg_closed_rb, 8, NULL)
+            if t.stg_closed_rb != 0:
+                # the ring was never opened: the next operation asks again
+                # (and learns the same), never writes into a ring of the
+                # retired zone that no done word answers
+                t.stg_seq = 0
+                t.stg_last[0] = 0
+                return _stg_failed(t, s, STG_ECLOSED)
             _stg_ring_bell(ep, t)
         polls += 1
         if polls > 4:

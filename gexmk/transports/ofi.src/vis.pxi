@@ -1065,7 +1065,7 @@ cdef object _vis_zone_open(OfiEndpoint oe, Segment seg):
     oe.domain.start_lander()
     base = <uintptr_t>z.mem if (d.mr_mode & FI_MR_VIRT_ADDR) else 0
     key = oe._raw_key(mr, base) if (d.mr_mode & FI_MR_RAW) else fi_mr_key(mr)
-    return (key, base, z.slots, z.chunk, z.ring_bytes, z.bell_off, z.bell2_off)
+    return (key, base, z.slots, z.chunk, z.ring_bytes, z.bell_off, z.bell2_off, z.closed_off)
 
 
 cdef bint _vis_land_worth(ofi_dom* d, ofi_peer* t, gx_xfer* x, bint put) noexcept nogil:
