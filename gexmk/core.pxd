@@ -21,6 +21,8 @@ cdef class Client:
     cdef list _nodes
     cdef list _pids
     cdef list _retired                     # destroyed segments whose memory peers may still reach
+    cdef dict _held                        # segment -> publications of it not yet applied everywhere
+    cdef list _deferred                    # [(segment, bound)] destroyed while held: released later
     cdef list _kinds                       # memory kinds made by mk_create, closed last
     cdef bint finalized
     cdef int _inflight                     # GIL-free copies in progress
@@ -73,9 +75,13 @@ cdef class Team:
     cdef bint _pair                        # TM-pair: no collectives
     cdef str _closed                       # why the team is closed, or None
     cdef object _coll                      # collective state, from the first collective (coll.pxi)
+    cdef list _unsettled                   # publications not yet known applied everywhere:
+                                           # [(barriers entered then, release calls, segments)]
     cdef object __weakref__
     cdef int check_alive(self) except -1
     cdef int _set_routes(self) except -1
+    cdef int _hold(self, list settle, list segs) except -1
+    cdef int _settled(self, uint64_t barrier) except -1
     cdef void _close(self, str why) noexcept
     cdef int _check_rank(self, object rank, str sig) except -1
     cdef list _exchange(self, object payload)

@@ -267,3 +267,88 @@ def test_zone_is_resident_per_active_initiator(tmp_path):
     need(PROVIDER)
     r = mp_util.run_job(tmp_path, ZONE_WORKER, 6, launcher_timeout=150, env=staged_env())
     r.check()
+
+
+# issue 23: the lander's pass reads the rings backed so far and those whose
+# initiator rang their doorbell, never every job rank's ring: the first page of
+# a ring nobody used is never touched (not even mapped as the zero page, which
+# /proc/self/pagemap reports present once read).  Each rank stages to its right
+# neighbour only, so rank r's zone serves one ring (its left neighbour's).
+LANDER_WORKER = r'''
+import struct
+
+def present(addr):
+    """Whether the page at addr is mapped (read or written) in this process."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek((addr // page) * 8)
+        return bool(struct.unpack("<Q", f.read(8))[0] >> 63)
+
+with gexmk.init() as c:
+    tm = c.tm
+    seg = c.segment_attach(1 << 20)
+    right, left = (tm.rank + 1) % tm.size, (tm.rank - 1) % tm.size
+    assert tm.paths(right)["rma"] == "ofi-staged", tm.paths(right)
+    src = np.arange(100000, dtype=np.uint8) + tm.rank
+    tm.put(right, tm.addr(right, 0), src)
+    tm.barrier()
+    time.sleep(0.3)                                  # the lander keeps passing meanwhile
+    tm.barrier()
+    assert np.array_equal(seg.view(np.uint8)[:src.size], np.arange(100000, dtype=np.uint8) + left)
+    ctx = c.ep(0).contexts["ofi"]
+    lo, size, ring = ctx.zone_extent
+    assert ctx.zone_rings["zone"][0] == 1, ctx.zone_rings
+    assert present(lo + left * ring), "the used ring was never read"
+    untouched = [r for r in range(tm.size) if r != left and not present(lo + r * ring)]
+    assert untouched == [r for r in range(tm.size) if r != left], \
+        f"rank {tm.rank}: the lander read rings nobody used: only {untouched} untouched"
+    passes, read = ctx.lander_work["zone"]
+    log("lander passes", passes, "rings read", read, "rings backed", ctx.zone_rings["zone"])
+    assert passes > 0 and read <= passes + 64, (passes, read)
+    tm.barrier()
+'''
+
+
+@pytest.mark.timeout(180)
+def test_lander_reads_only_rings_in_use(tmp_path):
+    need(PROVIDER)
+    # lazy connections: the eager set-up's 1-byte reads land at the zone's first byte (ring 0)
+    r = mp_util.run_job(tmp_path, LANDER_WORKER, 6, launcher_timeout=150,
+                        env=staged_env(GEXMK_OFI_CONNECT="lazy"))
+    r.check()
+
+
+# issue 23: a retired zone (its segment unbound, its key kept for peers that
+# hold it) marks "closed" only the rings in use -- a page each, not one per job
+# rank -- and a word every initiator waiting for its first answer reads: a
+# peer that never used its ring learns of the unbinding from its first request
+# (SegmentError, again on the next), as one that used it does.
+RETIRED_WORKER = r'''
+with gexmk.init() as c:
+    tm = c.tm
+    seg = c.segment_attach(1 << 20)
+    old = tm.addr(0, 0)
+    if tm.rank == 2:
+        tm.put(0, old, np.arange(1000, dtype=np.uint8))     # rank 2's ring is in use
+    tm.barrier()
+    if tm.rank == 0:
+        c.ep(0).unbind_segment()
+        assert c.ep(0).contexts["ofi"].retired >= 1
+    tm.barrier()
+    if tm.rank in (1, 2):
+        assert tm.paths(0)["rma"] == "ofi-staged", tm.paths(0)
+        for _ in range(2):
+            e = expect_raises(E.SegmentError, tm.put, 0, old + 64, np.ones(100, np.uint8))
+            assert "unbound or destroyed" in str(e), e
+    tm.barrier()
+    if tm.rank == 0:
+        assert not seg.view(np.uint8)[1000:].any(), "a stale put reached the unbound segment"
+    tm.barrier()
+'''
+
+
+@pytest.mark.timeout(180)
+def test_retired_zone_closes_unused_rings_too(tmp_path):
+    need(PROVIDER)
+    r = mp_util.run_job(tmp_path, RETIRED_WORKER, 3, launcher_timeout=150, env=staged_env())
+    r.check()

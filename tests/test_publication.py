@@ -484,3 +484,148 @@ def test_destroyed_client_segment_memory_is_not_written_by_stale_puts(tmp_path):
     c.finalize()
     '''
     run(tmp_path, src, 2).check()
+
+
+# -- publication is one collective (issue 23) ---------------------------------------
+#
+# publish_bound_segment returns on a member as soon as the allgather of what is
+# published is done; other members may still be applying it (mapping a memfd,
+# fetching an fd-server offer, registering keys).  What an owner handed out must
+# outlive an unbind or destroy right after it returns, until every member is
+# known to have applied it: the team's next collective.  LATE makes one rank
+# apply every publication a second after its allgather returned, so that the
+# owner's unbind/destroy always comes first.
+
+LATE = r'''
+    def late_applier(c, late, during=None):
+        """Make this rank apply publications (and leave other allgathers) 1 s
+        late; ``during`` (called in a loop for that second, the first time
+        only): what it does meanwhile, through the routes it has not
+        changed yet."""
+        if not late:
+            return
+        ex = c.bootstrap.exchange
+        todo = [during]
+        def slow(*a, **kw):
+            out = ex(*a, **kw)
+            end = time.monotonic() + 1.0
+            fn, todo[0] = todo[0], None
+            while fn is not None and time.monotonic() < end:
+                fn()
+            time.sleep(max(0.0, end - time.monotonic()))
+            return out
+        c.bootstrap.exchange = slow
+'''
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("before", ["nothing", "barrier_nb"])
+def test_destroy_right_after_publish_keeps_memfd_for_late_peer(tmp_path, before):
+    """The owner destroys its segment (and makes another, whose memfd may take
+    the freed descriptor's number) as soon as publish returns; a peer that
+    applies the publication later still maps the published memory ('nbrhd',
+    not a failed publish or a fallback to 'pvm'), and its writes land in that
+    mapping.  The memfd is released at the team's next barrier -- not at one
+    entered before the publication (an NB barrier still pending)."""
+    src = LATE + r'''
+    c = gexmk.init()
+    tm = c.tm
+    me = tm.rank
+    late_applier(c, me == 1)
+    ev = tm.barrier_nb() if os.environ["BEFORE"] == "barrier_nb" else None
+    if me == 0:
+        seg = c.segment_create(1 << 16)
+        c.ep(0).bind_segment(seg)
+        tm.publish_bound_segment([c.ep(0)])
+        seg.destroy()                           # rank 1 has not applied it yet
+        other = c.segment_create(1 << 16)       # may reuse the memfd's number
+        if ev is not None:
+            ev.wait()                           # entered before the publication: settles nothing
+    else:
+        tm.publish_bound_segment([])
+        if ev is not None:
+            ev.wait()
+        assert tm.transport(0) == "nbrhd", tm.transport(0)
+        tm.put(0, tm.addr(0, 64), b"late mapper")
+        back = bytearray(11)
+        tm.get(back, 0, tm.addr(0, 64))
+        assert bytes(back) == b"late mapper", bytes(back)
+    tm.barrier()
+    if me == 0:
+        assert not seg.shareable, "the destroyed segment's memfd outlived the next barrier"
+        other.destroy()
+    c.finalize()
+    '''
+    mp_util.run_job(tmp_path, src, 2, env={"BEFORE": before}).check()
+
+
+@pytest.mark.timeout(90)
+def test_unbind_right_after_publish_keeps_zone_offer_for_late_peer(tmp_path):
+    """A landing zone travels through the fd server: an owner that unbinds
+    right after publishing keeps the offer until every peer fetched it, so a
+    late peer's publish succeeds and its operations say the segment is gone
+    (SegmentError) -- as for a peer that mapped the zone before the unbind."""
+    src = LATE + r'''
+    c = gexmk.init()
+    tm = c.tm
+    me = tm.rank
+    late_applier(c, me == 1)
+    if me == 0:
+        seg = c.segment_create(1 << 16)
+        c.ep(0).bind_segment(seg)
+        tm.publish_bound_segment([c.ep(0)])
+        c.ep(0).unbind_segment()                # rank 1 has not fetched the zone yet
+    else:
+        tm.publish_bound_segment([])
+        assert tm.transport(0) == "nbrhd-landed", tm.transport(0)
+        e = expect_raises(E.SegmentError, tm.put, 0, tm.addr(0, 0), b"x" * 8)
+        assert "zone is closed" in str(e), e
+    tm.barrier()
+    c.finalize()
+    '''
+    mp_util.run_job(tmp_path, src, 2, env={"GEXMK_NBRHD_STAGE": "all"}).check()
+
+
+@pytest.mark.timeout(120)
+def test_retired_network_key_kept_until_every_peer_applied(tmp_path):
+    """Over ofi an unbound segment's key stays registered (retired) for peers
+    that were given it until they applied a later publication: a peer that
+    has not applied the republication yet (the owner has returned from it)
+    still puts under the old key -- those puts land in the retired
+    registration, never in the unbound segment, and break nothing (an
+    unknown key takes the pair's connection down over tcp;ofi_rxm).  The
+    retired key is released by the team's next barrier."""
+    src = LATE + r'''
+    c = gexmk.init()
+    tm = c.tm
+    me = tm.rank
+    seg = c.segment_attach(1 << 16)
+    old = tm.addr(0, 0)
+    tm.barrier()
+    stale = [0]
+    def stale_put():
+        if stale[0] == 0:                       # in flight until the next barrier
+            tm.put_nbi(0, old + 16, b"stale-nb")
+        tm.put(0, old + 8, b"stale!!!")         # the route still holds the old key
+        stale[0] += 1
+    late_applier(c, me == 1, stale_put)
+    ctx = c.ep(0).contexts["ofi"]
+    if me == 0:
+        c.ep(0).unbind_segment()
+        assert ctx.retired >= 1, ctx.retired
+        seg2 = c.segment_create(1 << 16)
+        c.ep(0).bind_segment(seg2)
+        tm.publish_bound_segment([c.ep(0)])
+    else:
+        tm.publish_bound_segment([])
+        assert stale[0] > 0
+        log(f"{stale[0]} puts under the retired key while applying late")
+        tm.put(0, tm.addr(0, 8), b"fresh!!!")
+    tm.barrier()
+    if me == 0:
+        assert ctx.retired == 0, f"the old key outlived the next barrier: {ctx.retired}"
+        assert bytes(np.asarray(seg2)[8:16]) == b"fresh!!!"
+        assert not np.asarray(seg)[8:24].any(), "a stale put reached the unbound segment"
+    c.finalize()
+    '''
+    mp_util.run_job(tmp_path, src, 2, env={"GEXMK_TRANSPORT": "ofi"}).check()

@@ -141,6 +141,8 @@ cdef class Client:
         self._teams = weakref.WeakSet()
         self._pending = weakref.WeakSet()
         self._retired = []
+        self._held = {}
+        self._deferred = []
         self._kinds = []
         self.transports = {}
         self._order = []
@@ -491,15 +493,27 @@ cdef class Client:
 
     def _segment_destroyed(self, Segment seg):
         """Unbind a segment being destroyed.  True when the client keeps its
-        memory until finalize: client memory that peers reach by address
+        memory for now: client memory that peers reach by address
         must not be handed back while a peer that has not seen
-        a new publication may still write to it."""
+        a new publication may still write to it, and no segment is released
+        while a publication of it is not yet applied by every member (a
+        peer still to map it: see _hold_segments)."""
         bound = False
         for e in self._eps:
             if e is not None and (<Endpoint>e).segment is seg:
                 (<Endpoint>e).unbind_segment()
                 bound = True
         self._drain()     # a GIL-free copy may still be writing into it
+        if self._held.get(seg) and not self.finalized:
+            # kept as by a buffer view, so that the last real view's release
+            # does not free it either
+            seg.exports += 1
+            self._deferred.append((seg, bound))
+            return True
+        return self._retire_destroyed(seg, bound)
+
+    def _retire_destroyed(self, Segment seg, bint bound):
+        """_segment_destroyed's answer once no publication holds ``seg``."""
         if bound and self.size > 1 and not self.finalized:
             # Peers learn of the destruction at the next publication; until
             # then the address must not be reused.  Client memory is kept
@@ -510,6 +524,45 @@ cdef class Client:
                 return False
             return True
         return False
+
+    def _hold_segments(self, list segs):
+        """Publications of ``segs`` went out that some member may not have
+        applied yet: a destroy keeps their memory (and its file) until _settle."""
+        for s in segs:
+            self._held[s] = self._held.get(s, 0) + 1
+
+    def _settle(self, list settle, list segs):
+        """Every member applied a publication: run the transports' release
+        calls, and release segments destroyed meanwhile that no other
+        unsettled publication holds."""
+        for done in settle:
+            try:
+                done()
+            except Exception as e:          # noqa: BLE001 - a release must not break a collective
+                warnings.warn(f"releasing what a publication kept failed: {e}", RuntimeWarning,
+                              stacklevel=3)
+        for s in segs:
+            n = self._held.get(s, 0) - 1
+            if n > 0:
+                self._held[s] = n
+                continue
+            self._held.pop(s, None)
+            for i, (d, bound) in enumerate(self._deferred):
+                if d is s:
+                    del self._deferred[i]
+                    self._release_destroyed(s, bound)
+                    break
+
+    def _release_destroyed(self, Segment seg, bint bound):
+        """What Segment.destroy left undone while a publication held ``seg``."""
+        seg.exports -= 1
+        if self._retire_destroyed(seg, bound):
+            return
+        if seg.allocation is not None:
+            seg.allocation.release()
+            seg.owner = None
+        if seg.exports == 0:
+            seg._free()
 
     def _drain(self):
         """Wait until no GIL-free copy started through the Python API is running."""
@@ -614,6 +667,10 @@ cdef class Client:
         self._dir.clear()
         for s in list(self._segments):
             s.destroy()
+        self._held.clear()
+        for s, bound in self._deferred:
+            self._release_destroyed(s, bound)
+        self._deferred = []
         for s in self._retired:
             (<Segment>s).keep_address = False
             if (<Segment>s).exports == 0:
@@ -680,9 +737,13 @@ cdef class Client:
                 tg.ctx.pop(tr.name, None)
             else:
                 tg.ctx[tr.name] = ctx
+        reached = False
         for rt in tg.routes:
             self._choose(rt)
-        if err is not None and all(rt.rma_name == "none" for rt in tg.routes):
+            reached = reached or rt.rma_name != "none"
+        # (a loop, not all(genexpr): a generator's rt is untyped, and reading
+        # the cdef rma_name through it raised AttributeError over err)
+        if err is not None and not reached:
             raise err
         return tg
 

@@ -171,6 +171,7 @@ cdef class _Coll:
     cdef bytes sig
     cdef const char* csig          # sig, for nogil waits
     cdef object pending             # an NB collective not yet complete, or None
+    cdef object team                # weak reference to the Team (its publications settle here)
     cdef object sync_error          # an earlier operation's failure, raised once this one ran
     cdef str broken                 # why the team's collectives can no longer be matched
     cdef object broken_type         # PeerDeadError after a member died, else StateError
@@ -335,6 +336,7 @@ cdef _Coll _coll(Team tm, str sig):
     _shape(co, [c._nodes[jr] for jr, _ in tm._members])
     s.owners[blk] = weakref.ref(co)
     tm._coll = co
+    co.team = weakref.ref(tm)
     co.sync_error = err
     return co
 
@@ -541,6 +543,11 @@ cdef int _barrier_failed(_Coll co, uint64_t seq, int step, object e) except -1:
     raise type(e)(f"{co.broken}: {e}") from None
 
 
+cdef uint64_t _coll_entered(object c):
+    """Barriers a team's collective state ``c`` (or None) has entered."""
+    return (<_Coll>c).seq if c is not None else 0
+
+
 cdef int _settle(_Coll co) except -1 nogil:
     """A barrier completed: what transports took in before it is applied
     before it returns (GX_WAIT_SETTLE: a peer's put_signal that its quiet
@@ -570,6 +577,16 @@ cdef int _barrier(_Coll co, double timeout, bint data) except -1:
             _settle(co)
     except (TimeoutError_, PeerDeadError, StateError) as e:
         _barrier_failed(co, seq, step, e)
+    _published_settled(co, seq)
+    return 0
+
+
+cdef int _published_settled(_Coll co, uint64_t seq) except -1:
+    """Barrier ``seq`` of the team completed: publications made before it
+    entered are applied by every member (Team._settled)."""
+    tm = co.team() if co.team is not None else None
+    if tm is not None:
+        (<Team>tm)._settled(seq)
     return 0
 
 
@@ -608,6 +625,7 @@ cdef class _CollEvent(Event):
                 _settle(co)
         except (TimeoutError_, PeerDeadError, StateError) as e:
             _barrier_failed(co, self.seq, self.step, e)
+        _published_settled(co, self.seq)
         self.seq = 0
         return 1
 

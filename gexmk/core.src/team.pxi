@@ -196,6 +196,7 @@ cdef class Team:
         self._seq += 1
         parts = self.client.bootstrap.exchange(key, [m[0] for m in self._members], self.c.rank,
                                                pickle.dumps(payload))
+        self._settled(0)
         return [pickle.loads(p) for p in parts]
 
     def barrier(self, timeout=None):
@@ -281,7 +282,12 @@ cdef class Team:
         """Publish the bound segments of ``eps`` (local endpoints; zero is
         allowed) to every member's process (GASNet-EX
         ``gex_EP_PublishBoundSegment``).  Collective over the team; may be
-        repeated; an endpoint with nothing bound publishes "no segment"."""
+        repeated; an endpoint with nothing bound publishes "no segment".
+        One allgather: a member returns while others may still apply what it
+        published, so what it handed out (memory, exports, retired
+        network keys) outlives an unbind or destroy until the team's next
+        collective, its next publication or finalize.  This process's
+        implicit puts and atomics complete first, as before a barrier."""
         self.check_alive()
         eps = list(eps)
         for e in eps:
@@ -291,8 +297,18 @@ cdef class Team:
                 raise ArgumentError("an endpoint of another client cannot be published here")
             (<Endpoint>e).check_alive()
         mine = [self.client._seg_info(e) for e in eps]
+        # As before a barrier: this process's implicit puts and atomics
+        # complete first, so none issued under an earlier publication's key
+        # is still in flight once every member has entered a later collective
+        # (what lets _settled release retired keys then).
+        err = _quiet_unsynced()
+        # One collective: the allgather of what is published.  What owners
+        # must keep until every member has applied it (a host segment's
+        # file, exported handles, retired keys) is held until the
+        # team's next collective completes here -- every member entered that
+        # one after leaving this publication -- or the next publication on
+        # the team (its allgather is that collective), or finalize.
         parts = self._exchange(mine)
-        err = None
         applied = []
         for i, infos in enumerate(parts):
             jr = self._members[i][0]
@@ -304,18 +320,58 @@ cdef class Team:
         # Every member is here: transports set up connections to what was
         # published now rather than on its first operation.
         self.client._connect([rt for tg in applied if tg is not None for rt in (<_Target>tg).routes])
-        # Owners keep their segments until every peer has mapped them.
-        self._exchange(None)
-        # Every member now holds what was published: transports may drop what
-        # they kept for peers that still used an earlier publication.
+        # Every member now holds what was published (it may still be applying
+        # it): transports note who holds which key, and hand back what to
+        # release once every member is known to have applied it.
         members = [m[0] for m in self._members]
+        settle = []
+        segs = []
         for e in eps:
             for ctx in ((<Endpoint>e).contexts or {}).values():
                 published = getattr(ctx, "published", None)
                 if published is not None:
-                    published(members)
+                    done = published(members)
+                    if done is not None:
+                        settle.append(done)
+            if (<Endpoint>e).segment is not None:
+                segs.append((<Endpoint>e).segment)
+        self._hold(settle, segs)
         if err is not None:
             raise err
+
+    cdef int _hold(self, list settle, list segs) except -1:
+        """Keep what this publication handed out until every member is known
+        to have applied it: ``settle`` (the transports' release calls) run,
+        and ``segs`` may be released on destroy, at the team's next
+        collective to complete here (see _settled)."""
+        if not settle and not segs:
+            return 0
+        me = self.client.rank
+        if all(m[0] == me for m in self._members):
+            self.client._settle(settle, [])     # no other process to wait for
+            return 0
+        if self._unsettled is None:
+            self._unsettled = []
+        # barriers entered so far: one entered before this publication (an
+        # NB barrier still pending) says nothing about it
+        self._unsettled.append((_coll_entered(self._coll), settle, segs))
+        self.client._hold_segments(segs)
+        return 0
+
+    cdef int _settled(self, uint64_t barrier) except -1:
+        """A collective of this team completed here: every member entered it,
+        so every publication it made before has been applied everywhere
+        (``barrier``: the completed barrier's number; 0: an allgather, entered
+        after every publication of this process)."""
+        if not self._unsettled:
+            return 0
+        due = [u for u in self._unsettled if barrier == 0 or u[0] < barrier]
+        if not due:
+            return 0
+        self._unsettled = [u for u in self._unsettled if not (barrier == 0 or u[0] < barrier)]
+        for _, settle, segs in due:
+            self.client._settle(settle, segs)
+        return 0
 
     def query_bound_segment_nb(self, rank):
         """Event whose result is the :class:`BoundSegment` of team rank

@@ -295,6 +295,16 @@ cdef struct ofi_zone:       # a device-bound endpoint's landing zone (staged.pxi
     int active              # rings backed so far
     int refused             # initiators turned away (cap reached)
     int vis_only            # the zone of a host segment: packed VIS only (vis.pxi, "ofi-landed")
+    size_t bell_off         # the doorbells, after the rings (and bounce): a byte per ring an
+    size_t bell2_off        # initiator sets before its first request, a byte per 64 rings the
+                            # lander reads each pass -- it never reads rings nobody rang
+    size_t closed_off       # a word after the doorbells: nonzero in a retired zone (an
+                            # initiator waiting for its first answer reads it)
+    int closing             # being retired: the lander no longer serves it
+    int* act                # the rings backed, in the order they were (z.active of them)
+    long rings_read         # rings whose requests the lander read (backed ones, each pass,
+                            # and rung ones once): the work of its passes
+    long passes
 
 
 cdef struct ofi_peer:       # what an initiator knows of one target endpoint
@@ -318,6 +328,10 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
     int stg_slots
     size_t stg_chunk
     uint64_t stg_ring       # network address of this process's ring in the zone
+    uint64_t stg_bell       # ... of its doorbell byte, and its group's (staged.pxi _stg_ring_bell)
+    uint64_t stg_bell2
+    uint64_t stg_closed     # ... of the zone's closed word, and that word as last read
+    uint64_t stg_closed_rb
     uint64_t stg_seq        # the last sequence number used in the ring
     int stg_lock            # one staged operation at a time per target in this process
     uint64_t stg_last[STG_MAX_SLOTS]    # the last sequence number sent through each slot
@@ -673,16 +687,16 @@ cdef class OfiTransport:
             return p
         if vis is not None:
             # packed VIS lands in the zone; everything else in the segment
-            zkey, zbase, slots, chunk, ring_bytes = vis
+            zkey, zbase, slots, chunk, ring_bytes, bell, bell2, closed = vis
             stg_key = self.domain.map_key(zkey, zbase)
             amo = 0
         elif native is not None:
             # RMA lands in the device segment itself; atomics through the zone
-            zkey, zbase, slots, chunk, ring_bytes, amo = native
+            zkey, zbase, slots, chunk, ring_bytes, amo, bell, bell2, closed = native
             stg_key = self.domain.map_key(zkey, zbase)
         else:
             # a device segment: its landing zone (staged.pxi), registered as the segment
-            slots, chunk, ring_bytes, amo = geometry
+            slots, chunk, ring_bytes, amo, bell, bell2, closed = geometry
             zbase, stg_key = base, p.c.net_key
         if not 1 <= slots <= STG_MAX_SLOTS:
             raise CommunicationError(f"ofi: job rank {peer.jobrank} published {slots} landing "
@@ -700,6 +714,10 @@ cdef class OfiTransport:
         p.c.stg_chunk = chunk
         p.c.stg_amo = amo
         p.c.stg_ring = ring
+        p.c.stg_bell = zbase + <uint64_t>bell + <uint64_t>self.job.rank
+        p.c.stg_bell2 = zbase + <uint64_t>bell2 + <uint64_t>(self.job.rank // 64)
+        p.c.stg_closed = zbase + <uint64_t>closed
+        p.c.stg_closed_rb = 0
         if vis is not None:
             p.c.vzone = 1
         elif native is not None:

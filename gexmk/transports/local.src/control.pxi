@@ -10,6 +10,8 @@ cdef class _EndpointContext:
     cdef object offered            # the fd server's key of the bound device segment's export
     cdef int index                 # the endpoint's index (the sync area's is hidden)
     cdef _LandingZone zone         # nbrhd-landed: the bound segment's landing zone, or None
+    cdef dict _holds               # offer name -> publications of it not yet applied everywhere
+    cdef set _withdraw             # offers unbound while held: withdrawn once no longer held
 
     @property
     def handle(self):
@@ -42,7 +44,11 @@ cdef class _EndpointContext:
 
     def unbind(self):
         if self.offered is not None:
-            fdpass.process_server().withdraw(self.offered)
+            if self._holds and self._holds.get(self.offered):
+                # a peer may still be fetching it (see published)
+                self._withdraw.add(self.offered)
+            else:
+                fdpass.process_server().withdraw(self.offered)
             self.offered = None
         if self.zone is not None:
             self.zone.close()
@@ -53,6 +59,31 @@ cdef class _EndpointContext:
             self.tr._host_unbound(self.seg)
         self.seg = None
         self.c.k.ops = NULL
+
+    def published(self, jobranks):
+        """This endpoint's segment was just published: a peer may still be
+        fetching its export (device segment, landing zone) from the fd
+        server after this process returns, so an unbinding keeps the offer
+        until the returned call runs (the core calls it once every member
+        has applied the publication)."""
+        name = self.offered
+        if name is None:
+            return None
+        if self._holds is None:
+            self._holds = {}
+            self._withdraw = set()
+        self._holds[name] = self._holds.get(name, 0) + 1
+
+        def settle():
+            n = self._holds.get(name, 0) - 1
+            if n > 0:
+                self._holds[name] = n
+                return
+            self._holds.pop(name, None)
+            if name in self._withdraw:
+                self._withdraw.discard(name)
+                fdpass.process_server().withdraw(name)
+        return settle
 
     def close(self):
         """Complete the endpoint's device copies, destroy its streams (idempotent)."""

@@ -164,7 +164,8 @@ cdef class OfiEndpoint:
             raise
         self.domain.start_lander()
         return pickle.dumps((self.name, key, base, answers,
-                             (z.slots, z.chunk, z.ring_bytes, bool(z.amo))))
+                             (z.slots, z.chunk, z.ring_bytes, bool(z.amo), z.bell_off,
+                              z.bell2_off, z.closed_off)))
 
     @property
     def staged_local(self):
@@ -197,6 +198,18 @@ cdef class OfiEndpoint:
         cdef ofi_zone* v = self.e.vzone
         return {"zone": (z.active, z.refused, z.cap) if z != NULL else None,
                 "vis": (v.active, v.refused, v.cap) if v != NULL else None}
+
+    @property
+    def lander_work(self):
+        """``{"zone": (passes, rings read), "vis": (...)}`` for this endpoint's
+        landing zone and its host segment's VIS zone (None where there is
+        none): the lander's passes over the zone so far and the rings it read
+        in them (each backed ring every pass, a rung one once) -- what a pass
+        costs, for tests and diagnostics."""
+        cdef ofi_zone* z = self.e.zone
+        cdef ofi_zone* v = self.e.vzone
+        return {"zone": (z.passes, z.rings_read) if z != NULL else None,
+                "vis": (v.passes, v.rings_read) if v != NULL else None}
 
     @property
     def hmem(self):
@@ -262,8 +275,8 @@ cdef class OfiEndpoint:
         put lands there, a stale get reads zeros -- never the owner's memory --
         and a landing zone's done words say "closed", so a stale staged
         operation raises SegmentError at its initiator.  Released once every
-        peer that held the key has had a publication of this endpoint
-        (published()), or at close."""
+        peer that held the key has applied a later publication of this
+        endpoint (published(): the team's next collective), or at close."""
         cdef ofi_zone* z = self.e.zone
         cdef ofi_zone* vz = self.e.vzone
         cdef fid_mr* vmr = self.e.vzone_mr
@@ -308,10 +321,22 @@ cdef class OfiEndpoint:
                 fi_close(&mr.fid)
             return
         if z != NULL:
+            # The lander stops serving the zone first, so no ring is backed
+            # after the scan below.  Only rings in use get "closed" done words
+            # (a page each): an initiator whose ring was never answered reads
+            # the closed word instead (_stg_wait_slot), so a retired zone costs
+            # a page per initiator that used it, not per job rank.
+            while gx_xchg_int(&self.e.dom.zlock, 1) != 0:
+                sched_yield()
+            z.closing = 1
+            gx_xchg_int(&self.e.dom.zlock, 0)
             for r in range(z.nrings):
+                if z.ring_state[r] == RING_NEW:
+                    continue
                 done = <uint64_t*>(<char*>dummy + <size_t>r * z.ring_bytes + _stg_words_off(z.slots))
                 for s in range(z.slots):
                     done[s] = STG_CLOSED_DONE
+            (<uint64_t*>(<char*>dummy + z.closed_off))[0] = 1
         # Close, then register the key again at once: a stale access that
         # arrives between the two (microseconds) still finds no key.
         if seg:
@@ -326,20 +351,30 @@ cdef class OfiEndpoint:
         self._retired.append([<uintptr_t>nmr, <uintptr_t>dummy, size, set(held)])
 
     def published(self, jobranks):
-        """This endpoint was just published to the processes of ``jobranks``
-        (called by the core after every member applied it): they hold the
-        current key now, and none of them still uses a retired one."""
+        """This endpoint was just published to the processes of ``jobranks``:
+        they hold the current key now (an unbinding from here on retires it
+        for them).  Returns the call that drops them from the registrations
+        retired before this publication; the core makes it once every member
+        has applied it (the team's next collective), when none of them uses
+        a retired key any more."""
         ranks = set(jobranks)
         if self.e.seg_mr != NULL or self.e.vzone_mr != NULL:
             self._published_to |= ranks
-        keep = []
-        for rt in self._retired:
-            rt[3] -= ranks
-            if rt[3]:
-                keep.append(rt)
-            else:
-                self._free_retired(rt)
-        self._retired = keep
+        if not self._retired:
+            return None
+        before = list(self._retired)
+
+        def settle():
+            keep = []
+            for rt in self._retired:
+                if any(rt is b for b in before):
+                    rt[3] -= ranks
+                if rt[3]:
+                    keep.append(rt)
+                else:
+                    self._free_retired(rt)
+            self._retired = keep
+        return settle
 
     def _free_retired(self, rt):
         fi_close(&(<fid_mr*><uintptr_t>rt[0]).fid)

@@ -186,12 +186,14 @@ cdef int _hmem_zone(OfiEndpoint oe, Segment seg) except -1:
 
 
 cdef object _hmem_zone_blob(OfiEndpoint oe):
-    """What peers need of the zone: (key, base, slots, chunk, ring bytes, atomics)."""
+    """What peers need of the zone: (key, base, slots, chunk, ring bytes, atomics,
+    doorbell offsets)."""
     cdef ofi_ep* e = &oe.e
     cdef ofi_zone* z = e.zone
     base = e.zone_lo if (e.dom.mr_mode & FI_MR_VIRT_ADDR) else 0
     key = oe._raw_key(e.zone_mr, base) if (e.dom.mr_mode & FI_MR_RAW) else fi_mr_key(e.zone_mr)
-    return (key, base, z.slots, z.chunk, z.ring_bytes, bool(z.amo))
+    return (key, base, z.slots, z.chunk, z.ring_bytes, bool(z.amo), z.bell_off, z.bell2_off,
+            z.closed_off)
 
 
 cdef void _hmem_zone_close(ofi_ep* e) noexcept nogil:

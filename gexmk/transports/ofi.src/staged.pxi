@@ -177,42 +177,74 @@ cdef int _land_vis(ofi_zone* z, char* data, uint64_t k, uint64_t nbytes, bint pu
     return STG_OK
 
 
-cdef long _land_pass(ofi_dom* d) noexcept nogil:
-    """Serve every new request of every zone once: how many."""
-    cdef long work = 0
-    cdef int i, r, s
-    cdef ofi_zone* z
-    cdef char* ring
+cdef long _land_ring(ofi_dom* d, ofi_zone* z, int r) noexcept nogil:
+    """Serve ring r's new requests (a ring nobody used yet: its first slot
+    only, the initiator's STG_OPEN, sequence 1): how many."""
+    cdef char* ring = z.mem + <size_t>r * z.ring_bytes
+    cdef uint64_t* words = <uint64_t*>(ring + _stg_words_off(z.slots))
     cdef uint64_t* desc
-    cdef uint64_t* words
     cdef uint64_t q, st
-    cdef int rs
+    cdef int s
+    cdef int rs = z.ring_state[r]
+    cdef long work = 0
+    z.rings_read += 1
+    for s in range(z.slots if rs != RING_NEW else 1):
+        desc = <uint64_t*>(ring + <size_t>s * STG_DESC)
+        q = gx_stg_load(&desc[0])
+        if q == 0 or q <= z.handled[r * z.slots + s] or gx_stg_load(&desc[15]) != q:
+            continue
+        if rs == RING_NEW:
+            rs = _land_accept(d, z, r, ring)
+        if rs == RING_REFUSED:
+            st = STG_EFULL
+        elif desc[1] == STG_OPEN:
+            st = STG_OK
+        else:
+            st = <uint64_t>_land_one(z, ring, s, desc, words)
+        z.handled[r * z.slots + s] = q
+        gx_stg_store(&words[s], q | (st << STG_SEQ_BITS))   # after the result
+        work += 1
+    return work
+
+
+cdef long _land_pass(ofi_dom* d) noexcept nogil:
+    """Serve every new request of every zone once: how many.  A pass reads
+    the rings backed so far and, of the others, only those whose initiator
+    rang (its doorbell byte, found through its group's): O(active
+    initiators + N/64 bytes) per zone, never a load per job rank."""
+    cdef long work = 0
+    cdef int i, g, k, r, ngroups
+    cdef ofi_zone* z
+    cdef volatile unsigned char* bell
+    cdef volatile unsigned char* bell2
     while gx_xchg_int(&d.zlock, 1) != 0:
         sched_yield()
     for i in range(d.nzones):
         z = d.zones[i]
-        for r in range(z.nrings):
-            ring = z.mem + <size_t>r * z.ring_bytes
-            words = <uint64_t*>(ring + _stg_words_off(z.slots))
-            rs = z.ring_state[r]
-            # a ring not yet used: only its first slot can hold a request (the
-            # initiator's STG_OPEN, sequence 1)
-            for s in range(z.slots if rs != RING_NEW else 1):
-                desc = <uint64_t*>(ring + <size_t>s * STG_DESC)
-                q = gx_stg_load(&desc[0])
-                if q == 0 or q <= z.handled[r * z.slots + s] or gx_stg_load(&desc[15]) != q:
+        if z.closing:
+            continue
+        z.passes += 1
+        bell = <volatile unsigned char*>(z.mem + z.bell_off)
+        bell2 = <volatile unsigned char*>(z.mem + z.bell2_off)
+        ngroups = (z.nrings + 63) // 64
+        for g in range(ngroups):
+            if bell2[g] == 0:
+                continue
+            # cleared before its rings are read: a bell rung after this is seen
+            # next pass (the initiator rings both bytes until it is answered)
+            bell2[g] = 0
+            gx_mem_fence()
+            for k in range(64):
+                r = g * 64 + k
+                if r >= z.nrings:
+                    break
+                if bell[r] == 0:
                     continue
-                if rs == RING_NEW:
-                    rs = _land_accept(d, z, r, ring)
-                if rs == RING_REFUSED:
-                    st = STG_EFULL
-                elif desc[1] == STG_OPEN:
-                    st = STG_OK
-                else:
-                    st = <uint64_t>_land_one(z, ring, s, desc, words)
-                z.handled[r * z.slots + s] = q
-                gx_stg_store(&words[s], q | (st << STG_SEQ_BITS))   # after the result
-                work += 1
+                bell[r] = 0
+                if z.ring_state[r] == RING_NEW:
+                    work += _land_ring(d, z, r)
+        for k in range(z.active):
+            work += _land_ring(d, z, z.act[k])
     gx_xchg_int(&d.zlock, 0)
     if work:
         gx_add_long(&d.landed, work)
@@ -228,6 +260,7 @@ cdef int _land_accept(ofi_dom* d, ofi_zone* z, int r, char* ring) noexcept nogil
         rs = RING_REFUSED
         z.refused += 1
     else:
+        z.act[z.active] = r
         z.active += 1
         if z.vis_only:
             d.backed_vis += 1
@@ -312,7 +345,12 @@ cdef ofi_zone* _zone_make(ofi_dom* d, Segment seg, int nrings, int slots, size_t
         # whole pages: each ring is pinned on its own (_land_accept)
         z.ring_bytes = (z.data_off + <size_t>z.slots * z.chunk + 4095) & ~(<size_t>4095)
         nbounce = 0 if vis_only else <size_t>z.slots * z.chunk
-        z.bytes = <size_t>nrings * z.ring_bytes + nbounce
+        # doorbells after the bounce slots: a byte per ring, then a byte per
+        # 64 rings (_land_pass)
+        z.bell_off = <size_t>nrings * z.ring_bytes + nbounce
+        z.bell2_off = z.bell_off + ((<size_t>nrings + 63) & ~(<size_t>63))
+        z.closed_off = z.bell2_off + (((<size_t>nrings + 63) // 64 + 63) & ~(<size_t>63))
+        z.bytes = z.closed_off + 64
         # Reserved, not allocated: an anonymous mapping reads as zeros and gets
         # a page only where something is written, so a ring costs memory once
         # its initiator first uses it (its words, the chunks it sends), never
@@ -327,7 +365,8 @@ cdef ofi_zone* _zone_make(ofi_dom* d, Segment seg, int nrings, int slots, size_t
         z.bounce = z.mem + <size_t>nrings * z.ring_bytes if nbounce else NULL
         z.handled = <uint64_t*>calloc(<size_t>nrings * z.slots, sizeof(uint64_t))
         z.ring_state = <unsigned char*>calloc(<size_t>nrings, 1)
-        if z.handled == NULL or z.ring_state == NULL:
+        z.act = <int*>calloc(<size_t>nrings, sizeof(int))
+        if z.handled == NULL or z.ring_state == NULL or z.act == NULL:
             raise MemoryError()
         z.seg_base = <uintptr_t>seg.addr
         z.seg_size = seg.size
@@ -410,6 +449,7 @@ cdef void _zone_free(ofi_zone* z) noexcept nogil:
         munmap(z.mem, z.bytes)
     free(z.handled)
     free(z.ring_state)
+    free(z.act)
     free(z)
 
 
@@ -530,9 +570,10 @@ cdef inline uint64_t _stg_seq(uint64_t done) noexcept nogil:
 
 
 cdef int _stg_wait_slot(ofi_ep* ep, ofi_peer* t, int s, uint64_t want,
-                        bint soft=False) except -1 nogil:
+                        bint soft=False, bint ringing=False) except -1 nogil:
     """Until slot s of t's ring has served sequence number want; raise what
-    the target reported for it (soft: STG_EFULL is returned, 1, not raised)."""
+    the target reported for it (soft: STG_EFULL is returned, 1, not raised;
+    ringing: the ring's first request, its doorbell rung again each poll)."""
     cdef int S = t.stg_slots, polls = 0
     cdef double deadline = 0
     cdef timespec ts
@@ -544,6 +585,17 @@ cdef int _stg_wait_slot(ofi_ep* ep, ofi_peer* t, int s, uint64_t want,
             break
         if t.g.dead:
             return _raise_dead(t, "staged transfer")
+        if ringing and (polls & 3) == 3:
+            # a retired zone answers no first request: its closed word says so
+            _stg_post(ep, t, False, t.stg_closed, &t.stg_closed_rb, 8, NULL)
+            if t.stg_closed_rb != 0:
+                # the ring was never opened: the next operation asks again
+                # (and learns the same), never writes into a ring of the
+                # retired zone that no done word answers
+                t.stg_seq = 0
+                t.stg_last[0] = 0
+                return _stg_failed(t, s, STG_ECLOSED)
+            _stg_ring_bell(ep, t)
         polls += 1
         if polls > 4:
             if deadline == 0:
@@ -567,6 +619,21 @@ cdef int _stg_wait_slot(ofi_ep* ep, ofi_peer* t, int s, uint64_t want,
     return 0
 
 
+cdef unsigned char _BELL = 1     # what a doorbell write carries (static: never freed under it)
+
+
+cdef int _stg_ring_bell(ofi_ep* ep, ofi_peer* t) except -1 nogil:
+    """Set this process's doorbell byte in t's zone, then its group's: the
+    target's lander reads a ring only once it was rung (or is backed).
+    Rung again while the first request waits (_stg_wait_slot): the lander
+    clears a group's byte before reading its rings, and the two writes may
+    land in either order, or before the request itself."""
+    _inject_write(ep, ep.ep, t, &_BELL, 1, t.stg_bell, t.stg_key, False, 0,
+                  "fi_inject_write (landing zone doorbell)")
+    return _inject_write(ep, ep.ep, t, &_BELL, 1, t.stg_bell2, t.stg_key, False, 0,
+                         "fi_inject_write (landing zone doorbell)")
+
+
 cdef int _stg_open(ofi_ep* ep, ofi_peer* t) except -1 nogil:
     """This process's ring in t's zone, backed by the target on its first
     request (STG_OPEN, sequence 1, slot 0: all its lander looks at in a ring
@@ -583,7 +650,8 @@ cdef int _stg_open(ofi_ep* ep, ofi_peer* t) except -1 nogil:
     t.stg_seq = 1
     t.stg_last[0] = 1
     _stg_send_desc(ep, t, 0, 1, STG_OPEN, 0, 0)
-    if _stg_wait_slot(ep, t, 0, 1, True) == 1:
+    _stg_ring_bell(ep, t)
+    if _stg_wait_slot(ep, t, 0, 1, True, True) == 1:
         t.stg_open = 2
         return 0
     t.stg_open = 1

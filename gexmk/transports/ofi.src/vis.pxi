@@ -1027,7 +1027,8 @@ cdef int _vis_bounced(gx_xfer* x, bint put) except -1 nogil:
 
 cdef object _vis_zone_open(OfiEndpoint oe, Segment seg):
     """The VIS landing zone of a host segment bound to oe (GEXMK_OFI_VIS_LAND
-    > 0): what peers need of it, (key, base, slots, chunk, ring bytes), or
+    > 0): what peers need of it, (key, base, slots, chunk, ring bytes,
+    doorbell offsets), or
     None (none made: switched off, or the process's zones used up)."""
     cdef ofi_ep* e = &oe.e
     cdef ofi_dom* d = e.dom
@@ -1066,7 +1067,7 @@ cdef object _vis_zone_open(OfiEndpoint oe, Segment seg):
     oe.domain.start_lander()
     base = <uintptr_t>z.mem if (d.mr_mode & FI_MR_VIRT_ADDR) else 0
     key = oe._raw_key(mr, base) if (d.mr_mode & FI_MR_RAW) else fi_mr_key(mr)
-    return (key, base, z.slots, z.chunk, z.ring_bytes)
+    return (key, base, z.slots, z.chunk, z.ring_bytes, z.bell_off, z.bell2_off, z.closed_off)
 
 
 cdef bint _vis_land_worth(ofi_dom* d, ofi_peer* t, gx_xfer* x, bint put) noexcept nogil:
