@@ -148,10 +148,6 @@ cdef extern from *:
         struct stat st;
         return stat(path, &st) != 0 && errno == ENOENT;
     }
-    static int gx_shm_gone(const char *name, size_t len) {
-        char path[300];
-        return gx_shm_path(name, len, path, sizeof(path)) && gx_path_gone(path);
-    }
     /* 1 when process `pid` of this node exists and is not a zombie (a killed
        process stays one until its parent reaps it), from /proc/<pid>/stat. */
     static int gx_proc_alive(int pid) {
@@ -174,7 +170,6 @@ cdef extern from *:
     """
     int gx_tcp_refused(const void* addr, size_t len, int ms) nogil
     int gx_proc_alive(int pid) nogil
-    int gx_shm_gone(const char* name, size_t len) nogil
     int gx_shm_path(const char* name, size_t len, char* path, size_t size) nogil
     int gx_path_gone(const char* path) nogil
 
@@ -231,12 +226,7 @@ cdef int _check_open(ofi_ep* ep, ofi_peer* t, const char* what) except -1 nogil:
     now = _now_coarse()
     if t.open_epoch == ep.dom.settles and now - t.open_at < OPEN_FRESH_MS * 1e-3:
         return 0
-    if t.shm_path[0] == 0:
-        _shm_path(ep.dom, t)
-    if t.shm_path[0] == ord('/'):
-        closed = gx_path_gone(t.shm_path) != 0
-    else:
-        closed = _closed_now(ep.dom, t)
+    closed = _closed_now(ep.dom, t)
     if closed:
         t.gone = 1
         return _raise_gone(t, what)
@@ -258,17 +248,21 @@ cdef void _shm_path(ofi_dom* dom, ofi_peer* t) noexcept nogil:
 
 
 cdef bint _closed_now(ofi_dom* dom, ofi_peer* t) noexcept nogil:
-    """Whether t's endpoint is closed, asked now (see _gone)."""
+    """Whether t's endpoint is closed, asked now (see _gone): over shm one
+    stat of its region's path (_shm_path, found once per publication), over
+    tcp a connection attempt to its name."""
     cdef char name[256]
     cdef size_t n = sizeof(name)
+    if dom.probe == PROBE_SHM:
+        if t.shm_path[0] == 0:
+            _shm_path(dom, t)
+        return t.shm_path[0] == ord('/') and gx_path_gone(t.shm_path) != 0
+    if dom.probe != PROBE_TCP:
+        return False
     memset(name, 0, sizeof(name))
     if fi_av_lookup(dom.av, t.net_addr, name, &n) != 0 or n > sizeof(name):
         return False
-    if dom.probe == PROBE_TCP:
-        return gx_tcp_refused(name, n, PROBE_WAIT_MS) != 0
-    if dom.probe == PROBE_SHM:
-        return gx_shm_gone(name, n) != 0
-    return False
+    return gx_tcp_refused(name, n, PROBE_WAIT_MS) != 0
 
 
 cdef int _raise_gone_now(ofi_peer* t, const char* what) except -1 with gil:
