@@ -222,7 +222,7 @@ if _tune:
     if len(_tv) > 5:
         PT_WOKEN_ONLY = _tv[5] != 0
     if len(_tv) > 6:
-        SPIN_ALL = <int>_tv[6] if _tv[6] >= 1 else 1
+        SPIN_ALL = <int>min(_tv[6], 1 << 20) if _tv[6] >= 1 else 1   # no float -> int overflow
 
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"
