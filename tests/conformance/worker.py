@@ -633,7 +633,10 @@ def vis_op(op, tm, peer, dest, loc, n, idx):
             lad = [base + b * j for j in q]
             lb = b
         if loc.name == "numpy":
+            # both sides as uint64 arrays: where the block sizes agree (an odd
+            # count of blocks), the one-pass intake of two address arrays
             lad = np.array(lad, np.uint64)
+            rem = np.array(rem, np.uint64)
         if is_put:
             fn = tm.put_indexed_nb if nb else tm.put_indexed_nbi if nbi else tm.put_indexed
             ev = fn(peer, rem, b, lad, lb)
