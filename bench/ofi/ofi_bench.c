@@ -345,9 +345,9 @@ static const char *flush_unavailable;   /* why -f was dropped, else NULL */
 static void release_fabric(void)
 {
     struct fid *objs[] = { ep ? &ep->fid : NULL, mr ? &mr->fid : NULL, av ? &av->fid : NULL,
-                           cq ? &cq->fid : NULL, domain ? &domain->fid : NULL,
-                           fabric ? &fabric->fid : NULL };
-    ep = NULL; mr = NULL; av = NULL; cq = NULL; domain = NULL; fabric = NULL;
+                           cq ? &cq->fid : NULL, rxcq ? &rxcq->fid : NULL,
+                           domain ? &domain->fid : NULL, fabric ? &fabric->fid : NULL };
+    ep = NULL; mr = NULL; av = NULL; cq = NULL; rxcq = NULL; domain = NULL; fabric = NULL;
     for (size_t i = 0; i < sizeof objs / sizeof objs[0]; i++)
         if (objs[i]) (void)fi_close(objs[i]);
 }
@@ -685,13 +685,17 @@ static void exchange(void)
 
 static void teardown(void)
 {
+    /* each handle cleared once closed: a failure on the way makes fail() ->
+       release_fabric() close only what is left (closing one twice crashed) */
+    struct fid *f;
     if (remote_key_mapped) FI_CHK(fi_mr_unmap_key(domain, remote_key));
-    FI_CHK(fi_close(&ep->fid));
-    FI_CHK(fi_close(&mr->fid));
-    FI_CHK(fi_close(&av->fid));
-    FI_CHK(fi_close(&cq->fid));
-    FI_CHK(fi_close(&domain->fid));
-    FI_CHK(fi_close(&fabric->fid));
+    f = &ep->fid; ep = NULL; FI_CHK(fi_close(f));
+    f = &mr->fid; mr = NULL; FI_CHK(fi_close(f));
+    f = &av->fid; av = NULL; FI_CHK(fi_close(f));
+    f = &cq->fid; cq = NULL; FI_CHK(fi_close(f));
+    if (rxcq) { f = &rxcq->fid; rxcq = NULL; FI_CHK(fi_close(f)); }
+    f = &domain->fid; domain = NULL; FI_CHK(fi_close(f));
+    f = &fabric->fid; fabric = NULL; FI_CHK(fi_close(f));
     fi_freeinfo(info);
     free(buf);
     free(ctxs);
