@@ -204,6 +204,7 @@ class SegM:
 
     def __init__(self, sid, owner, size, client):
         self.sid, self.owner, self.size, self.client = sid, owner, size, client
+        self.device = False     # device memory (GPU transports' library segments)
         self.live = True
         self.ep = None
         self.exp = np.zeros(size, np.uint8)
@@ -346,6 +347,7 @@ class Sim:
 
     def __init__(self, n, transport, victim=None):
         self.n, self.tr = n, base_transport(transport)
+        self.gpu = transport in GPU_OF       # library segments are device memory
         self.victim = victim
         self.segs = {}
         self.eps = {(r, 0): EpM(r, 0) for r in range(n)}
@@ -547,6 +549,7 @@ class Sim:
         if r in self.finalized:
             return {r: raises("StateError", why="after finalize")}
         s = SegM(a["sid"], r, a["size"], a["client"])
+        s.device = self.gpu and not a["client"]
         if a["client"]:
             s.exp[:] = pattern(a["size"], 77, *a["sid"])
         self.segs[a["sid"]] = s
@@ -912,6 +915,12 @@ class Sim:
                 s = self.segs[te.seg]
                 use_alive = self.alive_team and j == 0 and self.victim not in (w, t)
                 texp = ok("wait for the signal")
+                if s.device:
+                    # the waiter's own segment is device memory: a host wait on a
+                    # device word is refused (signal.pxi _word_error); the data and
+                    # the word are checked at the next checked barrier instead
+                    out[t] = raises("UnsupportedError", why="wait_until on a device word")
+                    return out
                 if self.dying and not use_alive:
                     texp = maybe("PeerDeadError", why="waiting on a team with a dying member")
                 texp.extra.update(j=j, sig_off=a["sig_off"], value=wexp.extra["sigval"],
