@@ -915,16 +915,18 @@ class Sim:
                 s = self.segs[te.seg]
                 use_alive = self.alive_team and j == 0 and self.victim not in (w, t)
                 texp = ok("wait for the signal")
+                if self.dying and not use_alive:
+                    texp = maybe("PeerDeadError", why="waiting on a team with a dying member")
                 if s.device:
                     # the waiter's own segment is device memory: a host wait on a
                     # device word is refused (signal.pxi _word_error); the data and
                     # the word are checked at the next checked barrier instead
-                    out[t] = raises("UnsupportedError", why="wait_until on a device word")
-                    return out
-                if self.dying and not use_alive:
-                    texp = maybe("PeerDeadError", why="waiting on a team with a dying member")
+                    texp = raises("UnsupportedError", why="wait_until on a device word")
                 texp.extra.update(j=j, sig_off=a["sig_off"], value=wexp.extra["sigval"],
                                   alive=use_alive, sid=s.sid, cmp="EQ")
+                if s.device:
+                    out[t] = texp
+                    return out
                 # CMP_EQ; not at all where the writer signals the word again this
                 # epoch (the value waited for may be gone before the wait looks)
                 if any(i2 > self.idx and it2.r == w and it2.a.get("t") == t
