@@ -22,6 +22,8 @@ cdef class Client:
     cdef list _pids
     cdef list _retired                     # destroyed segments whose memory peers may still reach
     cdef dict _held                        # segment -> publications of it not yet applied everywhere
+    cdef object _published                 # WeakSet: segments ever published to peers (their
+                                           # address may be in peers' hands until finalize)
     cdef list _deferred                    # [(segment, bound)] destroyed while held: released later
     cdef list _kinds                       # memory kinds made by mk_create, closed last
     cdef bint finalized

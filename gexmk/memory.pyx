@@ -491,8 +491,9 @@ cdef class Segment:
         -- at finalize when it was bound in a job of several processes.
         Peers learn of the destruction at their next publication; until then
         no access of theirs can reach memory this process reuses: client
-        memory is kept whole until finalize, and a bound library segment's
-        address range stays reserved (inaccessible) until finalize, so a peer
+        memory is kept whole until finalize, and the address range of a
+        library segment that is bound, or was ever published, stays reserved
+        (inaccessible) until finalize, so a peer
         that reaches it by address gets SegmentError; peers that mapped it
         keep their mapping until their own finalize (their writes land in
         memory this process no longer sees), and network registrations are

@@ -246,7 +246,11 @@ def test_pending_event_fails_at_finalize(tmp_path):
 # ---- pvm: a destroyed segment's address is never reused while peers may aim at it ----
 
 @pytest.mark.timeout(120)
-def test_pvm_put_to_destroyed_segment_never_lands_in_new_memory(tmp_path):
+@pytest.mark.parametrize("unbound", [False, True], ids=["bound", "unbound-first"])
+def test_pvm_put_to_destroyed_segment_never_lands_in_new_memory(tmp_path, unbound):
+    # unbound-first: unbound (not republished), then destroyed later -- peers
+    # still hold its address (fuzz seed 507: a stale put_signal landed in a
+    # segment made later at the same address)
     src = r'''
     import ctypes
     c = gexmk.init()
@@ -256,6 +260,10 @@ def test_pvm_put_to_destroyed_segment_never_lands_in_new_memory(tmp_path):
     tm.barrier()
     if tm.rank == 1:
         size = seg.size
+        if UNBOUND:
+            c.ep(0).unbind_segment()
+            tm.barrier()
+            tm.barrier()
         seg.destroy()                       # not republished
         # new memory, asked for at the old address: the range must still be taken
         libc = ctypes.CDLL(None, use_errno=True)
@@ -268,6 +276,9 @@ def test_pvm_put_to_destroyed_segment_never_lands_in_new_memory(tmp_path):
         new = c.segment_create(size)
         log(f"old {old:#x}, hinted mmap at {p:#x}, new segment at {new.address:#x}")
         assert p != old and new.address != old, "the destroyed segment's address was reused"
+    elif UNBOUND:
+        tm.barrier()
+        tm.barrier()
     tm.barrier()
     if tm.rank == 0:
         e = expect_raises(E.SegmentError, tm.put, 1, old, b"STALE-PUT-FROM-RANK0")
@@ -278,6 +289,7 @@ def test_pvm_put_to_destroyed_segment_never_lands_in_new_memory(tmp_path):
     c.finalize()
     print("OK", flush=True)
     '''
+    src = src.replace("UNBOUND", repr(unbound))
     res = _job(tmp_path, src, env={"GEXMK_TRANSPORT": "pvm"})
     res.check()
 

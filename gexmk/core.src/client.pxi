@@ -142,6 +142,7 @@ cdef class Client:
         self._pending = weakref.WeakSet()
         self._retired = []
         self._held = {}
+        self._published = weakref.WeakSet()
         self._deferred = []
         self._kinds = []
         self.transports = {}
@@ -503,6 +504,12 @@ cdef class Client:
             if e is not None and (<Endpoint>e).segment is seg:
                 (<Endpoint>e).unbind_segment()
                 bound = True
+        # Unbound before its destruction, a segment that was published is still
+        # in peers' hands until their next publication of that endpoint: its
+        # address must not be reused either (peers that write by address: a
+        # stale put_signal landed in a segment made later at the same place,
+        # fuzz seed 507).
+        bound = bound or seg in self._published
         self._drain()     # a GIL-free copy may still be writing into it
         if self._held.get(seg) and not self.finalized:
             # kept as by a buffer view, so that the last real view's release
@@ -530,6 +537,7 @@ cdef class Client:
         applied yet: a destroy keeps their memory (and its file) until _settle."""
         for s in segs:
             self._held[s] = self._held.get(s, 0) + 1
+            self._published.add(s)
 
     def _settle(self, list settle, list segs):
         """Every member applied a publication: run the transports' release
