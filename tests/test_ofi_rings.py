@@ -298,3 +298,46 @@ except E.ArgumentError as e:
         r = mp_util.run_job(tmp_path, worker, 2, launcher_timeout=60,
                             env=rings_env(GEXMK_OFI_RING_IDLE=bad))
         assert r.stdout.count("OK") == 2, r.report()
+
+
+# A holder that never calls into gexmk while another initiator waits (it
+# computes, or sits in a bootstrap collective): its lander thread releases
+# the idle ring.  Rank 1 takes the only ring (GEXMK_OFI_ZONE_RINGS=1), then
+# waits outside gexmk for a file that rank 2 writes once its own get through
+# rank 0's zone has completed -- which it can only after rank 1 released.
+AWAY_WORKER = r'''
+flag = os.path.join(os.environ["RINGS_TMP"], "rank2-done")
+with gexmk.init() as c:
+    tm = c.tm
+    seg = c.segment_attach(1 << 20)
+    dom = c.transports["ofi"].domain
+    tm.barrier()
+    if tm.rank == 1:
+        back = np.zeros(5000, np.uint8)
+        tm.get(back, 0, tm.addr(0, 0))
+        assert dom.ring_stats["held"] == 1, dom.ring_stats
+        t0 = time.monotonic()
+        while not os.path.exists(flag) and time.monotonic() < t0 + 60:
+            time.sleep(0.01)                       # never in gexmk meanwhile
+        assert os.path.exists(flag), "rank 2 never got a ring"
+        st = dom.ring_stats
+        assert (st["released"], st["held"]) == (1, 0), st
+    elif tm.rank == 2:
+        time.sleep(0.2)
+        back = np.zeros(5000, np.uint8)
+        tm.get(back, 0, tm.addr(0, 0))             # waits for rank 1's release
+        log("ring stats", dom.ring_stats)
+        open(flag, "w").close()
+    tm.barrier()
+print("OK")
+'''
+
+
+@pytest.mark.timeout(150)
+def test_holder_outside_gexmk_releases_in_the_background(tmp_path):
+    need(PROVIDER)
+    r = mp_util.run_job(tmp_path, AWAY_WORKER, 3, launcher_timeout=130,
+                        env=rings_env(GEXMK_OFI_ZONE_RINGS="1", GEXMK_OFI_RING_IDLE="0.05",
+                                      RINGS_TMP=str(tmp_path)))
+    assert r.returncode == 0, r.report()
+    assert r.stdout.count("OK") == 3, r.report()

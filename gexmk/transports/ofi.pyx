@@ -342,6 +342,8 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
     uint64_t stg_ok[STG_MAX_SLOTS]      # ... of those, the last one known served without error
     uint64_t stg_rb[3 * STG_MAX_SLOTS]  # done, status and result words as last read back
     uint64_t stg_dbuf[16]   # a descriptor being sent
+    uint64_t stg_rel[16]    # a release (staged.pxi _stg_release), sent without waiting: its
+                            # own buffer, in flight while the application sends others
     int gone                # its endpoint was found closed since its publication (rma.pxi
                             # _gone): operations that meet a full queue fail at once
     double probe_at         # when that was last looked into (_now())
@@ -746,6 +748,10 @@ cdef class OfiTransport:
             p.c.hmem = 1
         else:
             p.c.stg = 1
+        if self.domain.d.ring_idle > 0:
+            # the lander thread gives this process's idle rings back while it
+            # computes or sits in a bootstrap collective (staged.pxi)
+            self.domain.start_lander()
         return p
 
     def reach(self, epctx, peer, ctx):

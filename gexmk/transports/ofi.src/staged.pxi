@@ -360,6 +360,8 @@ cdef void _lander_thread(ofi_dom* d, volatile int* stop) noexcept nogil:
     cdef long got, nap = 20000
     prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
     while not stop[0]:
+        if d.nheld > 0:
+            _ring_idle_check(NULL, d)      # this process's own rings in peers' zones
         got = _land_pass(d) if gx_load_int(&d.nzones) > 0 else 0
         if got:
             # staged transfers: 2 ms; where only VIS zones are backed, their
@@ -801,35 +803,67 @@ cdef inline bint _stg_quiet(ofi_peer* t) noexcept nogil:
     return True
 
 
-cdef int _stg_release(ofi_ep* ep, ofi_peer* t) except -1 nogil:
-    """Give this process's ring in t's zone back (STG_RELEASE, its last
-    request): sent, not waited for -- the next operation to t reads the
-    answer before it asks for a ring again (_stg_open).  Caller holds
-    t.stg_lock, with every request before answered (_stg_quiet): the ring
-    holds nothing of ours in flight, so the lander may drop its pages."""
+cdef int _stg_release(ofi_ep* ep, ofi_peer* t) noexcept nogil:
+    """Give this process's ring in t's zone back: STG_RELEASE, its last
+    request.  Caller holds t.stg_lock with every request before answered
+    (_stg_quiet): the ring holds nothing of ours in flight, so the lander may
+    drop its pages.  Sent, never waited for -- the next operation to t reads
+    the release's answer before it asks for a ring again (_stg_open) -- as
+    an implicit write from t.stg_rel (nbi_wait counts it).  It takes no GIL
+    and raises nothing (the lander thread calls it, which must not wait for
+    the GIL: an application thread may hold it while it waits for a peer
+    whose lander waits for ours): a few tries while the transmit queue is
+    full, else nothing changes and a later look tries again.  1 when
+    released."""
     cdef int S = t.stg_slots
     cdef uint64_t q = t.stg_seq + 1
-    cdef int s = <int>((q - 1) % S)
-    _stg_send_desc(ep, t, s, q, STG_RELEASE, 0, 0)      # (raises: still ours, unchanged)
+    cdef int s = <int>((q - 1) % S), tries
+    cdef uint64_t* d = t.stg_rel
+    cdef gx_op* op
+    cdef void* desc = NULL
+    cdef iovec iov
+    cdef fi_rma_iov riov
+    cdef fi_msg_rma msg
+    cdef ssize_t rc = -FI_EAGAIN
+    memset(d, 0, STG_DESC)
+    d[0] = q
+    d[1] = STG_RELEASE
+    d[15] = q
+    op = _new_op(ep, t, GX_NBI, GX_CAT_PUT)
+    if op == NULL:
+        return 0
+    if _desc(ep, op, d, STG_DESC, FI_WRITE, &desc) < 0:
+        _drop_new(op)
+        return 0
+    iov.iov_base = <void*>d
+    iov.iov_len = STG_DESC
+    riov.addr = t.stg_ring + <uint64_t>s * STG_DESC
+    riov.len = STG_DESC
+    riov.key = t.stg_key
+    memset(&msg, 0, sizeof(msg))
+    msg.msg_iov = &iov
+    msg.desc = &desc
+    msg.iov_count = 1
+    msg.addr = t.net_addr
+    msg.rma_iov = &riov
+    msg.rma_iov_count = 1
+    msg.context = op
+    for tries in range(64):
+        rc = fi_writemsg(ep.ep, &msg, FI_COMPLETION)
+        if rc != -FI_EAGAIN:
+            break
+        if _progress_all(ep.dom) < 0:
+            break
+    if rc != 0:
+        _drop_new(op)
+        return 0
     t.stg_seq = q
     t.stg_last[s] = q
     t.stg_open = 3
     t.stg_wanted = 0
     _held_drop(ep.dom, t)
     gx_add_long(&ep.dom.n_ring_releases, 1)
-    return 0
-
-
-cdef int _stg_release_quiet(ofi_ep* ep, ofi_peer* t) noexcept nogil:
-    """_stg_release where nothing may raise (an idle check, the end of an
-    operation that succeeded): a ring that could not be released stays held
-    (a later look tries again).  1 when released."""
-    with gil:
-        try:
-            _stg_release(ep, t)
-            return 1
-        except BaseException:
-            return 0
+    return 1
 
 
 cdef int _stg_done(ofi_ep* ep, ofi_peer* t) noexcept nogil:
@@ -838,7 +872,7 @@ cdef int _stg_done(ofi_ep* ep, ofi_peer* t) noexcept nogil:
     t.stg_used = _now_coarse()
     t.stg_ep = ep
     if t.stg_wanted and t.stg_open == 1 and not t.g.dead and _stg_quiet(t):
-        _stg_release_quiet(ep, t)
+        _stg_release(ep, t)
     return 0
 
 
@@ -877,14 +911,18 @@ cdef void _held_drop(ofi_dom* d, ofi_peer* t) noexcept nogil:
     gx_xchg_int(&d.held_lock, 0)
 
 
-cdef int _ring_idle_check(ofi_ep* ep) noexcept nogil:
+cdef int _ring_idle_check(ofi_ep* ep, ofi_dom* bg=NULL) noexcept nogil:
     """Release this process's rings in peers' zones that sat unused for
-    GEXMK_OFI_RING_IDLE seconds, through ep (any live endpoint of the
-    domain reaches every peer).  Called where the application enters
-    gexmk (staged operations, waits, barriers); looks at most every quarter
-    of the setting.  A ring in use by another thread (its lock taken) is
-    left for the next look.  How many it released."""
-    cdef ofi_dom* d = ep.dom
+    GEXMK_OFI_RING_IDLE seconds, each through the endpoint of its last
+    operation while that is live, else through ep.  Called where the
+    application enters gexmk (staged operations, waits, barriers) and by the
+    process's lander thread (bg: the domain, ep NULL: no GIL taken, no
+    exception, only through a live endpoint of the ring's last operation) --
+    a process that sits in a bootstrap collective or computes still gives
+    its rings back.  Looks at most every quarter of the setting.  A ring in
+    use by another thread (its lock taken) is left for the next look.  How
+    many it released."""
+    cdef ofi_dom* d = bg if bg != NULL else ep.dom
     cdef ofi_peer* cand[64]
     cdef ofi_peer* t
     cdef int i, n = 0, got = 0
@@ -915,7 +953,10 @@ cdef int _ring_idle_check(ofi_ep* ep) noexcept nogil:
         if t.stg_open != 1:
             _held_drop(d, t)        # its zone was republished (or it died): not ours now
         elif now - t.stg_used >= d.ring_idle and not t.g.dead and _stg_quiet(t):
-            got += _stg_release_quiet(t.stg_ep if _ep_live(d, t.stg_ep) else ep, t)
+            if _ep_live(d, t.stg_ep):
+                got += _stg_release(t.stg_ep, t)
+            elif bg == NULL:
+                got += _stg_release(ep, t)
         gx_xchg_int(&t.stg_lock, 0)
     gx_add_long(&d.readers, -1)
     return got
