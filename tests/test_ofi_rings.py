@@ -15,9 +15,11 @@ import pytest
 try:
     from . import mp_util
     from .test_ofi import need, ofi_env
+    from .test_cuda_segments import HAVE_GPU
 except ImportError:
     import mp_util
     from test_ofi import need, ofi_env
+    from test_cuda_segments import HAVE_GPU
 
 pytest.importorskip("gexmk.transports.ofi", reason="gexmk was built without the ofi transport")
 
@@ -341,3 +343,61 @@ def test_holder_outside_gexmk_releases_in_the_background(tmp_path):
                                       RINGS_TMP=str(tmp_path)))
     assert r.returncode == 0, r.report()
     assert r.stdout.count("OK") == 3, r.report()
+
+
+# GPU machines: a device segment's zone (the path ofi-staged takes by default):
+# the released ring is unpinned and its pages given back, the next put pins it
+# again and lands in device memory.
+GPU_WORKER = PAGES + r"""
+from cuda.bindings import driver as cu
+with gexmk.init() as c:
+    tm = c.tm
+    mk = c.mk_create(gexmk.CUDA_UVA, 0)
+    ep1 = c.ep_create()
+    d = c.segment_create(4 << 20, kind=mk)
+    ep1.bind_segment(d)
+    tm.publish_bound_segment([ep1])
+    c.segment_attach(1 << 20)
+    h = c.ep(0).pair(1)
+    ctx = ep1.contexts["ofi"]
+    cu.cuCtxPushCurrent(mk.impl.context)
+    N = 3 << 20
+    assert h.paths(1 - tm.rank)["rma"] == "ofi-staged", h.paths(1 - tm.rank)
+
+    def dev_read(n):
+        out = np.zeros(n, np.uint8)
+        cu.cuMemcpyDtoH(out.ctypes.data, d.address, n)
+        return out
+
+    for turn in (1, 2):
+        if tm.rank == 1:
+            h.put(0, h.addr(0, 0), pattern(N, turn))
+        tm.barrier()
+        if tm.rank == 0:
+            assert np.array_equal(dev_read(N), pattern(N, turn)), ("turn", turn)
+            lo, size, ring = ctx.zone_extent
+            if turn == 1:
+                t0 = time.monotonic()
+                while ctx.zone_rings["zone"]["released"] == 0 and time.monotonic() < t0 + 20:
+                    ctx.progress()
+                    time.sleep(0.01)
+                z = ctx.zone_rings["zone"]
+                assert (z["backed"], z["backs"], z["released"]) == (0, 1, 1), z
+                assert present(lo + ring + PAGE, ring - PAGE) == 0, "released ring still mapped"
+            else:
+                z = ctx.zone_rings["zone"]
+                assert (z["backed"], z["backs"], z["released"]) == (1, 2, 1), z
+        tm.barrier()
+print("OK")
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="no NVIDIA driver or device on this machine")
+def test_device_zone_ring_released_and_pinned_again(tmp_path):
+    need(PROVIDER)
+    env = ofi_env(PROVIDER)
+    env.update(GEXMK_OFI_RING_IDLE="0.3", GEXMK_OFI_STAGE=None, GEXMK_OFI_ZONE_RINGS=None)
+    r = mp_util.run_job(tmp_path, GPU_WORKER, 2, launcher_timeout=120, env=env)
+    assert r.returncode == 0, r.report()
+    assert r.stdout.count("OK") == 2, r.report()
