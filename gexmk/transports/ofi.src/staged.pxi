@@ -25,6 +25,17 @@
 # memory goes straight to the network.  One staged operation at a time per
 # target in a process (the ring is per initiating process).
 #
+# Rings per active initiator (issue 23): a ring is backed when its initiator
+# asks (STG_OPEN) and given back when the initiator, with nothing of its own in
+# flight to it, sends STG_RELEASE -- after GEXMK_OFI_RING_IDLE seconds unused
+# (looked for by the application's waits and staged operations and by the
+# lander thread), or once an operation ends while the zone flags that another
+# initiator waits (STG_WANT).  The lander then unpins the ring and madvises its
+# data pages away; the next operation asks again.  The lander never revokes a
+# ring on its own: a chunk in flight would land in pages it dropped.  At most
+# GEXMK_OFI_ZONE_RINGS rings are backed at once; a request past it is refused
+# for now (STG_EFULL) and asked again until GEXMK_TIMEOUT.
+#
 # GEXMK_OFI_STAGE=all makes host segments land the same way (the lander
 # copies with memcpy and runs atomics on the CPU), so that CPU-only CI tests
 # every step of the protocol.
