@@ -830,7 +830,9 @@ cdef int _stg_release(ofi_ep* ep, ofi_peer* t) noexcept nogil:
     (_stg_quiet): the ring holds nothing of ours in flight, so the lander may
     drop its pages.  Sent, never waited for -- the next operation to t reads
     the release's answer before it asks for a ring again (_stg_open) -- as
-    an implicit write from t.stg_rel (nbi_wait counts it).  It takes no GIL
+    a write from t.stg_rel whose op is orphaned at once: no nbi_wait counts
+    it, and its failure (a peer that closed its endpoint meanwhile) reaches
+    no one, where the next operation to t reports what is wrong.  It takes no GIL
     and raises nothing (the lander thread calls it, which must not wait for
     the GIL: an application thread may hold it while it waits for a peer
     whose lander waits for ours): a few tries while the transmit queue is
@@ -850,7 +852,7 @@ cdef int _stg_release(ofi_ep* ep, ofi_peer* t) noexcept nogil:
     d[0] = q
     d[1] = STG_RELEASE
     d[15] = q
-    op = _new_op(ep, t, GX_NBI, GX_CAT_PUT)
+    op = _new_op(ep, t, GX_NB, GX_CAT_PUT)
     if op == NULL:
         return 0
     if _desc(ep, op, d, STG_DESC, FI_WRITE, &desc) < 0:
@@ -878,6 +880,7 @@ cdef int _stg_release(ofi_ep* ep, ofi_peer* t) noexcept nogil:
     if rc != 0:
         _drop_new(op)
         return 0
+    _orphan(op)
     t.stg_seq = q
     t.stg_last[s] = q
     t.stg_open = 3
@@ -971,9 +974,9 @@ cdef int _ring_idle_check(ofi_ep* ep, ofi_dom* bg=NULL) noexcept nogil:
         t = cand[i]
         if gx_xchg_int(&t.stg_lock, 1) != 0:
             continue
-        if t.stg_open != 1:
-            _held_drop(d, t)        # its zone was republished (or it died): not ours now
-        elif now - t.stg_used >= d.ring_idle and not t.g.dead and _stg_quiet(t):
+        if t.stg_open != 1 or t.g.dead or t.gone:
+            _held_drop(d, t)        # its zone was republished, or it died or closed: not ours now
+        elif now - t.stg_used >= d.ring_idle and _stg_quiet(t):
             if _ep_live(d, t.stg_ep):
                 got += _stg_release(t.stg_ep, t)
             elif bg == NULL:
