@@ -26,6 +26,7 @@ import os
 import pickle
 import struct
 import threading
+import time
 import types
 import warnings
 import weakref

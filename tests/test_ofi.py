@@ -1151,3 +1151,97 @@ def test_sleeping_wait_serves_other_endpoints(tmp_path, thread):
     r.check()
     for rank in range(2):
         assert f"SERVED-OK {rank}" in r.stdout, r.report()
+
+
+
+# ---- polled completion of implicit puts (fuzz seed 118) ---------------------------
+
+POLLED_NBI_WORKER = r'''
+# Implicit puts over tcp;ofi_rxm complete remotely through one read per target
+# (the flush nbi_wait issues).  A loop of tests must get there too: a region's
+# event under wait_some, gexmk.nbi_test, Event.test -- each spun for ever while
+# nbi_test never flushed (fuzz seed 118: wait_some on a region holding a
+# blocking put_signal).
+import time as _time
+with gexmk.init() as c:
+    seg = c.segment_attach(1 << 16)
+    tm = c.tm
+    peer = 1 - tm.rank
+    src = np.arange(64, dtype=np.uint8)
+    if tm.rank == 0:
+        for how in ("wait_some", "nbi_test", "test"):
+            reg = gexmk.nbi_access_region()
+            ev = reg.__enter__()
+            tm.put_nbi(peer, tm.addr(peer, 64), src)
+            tm.put_signal(peer, tm.addr(peer, 256), src, tm.addr(peer, 0), 1, gexmk.SIGNAL_ADD)
+            reg.__exit__(None, None, None)
+            t0 = _time.monotonic()
+            if how == "wait_some":
+                assert gexmk.wait_some([ev], timeout=10) == [0]
+            elif how == "nbi_test":
+                while not gexmk.nbi_test():
+                    assert _time.monotonic() - t0 < 10, "nbi_test never reported completion"
+            else:
+                while not ev.test():
+                    assert _time.monotonic() - t0 < 10, "the region's event never tested complete"
+            log(how, "completed in", round(_time.monotonic() - t0, 4), "s")
+    tm.barrier()
+    if tm.rank == 1:
+        got = seg.view()
+        assert bytes(got[64:128]) == bytes(src) and bytes(got[256:320]) == bytes(src), "data"
+        assert seg.view(np.uint64)[0] == 3, seg.view(np.uint64)[0]
+    tm.barrier()
+'''
+
+WAIT_SOME_TIMEOUT_WORKER = r'''
+# wait_some on an event that cannot complete (its target stopped: over tcp a
+# get needs the target's progress) raises TimeoutError at its timeout; the
+# target then goes on, and the event completes when waited for
+import signal as _signal
+import time as _time
+with gexmk.init() as c:
+    seg = c.segment_attach(1 << 16)
+    seg.view()[:8] = np.arange(8, dtype=np.uint8) + 10 * c.tm.rank
+    tm = c.tm
+    pids = np.zeros(2, np.int64)
+    tm.allgather(np.array([os.getpid()], np.int64), pids)
+    if tm.rank == 1:
+        tm.barrier()
+        _time.sleep(3)                      # stopped for part of it; not a gexmk wait
+        tm.barrier()
+    else:
+        tm.barrier()
+        os.kill(int(pids[1]), _signal.SIGSTOP)
+        try:
+            # the signal lands asynchronously: wait until the peer is stopped
+            t0 = _time.monotonic()
+            while open(f"/proc/{int(pids[1])}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+                assert _time.monotonic() - t0 < 10, "the peer did not stop"
+                _time.sleep(0.001)
+            buf = np.zeros(8, np.uint8)
+            ev = tm.get_nb(buf, 1, tm.addr(1, 0))
+            t0 = _time.monotonic()
+            try:
+                gexmk.wait_some([ev], timeout=1.0)
+                raise AssertionError("wait_some returned while its target was stopped")
+            except E.TimeoutError as e:
+                assert "wait_some" in str(e) and 0.9 < _time.monotonic() - t0 < 5, e
+                log("wait_some timed out:", e)
+        finally:
+            os.kill(int(pids[1]), _signal.SIGCONT)
+        ev.wait()
+        assert list(buf) == list(range(10, 18)), buf
+        tm.barrier()
+'''
+
+
+@pytest.mark.timeout(120)
+def test_polled_implicit_puts_complete(tmp_path):
+    need("tcp;ofi_rxm")
+    run(tmp_path, POLLED_NBI_WORKER, 2, "tcp;ofi_rxm", launcher_timeout=90).check()
+
+
+@pytest.mark.timeout(120)
+def test_wait_some_times_out(tmp_path):
+    need("tcp;ofi_rxm")
+    run(tmp_path, WAIT_SOME_TIMEOUT_WORKER, 2, "tcp;ofi_rxm", launcher_timeout=90).check()

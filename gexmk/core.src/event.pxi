@@ -211,17 +211,25 @@ def wait_all(events):
         e.wait()
 
 
-def wait_some(events):
+def wait_some(events, timeout=None):
     """Wait until at least one event is complete; return the indices of the
-    complete ones (GASNet-EX ``gex_Event_WaitSome``)."""
+    complete ones (GASNet-EX ``gex_Event_WaitSome``).  Raises TimeoutError
+    when none completes within ``timeout`` seconds (None: GEXMK_TIMEOUT)."""
     events = list(events)
     live = _events(events)
     if not live:
         return []
+    limit = _timeout_now() if timeout is None else float(timeout)
+    if not limit > 0:
+        raise ArgumentError(f"wait_some: timeout={timeout!r}: a number of seconds above 0, or None")
+    deadline = time.monotonic() + limit
     while True:
         done = [i for i, e in enumerate(events) if e is not None and (<Event>e).test()]
         if done:
             return done
+        if time.monotonic() > deadline:
+            raise TimeoutError_(f"wait_some: none of {len(live)} events completed within "
+                                f"{limit:g} s (timeout=, default GEXMK_TIMEOUT)")
         _yield_cpu()
 
 

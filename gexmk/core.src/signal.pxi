@@ -101,6 +101,11 @@ cdef int _signal_init(Client c) except -1:
     return 0
 
 
+def _timeout_now():
+    """GEXMK_TIMEOUT of this process (the waits' bound), for code above here."""
+    return _wait_timeout
+
+
 def _wait_tuning(spin_us=None, yield_us=None, nap_us=None, gil_spin=None, defaults=False):
     """Private: set how long this process's waits spin and yield (µs) before
     sleeping, the first and longest sleep (µs, a pair; a third value: the longest

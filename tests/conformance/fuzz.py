@@ -146,6 +146,9 @@ AMOS = ["amo", "amo_nb", "amo_nbi"]
 SIGS = ["put_signal", "put_signal_nb", "put_signal_nbi", "signal_op"]
 LCS = ["default", "NOW", "DEFER", "GROUP", "leaf"]
 SRCS = ["bytes", "bytearray", "memoryview", "numpy", "numpy-u32", "tuple"]
+#: the VIS calls a put or get may become (Gen.vis_form): op -> the method's suffix
+VIS_OF = {"put": "", "put_nb": "_nb", "put_nbi": "_nbi", "get": "", "get_nb": "_nb",
+          "get_nbi": "_nbi"}
 
 
 class It:
@@ -176,6 +179,16 @@ def _short(v):
     if isinstance(v, (list, tuple)):
         return "(" + ",".join(_short(x) for x in v) + ")"
     return str(v)
+
+
+def _vis_unpermute(buf, n, blk, perm):
+    """A copy of a VIS get's local buffer (guards around n bytes) with its
+    blocks back in the remote order: local block i came from remote perm[i]."""
+    out = (buf.cpu().numpy() if not isinstance(buf, np.ndarray) else buf).copy()
+    body = out[GUARD:GUARD + n].reshape(-1, blk).copy() if n else out[GUARD:GUARD]
+    if n:
+        out[GUARD:GUARD + n].reshape(-1, blk)[perm] = body
+    return out
 
 
 def _torch():
@@ -1130,8 +1143,12 @@ class Gen:
     """Builds the plan of a seed: a random walk that the model keeps sensible
     (mostly valid targets, now and then a wrong one on purpose)."""
 
-    def __init__(self, seed, n, transport, length, stale=False, known=False):
+    def __init__(self, seed, n, transport, length, stale=False, known=False, vis=True):
         self.R = random.Random(seed * 7919 + n)
+        # VIS forms of puts and gets (issue 22) draw from a stream of their own,
+        # so that plans made without them (vis=False: the regression seeds
+        # recorded before) are what they were
+        self.V = random.Random(seed * 104729 + n) if vis else None
         self.seed, self.n, self.tr = seed, n, base_transport(transport)
         gpu = transport in GPU_OF
         self.srcs = SRCS + ["cuda"] if gpu else SRCS
@@ -1153,6 +1170,23 @@ class Gen:
         self.avoid_stale = self.tr in STALE_UNSAFE and not stale
         self.may_change = {}
         self.made = {}          # rank -> TM-pairs (i, j) its executor has made
+
+    def vis_form(self, a):
+        """Make a put or get of [off, off + n) a VIS call over the same bytes:
+        n cut to k blocks of ``blk`` bytes, moved in a permuted order (vector,
+        indexed: remote block perm[i] <-> local block i) or through a strided
+        shape (2-D, ``elem``-byte elements; the local side of a put has gaps
+        between rows).  The bytes the target ends with are the plain put's,
+        so the model is unchanged (fuzz Worker.x_vis builds the sides)."""
+        V = self.V
+        n = a["n"]
+        blk = V.choice([b for b in (1, 2, 3, 4, 8, 16, 64, 512, 4096) if b <= n])
+        a["n"] = (n // blk) * blk
+        a["vis"] = V.choice(["vector", "indexed", "strided"])
+        a["blk"] = blk
+        a["perm"] = V.getrandbits(31)
+        a["elem"] = V.choice([e for e in (1, 2, 4, 8, blk) if blk % e == 0])
+        a["form"] = V.randrange(4)      # how the lists are given (tuples, ints, arrays, buffers)
 
     def emit(self, it):
         i = len(self.plan)
@@ -1530,6 +1564,8 @@ class Gen:
                 a["dst"] = R.choice(self.dsts)
             else:
                 a["n"] = R.randrange(1, 9)
+            if self.V is not None and op in VIS_OF and n > 0 and self.V.random() < 0.25:
+                self.vis_form(a)
             n_eff = a["n"]
         if op not in AMOS and x < 0.07:
             a["off"] = R.choice([size - max(1, n_eff // 2), size, size + 4096, -8])
@@ -1651,11 +1687,11 @@ KNOWN_BUGS = {
 }
 
 
-def make_plan(seed, n, transport, length=None, stale=False, known=False):
-    """(plan, victim) of a seed."""
+def make_plan(seed, n, transport, length=None, stale=False, known=False, vis=True):
+    """(plan, victim) of a seed (``vis``: puts and gets may take VIS forms)."""
     if length is None:
         length = 4 + seed % 5
-    g = Gen(seed, n, transport, length, stale, known)
+    g = Gen(seed, n, transport, length, stale, known, vis)
     plan = g.run()
     for i, it in enumerate(plan):
         it.idx = i
@@ -2015,7 +2051,10 @@ class Worker:
         what = f"{op}"
         rec = {}
         g = self.g
-        if op in ("put", "put_nb", "put_nbi", "put_signal", "put_signal_nb", "put_signal_nbi"):
+        if "vis" in a:
+            if not self.x_vis(exp, tm, rank, addr, rec):
+                return
+        elif op in ("put", "put_nb", "put_nbi", "put_signal", "put_signal_nb", "put_signal_nbi"):
             data = pattern(a["n"], a["seed"]).tobytes()
             src, keep = self.source(a, data)
             kw = {}
@@ -2100,6 +2139,90 @@ class Worker:
             rec["what"] = f"#{self.cur[1].idx} {op}"
             self.pend[exp.pend] = rec
 
+    def x_vis(self, exp, tm, rank, addr, rec):
+        """A put or get of [addr, addr + n) as the VIS call Gen.vis_form chose;
+        False when it raised (checked) or completed (checked).  A put's local
+        side holds the bytes so arranged that the target ends with the plain
+        put's data; a get's lands permuted and is put back in order before the
+        model's check (_vis_unpermute)."""
+        a = self.cur[1].a
+        op, n, blk, kind = a["op"], a["n"], a["blk"], a["vis"]
+        k = n // blk
+        perm = np.random.default_rng(a["perm"]).permutation(k)
+        form = a["form"]
+        put = op.startswith("put")
+        name = f"{op.split('_')[0]}_{kind}{VIS_OF[op]}"
+        fn = getattr(tm, name)
+        kw = {}
+        if put and op != "put":
+            lc = a.get("lc", "default")
+            if lc == "leaf":
+                kw["lc"] = self.g.LeafEvent()
+            elif lc != "default":
+                kw["lc"] = getattr(self.g, "LC_" + lc)
+        rem = [addr + int(p) * blk for p in perm]
+        if put:
+            data = np.frombuffer(pattern(n, a["seed"]).tobytes(), np.uint8)
+            if kind == "strided":
+                # rows of blk bytes, a gap of blk after each: [row i] <- data row i
+                loc = np.zeros(2 * n, np.uint8)
+                loc.reshape(k, 2 * blk)[:, :blk] = data.reshape(k, blk)
+            else:
+                loc = data.reshape(k, blk)[perm].reshape(-1).copy()
+            keep = _torch().from_numpy(loc).cuda() if a.get("src") == "cuda" else loc
+            base = keep.data_ptr() if not isinstance(keep, np.ndarray) else keep.ctypes.data
+            if kind == "vector":
+                dsts = [(r, blk) for r in rem]
+                srcs = ([keep] if form == 0 and isinstance(keep, np.ndarray) else
+                        [(base + i * blk, blk) for i in range(k)])
+                args = (rank, dsts, srcs)
+            elif kind == "indexed":
+                dsts = np.array(rem, np.uint64) if form & 1 else rem
+                srcs = [base] if form == 3 else (np.array([base + i * blk for i in range(k)],
+                                                          np.uint64) if form & 1 else
+                                                 [base + i * blk for i in range(k)])
+                args = (rank, dsts, blk, srcs, n if form == 3 else blk)
+            else:
+                e = a["elem"]
+                args = (rank, addr, [e, blk], base, [e, 2 * blk], e, [blk // e, k])
+            res, err = self.call(exp, name, fn, *args, **kw)
+            if err is not None:
+                return False
+            lc = a.get("lc", "default")
+            rec.update(keep=keep, ev=res if op == "put_nb" else None, lc=lc, kw=kw)
+            now = op == "put" or lc in ("default", "NOW")
+            if op == "put_nbi" and lc == "leaf":
+                kw["lc"].wait()
+                now = True
+            if now:
+                self.scribble(keep)
+                rec["keep"] = None
+            return True
+        obj, buf = self.dest(a, n)
+        base = (buf.data_ptr() if not isinstance(buf, np.ndarray) else buf.ctypes.data) + GUARD
+        if kind == "vector":
+            dsts = ([(base + i * blk, blk) for i in range(k)] if form != 0 else
+                    [(base, n)])     # the local side uncut: its bytes in the remote order
+            args = (dsts, rank, [(r, blk) for r in rem])
+        elif kind == "indexed":
+            srcs = np.array(rem, np.uint64) if form & 1 else rem
+            dsts = [base] if form == 3 else [base + i * blk for i in range(k)]
+            args = (dsts, n if form == 3 else blk, rank, srcs, blk)
+        else:
+            e = a["elem"]
+            perm = np.arange(k)
+            args = (base, [e, blk], rank, addr, [e, blk], e, [blk // e, k])
+        res, err = self.call(exp, name, fn, *args)
+        if err is not None:
+            self.check_dest(name, buf, n, None, moved=exp.kind == "maybe")
+            return False
+        if op == "get":
+            self.check_dest(name, _vis_unpermute(buf, n, blk, perm), n, exp.data, moved=True)
+            return False
+        rec.update(buf=buf, n=n, ev=res if op == "get_nb" else None, obj=obj,
+                   unperm=(blk, perm))
+        return True
+
     def check_fetch(self, want, got, a):
         if want is None:
             return
@@ -2121,7 +2244,10 @@ class Worker:
             return
         if "buf" in rec:
             data = (p.get[0], p.get[1]) if p.get is not None else None
-            self.check_dest(rec.get("what", "get"), rec["buf"], rec["n"], data, moved=True)
+            buf = rec["buf"]
+            if "unperm" in rec:
+                buf = _vis_unpermute(buf, rec["n"], *rec["unperm"])
+            self.check_dest(rec.get("what", "get"), buf, rec["n"], data, moved=True)
         self.scribble(rec.get("keep"))
 
     def wait_event(self, p, exp):
@@ -2352,7 +2478,8 @@ class Worker:
 def worker_main(args):
     n = int(os.environ["GEXMK_SIZE"])
     me = int(os.environ["GEXMK_RANK"])
-    plan, victim = make_plan(args.seed, n, args.transport, args.length, args.stale, args.known_bugs)
+    plan, victim = make_plan(args.seed, n, args.transport, args.length, args.stale, args.known_bugs,
+                             not args.no_vis)
     plan = keep_items(plan, args.keep)
     exps = simulate(plan, n, args.transport, victim)
     Worker(plan, exps, me, n, trace=args.trace).run()
@@ -2410,11 +2537,13 @@ class Outcome:
         self.seed, self.n, self.transport, self.keep = seed, n, transport, keep
 
     stale = known = False
+    vis = True
 
     def replay(self):
         k = f" --keep {self.keep}" if self.keep else ""
         k += " --stale" if self.stale else ""
         k += " --known-bugs" if self.known else ""
+        k += "" if self.vis else " --no-vis"
         return (f"python tests/conformance/fuzz.py --seed {self.seed} --ranks {self.n} "
                 f"--transport {self.transport}{k}")
 
@@ -2423,10 +2552,10 @@ class Outcome:
 
 
 def run_seed(seed, transport="nbrhd", n=None, length=None, keep=None, trace=False, tmpdir=None,
-             stale=False, known=False):
+             stale=False, known=False, vis=True):
     """Run one seed as a job; an :class:`Outcome`."""
     n = n or ranks_of(seed)
-    plan, victim = make_plan(seed, n, transport, length, stale, known)
+    plan, victim = make_plan(seed, n, transport, length, stale, known, vis)
     plan = keep_items(plan, keep)
     killed = victim is not None and any(it.kind == "kill" for it in plan)
     # --keep-going: a rank that fails must not take down one that hangs before
@@ -2447,6 +2576,8 @@ def run_seed(seed, transport="nbrhd", n=None, length=None, keep=None, trace=Fals
         cmd.append("--stale")
     if known:
         cmd.append("--known-bugs")
+    if not vis:
+        cmd.append("--no-vis")
     env = mp_util.child_env(job_env(transport))
     env["GEXMK_TEST_TRACEBACK_AFTER"] = "0"
     with tempfile.TemporaryDirectory(prefix="gexmk-fuzz-", dir=tmpdir) as cwd:
@@ -2454,7 +2585,7 @@ def run_seed(seed, transport="nbrhd", n=None, length=None, keep=None, trace=Fals
                                   script=f"fuzz seed {seed}")
     clean_shm(res.stdout)
     o = Outcome(*judge(res, n, victim if killed else None), res, seed, n, transport, keep)
-    o.stale, o.known = stale, known
+    o.stale, o.known, o.vis = stale, known, vis
     return o
 
 
@@ -2515,8 +2646,8 @@ def judge(res, n, victim):
     return True, "ok"
 
 
-def show(seed, n, transport, length, keep, stale=False, known=False):
-    plan, victim = make_plan(seed, n, transport, length, stale, known)
+def show(seed, n, transport, length, keep, stale=False, known=False, vis=True):
+    plan, victim = make_plan(seed, n, transport, length, stale, known, vis)
     plan = keep_items(plan, keep)
     exps = simulate(plan, n, transport, victim)
     print(f"# seed {seed}: {n} ranks, {transport}, victim {victim}, {len(plan)} items")
@@ -2536,16 +2667,16 @@ def signature(reason):
     return m.group(1) if m else reason.split(":")[0]
 
 
-def minimise(seed, n, transport, length, budget, stale=False, known=False):
+def minimise(seed, n, transport, length, budget, stale=False, known=False, vis=True):
     """Delta debugging over the plan's items (ddmin, coarse to fine): the
     smallest subset found that still fails the same way (same first word of
     the reason).  Returns (keep string, Outcome)."""
-    first = run_seed(seed, transport, n, length, stale=stale, known=known)
+    first = run_seed(seed, transport, n, length, stale=stale, known=known, vis=vis)
     if first.ok:
         print("the seed passes: nothing to minimise")
         return None, first
     sig = signature(first.reason)
-    plan, victim = make_plan(seed, n, transport, length, stale, known)
+    plan, victim = make_plan(seed, n, transport, length, stale, known, vis)
     cur = [i for i, it in enumerate(plan) if it.kind not in FIXED]
     best = first
     t0 = time.monotonic()
@@ -2555,7 +2686,7 @@ def minimise(seed, n, transport, length, budget, stale=False, known=False):
         reduced = False
         for k in range(0, len(cur), size):
             trial = cur[:k] + cur[k + size:]
-            o = run_seed(seed, transport, n, length, keep=ranges(trial) or "-1", stale=stale,
+            o = run_seed(seed, transport, n, length, keep=ranges(trial) or "-1", stale=stale, vis=vis,
                          known=known)
             print(f"  {len(trial):4d} items: {'fails' if not o.ok else 'passes'} "
                   f"{o.reason[:100] if not o.ok else ''}", flush=True)
@@ -2592,6 +2723,8 @@ def main(argv=None):
                     help="over ofi too, reach peers' segments unbound or destroyed since publication")
     ap.add_argument("--known-bugs", action="store_true",
                     help="do not leave out what trips the known bugs (KNOWN_BUGS)")
+    ap.add_argument("--no-vis", action="store_true",
+                    help="plans without VIS forms of puts and gets (as made before they were added)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -2600,7 +2733,7 @@ def main(argv=None):
         else [args.transport]
     if args.show is not None:
         show(args.show, args.ranks or ranks_of(args.show), trs[0], args.length, args.keep, args.stale,
-             args.known_bugs)
+             args.known_bugs, not args.no_vis)
         return 0
     if args.soak:
         return soak(args, trs)
@@ -2610,13 +2743,14 @@ def main(argv=None):
     for tr in trs:
         if args.minimise:
             keep, o = minimise(args.seed, args.ranks or ranks_of(args.seed), tr, args.length,
-                               args.budget, args.stale, args.known_bugs)
+                               args.budget, args.stale, args.known_bugs, not args.no_vis)
             if keep is not None:
                 print(f"minimal: --keep {keep}\n{o.reason}\nreplay: {o.replay()}")
-                show(args.seed, o.n, tr, args.length, keep, args.stale, args.known_bugs)
+                show(args.seed, o.n, tr, args.length, keep, args.stale, args.known_bugs,
+                     not args.no_vis)
             continue
         o = run_seed(args.seed, tr, args.ranks, args.length, args.keep, args.trace, stale=args.stale,
-                     known=args.known_bugs)
+                     known=args.known_bugs, vis=not args.no_vis)
         print(f"seed {args.seed} {tr} ({o.n} ranks): {'ok' if o.ok else 'FAILED'} "
               f"in {o.res.elapsed:.1f} s")
         if not o.ok:
@@ -2633,7 +2767,8 @@ def soak(args, trs):
     runs, failures = 0, []
     while time.monotonic() < t_end:
         for tr in trs:
-            o = run_seed(seed, tr, args.ranks, args.length, stale=args.stale, known=args.known_bugs)
+            o = run_seed(seed, tr, args.ranks, args.length, stale=args.stale, known=args.known_bugs,
+                         vis=not args.no_vis)
             runs += 1
             status = "ok" if o.ok else "FAILED: " + o.reason[:160]
             print(f"seed {seed:7d} {tr:15s} {o.n} ranks {o.res.elapsed:5.1f} s  {status}", flush=True)
