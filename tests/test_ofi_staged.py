@@ -297,7 +297,7 @@ with gexmk.init() as c:
     assert np.array_equal(seg.view(np.uint8)[:src.size], np.arange(100000, dtype=np.uint8) + left)
     ctx = c.ep(0).contexts["ofi"]
     lo, size, ring = ctx.zone_extent
-    assert ctx.zone_rings["zone"][0] == 1, ctx.zone_rings
+    assert ctx.zone_rings["zone"]["backed"] == 1, ctx.zone_rings
     assert present(lo + left * ring), "the used ring was never read"
     untouched = [r for r in range(tm.size) if r != left and not present(lo + r * ring)]
     assert untouched == [r for r in range(tm.size) if r != left], \

@@ -227,9 +227,13 @@ def test_vis_packer_over_tcp(tmp_path, packer):
 
 
 CAP_WORKER = r'''
-# GEXMK_OFI_ZONE_RINGS=1: rank 0's zones back one initiator's ring; rank 1
-# comes first and is served through them, rank 2 is refused: its packed VIS
-# goes direct (host target), its staged transfers raise (staged target).
+# GEXMK_OFI_ZONE_RINGS=1 and GEXMK_OFI_RING_IDLE=0 (no ring is ever released):
+# rank 0's zones back one initiator's ring; rank 1 comes first and is served
+# through them, rank 2 is refused: its packed VIS goes direct (host target),
+# its staged transfers wait for a ring and time out naming the cap (staged
+# target; rank 2's GEXMK_TIMEOUT is short, the others' not).
+if os.environ.get("GEXMK_RANK") == "2":
+    os.environ["GEXMK_TIMEOUT"] = "2"
 c = gexmk.init()
 tm = c.tm
 seg = c.segment_attach(1 << 20)
@@ -244,10 +248,13 @@ for turn in (1, 2):
     dst = [(base + blk * int(i), blk) for i in np.random.default_rng(turn).permutation(n)]
     srcs = [(src.ctypes.data + blk * k, blk) for k in range(n)]
     if staged and turn == 2:
-        e = expect_raises(E.CommunicationError, tm.put_vector, 0, dst, srcs)
-        assert "GEXMK_OFI_ZONE_RINGS" in str(e), e
-        e = expect_raises(E.CommunicationError, tm.put, 0, base, src[:100])
-        log("refused", e)
+        t0 = time.monotonic()
+        e = expect_raises(E.TimeoutError, tm.put_vector, 0, dst, srcs)
+        assert "GEXMK_OFI_ZONE_RINGS" in str(e) and "backs 1 at once" in str(e), e
+        e = expect_raises(E.TimeoutError, tm.put, 0, base, src[:100])
+        log("refused", time.monotonic() - t0, "s:", e)
+        st = c.transports["ofi"].domain.ring_stats
+        assert st["waited"] > 0 and st["opened"] == 0, st
         continue
     tm.put_vector(0, dst, srcs)
     back = np.zeros(n * blk, np.uint8)
@@ -261,7 +268,9 @@ tm.barrier()
 if tm.rank == 0:
     rings = c.ep(0).contexts["ofi"].zone_rings
     log("rings", rings)
-    assert rings["zone" if staged else "vis"] == (1, 1, 1), rings
+    z = rings["zone" if staged else "vis"]
+    assert (z["backed"], z["backs"], z["released"], z["cap"]) == (1, 1, 0, 1), rings
+    assert z["refused"] >= 1, rings
 tm.barrier()
 c.finalize()
 print("OK")
@@ -271,12 +280,13 @@ print("OK")
 @pytest.mark.parametrize("staged", [False, True], ids=["host", "staged"])
 def test_zone_ring_cap(tmp_path, staged):
     """issue 23: a zone backs rings for at most GEXMK_OFI_ZONE_RINGS
-    initiators; the next is refused at its first request: direct VIS to a
-    host segment, a CommunicationError naming the setting to a staged one --
-    never a hang."""
+    initiators at once; with no ring ever released (GEXMK_OFI_RING_IDLE=0)
+    the next is refused: direct VIS to a host segment, a staged transfer
+    waits GEXMK_TIMEOUT and raises TimeoutError naming the cap -- never a
+    hang."""
     need("tcp;ofi_rxm")
     env = ofi_env("tcp;ofi_rxm")
-    env.update(GEXMK_OFI_ZONE_RINGS="1", GEXMK_TIMEOUT="30")
+    env.update(GEXMK_OFI_ZONE_RINGS="1", GEXMK_OFI_RING_IDLE="0", GEXMK_TIMEOUT="30")
     if staged:
         env.update(GEXMK_OFI_STAGE="all", GEXMK_OFI_STAGE_CHUNK="64K", GEXMK_OFI_STAGE_SLOTS="3")
     r = mp_util.run_job(tmp_path, CAP_WORKER, 3, launcher_timeout=150, env=env)

@@ -292,8 +292,12 @@ cdef struct ofi_zone:       # a device-bound endpoint's landing zone (staged.pxi
     unsigned char* ring_state   # nrings: RING_* -- rings are backed (and pinned) per initiator on
                                 # its first request, at most cap of them (issue 23)
     int cap                 # rings that may be backed at once (0: every job rank's)
-    int active              # rings backed so far
-    int refused             # initiators turned away (cap reached)
+    int active              # rings backed now
+    long refused            # first requests answered STG_EFULL (cap reached; the initiator retries)
+    long backs              # rings backed (a released ring backed again counts again)
+    long releases           # rings released by their initiators (STG_RELEASE), memory given back
+    double want_until       # a request was refused lately: done words ask holders to release
+    unsigned char* open_slot    # nrings: the slot of the next request of a ring not backed
     int vis_only            # the zone of a host segment: packed VIS only (vis.pxi, "ofi-landed")
     size_t bell_off         # the doorbells, after the rings (and bounce): a byte per ring an
     size_t bell2_off        # initiator sets before its first request, a byte per 64 rings the
@@ -338,6 +342,8 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
     uint64_t stg_ok[STG_MAX_SLOTS]      # ... of those, the last one known served without error
     uint64_t stg_rb[3 * STG_MAX_SLOTS]  # done, status and result words as last read back
     uint64_t stg_dbuf[16]   # a descriptor being sent
+    uint64_t stg_rel[16]    # a release (staged.pxi _stg_release), sent without waiting: its
+                            # own buffer, in flight while the application sends others
     int gone                # its endpoint was found closed since its publication (rma.pxi
                             # _gone): operations that meet a full queue fail at once
     double probe_at         # when that was last looked into (_now())
@@ -346,7 +352,15 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
     char shm_path[80]       # ... its region's path there ("": not known yet, "-": none)
     long out                # ops of this process in flight to it (as ofi_ep.live counts them)
     int local               # its process runs on this node (its pid is ours to look at)
-    int stg_open            # this process's ring in t's zone: 0 not asked yet, 1 backed, 2 refused
+    int stg_open            # this process's ring in t's zone: 0 not backed (never asked, or
+                            # released), 1 backed, 2 refused (VIS: direct until stg_retry_at),
+                            # 3 released, the release's answer not yet read (staged.pxi)
+    double stg_used         # when the last operation through the ring ended (_now_coarse())
+    double stg_retry_at     # a refused VIS ring asks again from then on
+    int stg_held            # listed in dom.held (rings this process holds: idle release)
+    int stg_wanted          # the zone asked holders to release (STG_WANT in a done word)
+    ofi_ep* stg_ep          # the endpoint of the last operation through the ring (releases
+                            # go through it while it is live: no new connection for them)
     int vzone               # a host segment whose zone takes packed VIS (vis.pxi, "ofi-landed")
 
 
@@ -402,6 +416,16 @@ cdef struct ofi_dom:
     size_t stg_chunk        # GEXMK_OFI_STAGE_CHUNK
     int stg_nrings          # the job's size: one ring per initiator
     int zone_rings          # GEXMK_OFI_ZONE_RINGS: rings a zone backs at most (0: no cap)
+    double ring_idle        # GEXMK_OFI_RING_IDLE: an initiator releases a ring idle this long (0: never)
+    int zone_madvise        # released rings' pages go back to the OS (registration pins nothing)
+    ofi_peer** held         # rings this process holds in peers' zones (staged.pxi idle release)
+    int nheld
+    int held_cap
+    int held_lock
+    double idle_next        # the next look for idle rings (_now_coarse())
+    long n_ring_opens       # rings this process had backed in peers' zones (first use or again)
+    long n_ring_releases    # ... and released
+    long n_ring_waits       # first requests refused that a staged operation waited out (cap)
     int vis_zone            # host segments get a VIS landing zone (GEXMK_OFI_VIS_LAND > 0)
     size_t vis_land         # ... fragments up to this size are packed through it
     int vis_land_put        # ... puts too (else gets only)
@@ -724,6 +748,10 @@ cdef class OfiTransport:
             p.c.hmem = 1
         else:
             p.c.stg = 1
+        if self.domain.d.ring_idle > 0:
+            # the lander thread gives this process's idle rings back while it
+            # computes or sits in a bootstrap collective (staged.pxi)
+            self.domain.start_lander()
         return p
 
     def reach(self, epctx, peer, ctx):
@@ -748,8 +776,8 @@ cdef class OfiTransport:
         # (the target's atomics still run by its lander); ofi-staged wins over it
         name = "ofi-staged" if staged else ("ofi-hmem" if p.c.hmem or epctx.hmem else "ofi")
         # VIS of small blocks to a host segment with a VIS landing zone: packed
-        # through it (vis.pxi), unless this process's ring there was refused
-        vis = "ofi-landed" if p.c.vzone and not staged and p.c.stg_open != 2 else None
+        # through it (vis.pxi; a call the zone refuses a ring goes direct)
+        vis = "ofi-landed" if p.c.vzone and not staged else None
         return Reach(name, score, amo, <uintptr_t>&_OPS, p.handle, 0,
                      None, bool(staged), bool(self.domain.d.waw) and not staged, 0, vis)
 

@@ -49,6 +49,7 @@ class GroupResult:
         self.finalize = None        # None: clean; else a sentence
         self.skipped = None         # a reason when the path is not offered here
         self.log = []               # one line per job started
+        self.counters = {}          # rank -> what its worker reported at the end ("K" line)
 
 
 def _read_log(path):
@@ -70,6 +71,19 @@ def _read_log(path):
             i, _, rec = line[2:].partition(" ")
             done[int(i)] = json.loads(rec)
     return started, done, fin, up
+
+
+def _read_counters(path):
+    """The last ``K <json>`` line of one rank's log (its transport counters), or {}."""
+    got = {}
+    try:
+        with open(path) as f:
+            for line in f.read().split("\n")[:-1]:
+                if line.startswith("K "):
+                    got = json.loads(line[2:])
+    except FileNotFoundError:
+        pass
+    return got
 
 
 def _tail(path, n=3000):
@@ -165,6 +179,8 @@ def _run(path, cells, workdir, plan_file, res):
                 proc.wait()
             _remove_dead_regions(shm_before)
         logs = [_read_log(os.path.join(outdir, f"rank{r}.log")) for r in range(path.ranks)]
+        for r in range(path.ranks):
+            res.counters[r] = _read_counters(os.path.join(outdir, f"rank{r}.log"))
         stderr = _tail(os.path.join(outdir, "stderr"))
         for i in range(start, len(cells)):
             if all(i in l[1] for l in logs):

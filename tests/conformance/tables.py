@@ -77,6 +77,11 @@ PATHS = [
     Path("ofi-staged", 2, dict(_STAGE, GEXMK_OFI_STAGE="all", **_TCP),
          {"host": "ofi-staged", "client": "ofi-staged", "device": "ofi-staged"},
          doc="libfabric tcp;ofi_rxm through the owner's landing zone (forced for host segments)"),
+    Path("ofi-rings", 2, dict(_STAGE, GEXMK_OFI_STAGE="all", GEXMK_OFI_ZONE_RINGS="1",
+                              GEXMK_OFI_RING_IDLE="0.001", **_TCP),
+         {"host": "ofi-staged", "client": "ofi-staged", "device": "ofi-staged"},
+         doc="ofi-staged with one ring per landing zone, released after 1 ms unused: most "
+             "operations ask for their ring again (issue 23)"),
     Path("ofi-hmem", 2, dict(_STAGE, GEXMK_OFI_HMEM="system", **_SHM),
          {"host": "ofi-hmem", "client": "ofi-hmem"},
          doc="libfabric FI_HMEM registration (FI_HMEM_SYSTEM for host segments, to run the "

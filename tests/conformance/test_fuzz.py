@@ -32,6 +32,7 @@ CI_SEEDS = [
     ("ofi-shm", 2), ("ofi-shm", 4), ("ofi-shm", 7),
     ("ofi-tcp-staged", 2), ("ofi-tcp-staged", 5), ("ofi-tcp-staged", 9),
     ("ofi-shm-staged", 1), ("ofi-shm-staged", 3), ("ofi-shm-staged", 8),
+    ("ofi-tcp-rings", 2), ("ofi-tcp-rings", 5), ("ofi-tcp-rings", 9),
 ]
 
 #: the harness's limit on one job (the launcher's own is fuzz.JOB_LIMIT)

@@ -677,6 +677,9 @@ def main():
         _emit(fd, f"S {idx}")
         rec = job.run(idx, cell)
         _emit(fd, f"R {idx} {json.dumps(rec)}")
+    ofi = job.client.transports.get("ofi")
+    if ofi is not None:
+        _emit(fd, "K " + json.dumps({"ring_stats": ofi.domain.ring_stats}))
     job.client.finalize()
     _emit(fd, "F")
 

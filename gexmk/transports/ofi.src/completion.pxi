@@ -337,6 +337,7 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
     if ep.ep == NULL:
         with gil:
             raise StateError("nbi_wait: the endpoint's network context is closed")
+    _ring_idle_check(ep)
     gx_add_long(&ep.dom.waiters, 1)
     _app_active(ep.dom)
     for c in range(3):
@@ -490,6 +491,9 @@ cdef int net_nbi_test(void* epv, int categories) except -1 nogil:
     cdef int c, i
     if ep.ep == NULL:
         return 1
+    # waits and barriers give back rings left unused (staged.pxi; a few
+    # loads unless one is due)
+    _ring_idle_check(ep)
     if categories & GX_WAIT_SLEEP:
         return _wait_sleep(ep, GX_WAIT_SLEEP_OF(categories))
     if categories & GX_WAIT_SETTLE:

@@ -4,6 +4,30 @@ cdef uint64_t _WANT_MR_MODE = (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
                                | FI_MR_ENDPOINT | FI_MR_RAW)
 
 
+# GEXMK_OFI_ZONE_RINGS and GEXMK_OFI_RING_IDLE (staged.pxi): rings a landing
+# zone backs at once (1 GiB resident per zone at most with the default 4 MiB
+# rings), and seconds a ring sits unused before its initiator releases it
+ZONE_RINGS_DEFAULT = 256
+RING_IDLE_DEFAULT = 3.0
+
+
+def _env_seconds(name, default):
+    """A duration setting in seconds (0 or more, finite); bad text raises
+    ArgumentError naming it."""
+    from gexmk.errors import ArgumentError
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (0 <= value < 1e9):
+        raise ArgumentError(f"{name}={text!r}: expected a number of seconds, 0 or more "
+                            "(0: never)")
+    return value
+
+
 _PREFERENCE = ["cxi", "efa", "verbs;ofi_rxm", "psm3", "opx", "tcp;ofi_rxm", "net;ofi_rxm",
                "sockets", "shm"]
 
@@ -62,7 +86,10 @@ cdef class Domain:
         # landing zones back a ring per initiator on its first request, at most
         # this many per zone (0: no cap); host segments' VIS zones (vis.pxi):
         # fragments up to GEXMK_OFI_VIS_LAND bytes packed through them (0: none)
-        self.d.zone_rings = env_int("GEXMK_OFI_ZONE_RINGS", 0, 0, 1 << 20)
+        self.d.zone_rings = env_int("GEXMK_OFI_ZONE_RINGS", ZONE_RINGS_DEFAULT, 0, 1 << 20)
+        # an initiator gives its ring in a peer's zone back after this long
+        # unused (staged.pxi _ring_idle_check); 0: never
+        self.d.ring_idle = _env_seconds("GEXMK_OFI_RING_IDLE", RING_IDLE_DEFAULT)
         self.d.vis_land = env_int("GEXMK_OFI_VIS_LAND", VIS_LAND_DEFAULT, 0, 1 << 30)
         self.d.vis_zone = self.d.vis_land > 0
         split_wanted = config.ofi_split
@@ -179,6 +206,11 @@ cdef class Domain:
         if not os.environ.get("GEXMK_OFI_VIS_LAND", "").strip() and not any(
                 p in self.provider for p in ("tcp", "net", "shm", "sockets", "udp")):
             self.d.vis_zone = 0
+        # A released ring's pages go back to the OS only where registration
+        # pins nothing: a NIC that pinned them would go on writing the old
+        # pages while the process reads new zero ones.
+        self.d.zone_madvise = any(p in self.provider for p in ("tcp", "net", "shm", "sockets",
+                                                                "udp"))
         # Puts landed only over sockets (tcp, net): over shm a direct put_vector
         # of 1024 x 4 KiB took 1.3-2.0 ms, landed 3.0-5.2 ms; gets landed
         # everywhere (shm direct: 30 ms, landed: 2.3-5.0 ms; bench/README.md)
@@ -455,6 +487,18 @@ cdef class Domain:
                 "refused": self.d.n_vis_refused, "packed-ahead": _pk.jobs}
 
     @property
+    def ring_stats(self):
+        """This process's rings in peers' landing zones (staged and VIS zones
+        alike, issue 23): ``opened`` -- rings a zone backed for it (on first
+        use, and again after a release), ``released`` -- rings it gave back
+        after GEXMK_OFI_RING_IDLE seconds unused (or sooner, when the zone
+        asked: another initiator was waiting), ``waited`` -- first requests a
+        zone refused (GEXMK_OFI_ZONE_RINGS reached) that a staged operation
+        waited out, ``held`` -- rings it holds now."""
+        return {"opened": self.d.n_ring_opens, "released": self.d.n_ring_releases,
+                "waited": self.d.n_ring_waits, "held": self.d.nheld}
+
+    @property
     def landed(self):
         """Staged requests (puts, gets, atomics of chunks) this process's lander served."""
         return self.d.landed
@@ -530,6 +574,9 @@ cdef class Domain:
             fi_freeinfo(self.d.rma_info)
             self.d.rma_info = NULL
         self.d.split = 0
+        free(self.d.held)
+        self.d.held = NULL
+        self.d.nheld = self.d.held_cap = 0
 
     def __dealloc__(self):
         # STYLE rule 4: C fields only, never Python calls.  A progress thread

@@ -189,15 +189,15 @@ cdef class OfiEndpoint:
 
     @property
     def zone_rings(self):
-        """``{"zone": (backed, refused, cap), "vis": (...)}`` for this
-        endpoint's landing zone and its host segment's VIS zone (None where
-        there is none): rings backed for initiators so far (each on its first
-        request), initiators turned away, and the cap (GEXMK_OFI_ZONE_RINGS;
-        0: none)."""
-        cdef ofi_zone* z = self.e.zone
-        cdef ofi_zone* v = self.e.vzone
-        return {"zone": (z.active, z.refused, z.cap) if z != NULL else None,
-                "vis": (v.active, v.refused, v.cap) if v != NULL else None}
+        """``{"zone": {...}, "vis": {...}}`` for this endpoint's landing zone
+        and its host segment's VIS zone (None where there is none), each
+        ``backed`` (rings backed now), ``backs`` (rings backed so far, each on
+        its initiator's first request or its first after a release),
+        ``released`` (rings their initiators gave back, GEXMK_OFI_RING_IDLE:
+        their pages returned to the OS), ``refused`` (first requests turned
+        away while ``cap`` rings were backed; the initiator asks again) and
+        ``cap`` (GEXMK_OFI_ZONE_RINGS; 0: none)."""
+        return {"zone": _zone_counts(self.e.zone), "vis": _zone_counts(self.e.vzone)}
 
     @property
     def lander_work(self):

@@ -25,11 +25,23 @@
 # memory goes straight to the network.  One staged operation at a time per
 # target in a process (the ring is per initiating process).
 #
+# Rings per active initiator (issue 23): a ring is backed when its initiator
+# asks (STG_OPEN) and given back when the initiator, with nothing of its own in
+# flight to it, sends STG_RELEASE -- after GEXMK_OFI_RING_IDLE seconds unused
+# (looked for by the application's waits and staged operations and by the
+# lander thread), or once an operation ends while the zone flags that another
+# initiator waits (STG_WANT).  The lander then unpins the ring and madvises its
+# data pages away; the next operation asks again.  The lander never revokes a
+# ring on its own: a chunk in flight would land in pages it dropped.  At most
+# GEXMK_OFI_ZONE_RINGS rings are backed at once; a request past it is refused
+# for now (STG_EFULL) and asked again until GEXMK_TIMEOUT.
+#
 # GEXMK_OFI_STAGE=all makes host segments land the same way (the lander
 # copies with memcpy and runs atomics on the CPU), so that CPU-only CI tests
 # every step of the protocol.
 # ---------------------------------------------------------------------------
 from posix.stdlib cimport posix_memalign
+from libc.stdlib cimport realloc
 from cpython.pycapsule cimport PyCapsule_GetPointer
 
 cdef extern from *:
@@ -53,6 +65,19 @@ ctypedef int (*_raw_register_fn)(void* kctx, void* p, size_t n, int on) noexcept
 
 from cpython.exc cimport PyErr_Clear
 
+cdef extern from "<sys/mman.h>" nogil:
+    int madvise(void* addr, size_t length, int advice)
+    enum: MADV_DONTNEED
+
+# A refused first request makes the zone ask its holders to release for this
+# long (STG_WANT; the waiter asks again within it); a refused VIS ring asks
+# again after STG_RETRY_S (its calls go direct meanwhile); a staged operation
+# refused a ring asks again after naps of STG_OPEN_NAP_MIN..MAX seconds.
+cdef double STG_WANT_S = 0.05
+cdef double STG_RETRY_S = 1.0
+cdef long STG_OPEN_NAP_MIN = 200000
+cdef long STG_OPEN_NAP_MAX = 10000000
+
 
 cdef int _swallow() noexcept with gil:
     PyErr_Clear()
@@ -67,17 +92,20 @@ cdef enum:
     STG_PUTV = 4             # VIS (vis.pxi): the data slot holds a block list, then the blocks
     STG_GETV = 5
     STG_OPEN = 6             # an initiator's first request in its ring: back it, or refuse
+    STG_RELEASE = 7          # its last: nothing of it in flight, give the ring's memory back
     STG_OK = 0
     STG_EBOUNDS = 1          # status words: what went wrong at the target
     STG_ECOPY = 2
     STG_EOP = 3
     STG_ECLOSED = 4          # a retired zone (its segment unbound): see OfiEndpoint._retire_mr
-    STG_EFULL = 5            # the zone backs no more rings (GEXMK_OFI_ZONE_RINGS): this
-                             # initiator is refused, every request of its ring answered so
+    STG_EFULL = 5            # the zone backs no more rings now (GEXMK_OFI_ZONE_RINGS): this
+                             # STG_OPEN is refused (its result word: the cap); ask again later
+    STG_WANT = 0x80          # a flag in a done word's status byte: another initiator waits for
+                             # a ring, release yours once this operation is done
     RING_NEW = 0             # ring_state: no request seen yet (nothing backed, nothing pinned)
     RING_BACKED = 1          # backed: served (memory committed as the initiator writes it)
     RING_PINNED = 2          # ... and page-locked for the kind's copies (device zones)
-    RING_REFUSED = 3
+    RING_IDLE = 3            # released by its initiator: its data pages given back to the OS
 
 
 # The done word of every slot of a retired zone: the largest sequence number
@@ -180,34 +208,86 @@ cdef int _land_vis(ofi_zone* z, char* data, uint64_t k, uint64_t nbytes, bint pu
     return STG_OK
 
 
+cdef inline bint _ring_backed(int rs) noexcept nogil:
+    return rs == RING_BACKED or rs == RING_PINNED
+
+
 cdef long _land_ring(ofi_dom* d, ofi_zone* z, int r) noexcept nogil:
-    """Serve ring r's new requests (a ring nobody used yet: its first slot
-    only, the initiator's STG_OPEN, sequence 1): how many."""
+    """Serve ring r's new requests: how many.  A ring not backed (nobody
+    used it yet, or its initiator released it) has one slot read: the one
+    its next request goes to (z.open_slot), the initiator's STG_OPEN."""
     cdef char* ring = z.mem + <size_t>r * z.ring_bytes
     cdef uint64_t* words = <uint64_t*>(ring + _stg_words_off(z.slots))
     cdef uint64_t* desc
-    cdef uint64_t q, st
-    cdef int s
+    cdef uint64_t q, st, flag = 0
+    cdef int s, i
     cdef int rs = z.ring_state[r]
+    cdef bint backed = _ring_backed(rs), released = False
     cdef long work = 0
     z.rings_read += 1
-    for s in range(z.slots if rs != RING_NEW else 1):
+    if backed and z.want_until != 0:
+        # an initiator was refused lately: holders release once done
+        if _now() < z.want_until:
+            flag = STG_WANT
+        else:
+            z.want_until = 0
+    for i in range(z.slots if backed else 1):
+        s = i if backed else z.open_slot[r]
         desc = <uint64_t*>(ring + <size_t>s * STG_DESC)
         q = gx_stg_load(&desc[0])
         if q == 0 or q <= z.handled[r * z.slots + s] or gx_stg_load(&desc[15]) != q:
             continue
-        if rs == RING_NEW:
+        if not backed and desc[1] != STG_RELEASE:
             rs = _land_accept(d, z, r, ring)
-        if rs == RING_REFUSED:
-            st = STG_EFULL
+            backed = _ring_backed(rs)
+        if not backed:
+            # refused (or a release of a ring not backed: nothing to do)
+            st = STG_EFULL if desc[1] != STG_RELEASE else STG_OK
+            gx_stg_store(&words[z.slots + s], <uint64_t>z.cap)
+            z.open_slot[r] = <unsigned char>(q % <uint64_t>z.slots)
         elif desc[1] == STG_OPEN:
             st = STG_OK
+        elif desc[1] == STG_RELEASE:
+            # the initiator's last request: every one before it answered, and
+            # nothing after it written until this answer is read
+            _land_release(d, z, r, ring)
+            z.open_slot[r] = <unsigned char>(q % <uint64_t>z.slots)
+            st = STG_OK
+            released = True
         else:
             st = <uint64_t>_land_one(z, ring, s, desc, words)
         z.handled[r * z.slots + s] = q
+        if st == STG_OK and not released:
+            st |= flag
         gx_stg_store(&words[s], q | (st << STG_SEQ_BITS))   # after the result
         work += 1
+        if released:
+            break
     return work
+
+
+cdef void _land_release(ofi_dom* d, ofi_zone* z, int r, char* ring) noexcept nogil:
+    """Ring r's initiator released it: unpin it, give its data slots' pages
+    back to the OS (the address space stays reserved, the descriptors and
+    done words -- its first page -- stay: the release's own answer goes
+    there), and take it off the backed list."""
+    cdef int k
+    if z.ring_state[r] == RING_PINNED and (<_raw_register_fn>z.kops.host_register)(
+            z.kctx, ring, z.ring_bytes, 0) == -1:
+        _swallow()
+    if d.zone_madvise:
+        madvise(ring + z.data_off, z.ring_bytes - z.data_off, MADV_DONTNEED)
+    z.ring_state[r] = RING_IDLE
+    for k in range(z.active):
+        if z.act[k] == r:
+            z.act[k] = z.act[z.active - 1]
+            z.active -= 1
+            if z.vis_only:
+                d.backed_vis -= 1
+            else:
+                d.backed -= 1
+            break
+    z.releases += 1
 
 
 cdef long _land_pass(ofi_dom* d) noexcept nogil:
@@ -244,10 +324,14 @@ cdef long _land_pass(ofi_dom* d) noexcept nogil:
                 if bell[r] == 0:
                     continue
                 bell[r] = 0
-                if z.ring_state[r] == RING_NEW:
+                if not _ring_backed(z.ring_state[r]):
                     work += _land_ring(d, z, r)
-        for k in range(z.active):
-            work += _land_ring(d, z, z.act[k])
+        k = 0
+        while k < z.active:
+            r = z.act[k]
+            work += _land_ring(d, z, r)
+            if z.act[k] == r:
+                k += 1      # (else r was released: the last backed ring moved to k)
     gx_xchg_int(&d.zlock, 0)
     if work:
         gx_add_long(&d.landed, work)
@@ -255,14 +339,18 @@ cdef long _land_pass(ofi_dom* d) noexcept nogil:
 
 
 cdef int _land_accept(ofi_dom* d, ofi_zone* z, int r, char* ring) noexcept nogil:
-    """Ring r's first request: back it (and pin it, for the kind's copies,
-    in a device zone) while fewer than z.cap rings are, else refuse it: its
-    new state."""
+    """Ring r's first request (or its first since its release): back it
+    (and pin it, for the kind's copies, in a device zone) while fewer than
+    z.cap rings are, else refuse it -- the ring stays as it was, its
+    initiator asks again, and the holders are asked to release (STG_WANT):
+    its new state."""
     cdef int rs = RING_BACKED
     if z.cap > 0 and z.active >= z.cap:
-        rs = RING_REFUSED
         z.refused += 1
+        z.want_until = _now() + STG_WANT_S
+        return z.ring_state[r]
     else:
+        z.backs += 1
         z.act[z.active] = r
         z.active += 1
         if z.vis_only:
@@ -286,6 +374,8 @@ cdef void _lander_thread(ofi_dom* d, volatile int* stop) noexcept nogil:
     cdef long got, nap = 20000
     prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
     while not stop[0]:
+        if d.nheld > 0:
+            _ring_idle_check(NULL, d)      # this process's own rings in peers' zones
         got = _land_pass(d) if gx_load_int(&d.nzones) > 0 else 0
         if got:
             # staged transfers: 2 ms; where only VIS zones are backed, their
@@ -369,8 +459,9 @@ cdef ofi_zone* _zone_make(ofi_dom* d, Segment seg, int nrings, int slots, size_t
         z.bounce = z.mem + <size_t>nrings * z.ring_bytes if nbounce else NULL
         z.handled = <uint64_t*>calloc(<size_t>nrings * z.slots, sizeof(uint64_t))
         z.ring_state = <unsigned char*>calloc(<size_t>nrings, 1)
+        z.open_slot = <unsigned char*>calloc(<size_t>nrings, 1)
         z.act = <int*>calloc(<size_t>nrings, sizeof(int))
-        if z.handled == NULL or z.ring_state == NULL or z.act == NULL:
+        if z.handled == NULL or z.ring_state == NULL or z.act == NULL or z.open_slot == NULL:
             raise MemoryError()
         z.seg_base = <uintptr_t>seg.addr
         z.seg_size = seg.size
@@ -438,6 +529,14 @@ cdef void _zone_unserve(ofi_dom* d, ofi_zone* z) noexcept nogil:
     _zone_free(z)
 
 
+cdef object _zone_counts(ofi_zone* z):
+    """OfiEndpoint.zone_rings of one zone."""
+    if z == NULL:
+        return None
+    return {"backed": z.active, "backs": z.backs, "released": z.releases, "refused": z.refused,
+            "cap": z.cap}
+
+
 cdef void _zone_free(ofi_zone* z) noexcept nogil:
     cdef int r
     if z.pinned:
@@ -453,6 +552,7 @@ cdef void _zone_free(ofi_zone* z) noexcept nogil:
         munmap(z.mem, z.bytes)
     free(z.handled)
     free(z.ring_state)
+    free(z.open_slot)
     free(z.act)
     free(z)
 
@@ -560,9 +660,8 @@ cdef int _stg_failed(ofi_peer* t, int s, uint64_t status) except -1 with gil:
         raise SegmentError(f"ofi-staged: {who} has unbound or destroyed the segment published "
                            "to this process (republish it to reach its new one)")
     if status == STG_EFULL:
-        raise CommunicationError(f"ofi-staged: {who}'s landing zone backs no ring for this process: "
-                                 "it serves as many initiators as its GEXMK_OFI_ZONE_RINGS allows "
-                                 "(raise it there, 0: no cap)")
+        raise CommunicationError(f"ofi-staged: {who}'s landing zone backs no ring for this process "
+                                 "now (its GEXMK_OFI_ZONE_RINGS)")
     if status == STG_ECOPY:
         raise CommunicationError(f"ofi-staged: the device copy at {who} failed (its segment "
                                  "destroyed, or its device in error?)")
@@ -597,11 +696,11 @@ cdef int _stg_wait_slot(ofi_ep* ep, ofi_peer* t, int s, uint64_t want,
             # a retired zone answers no first request: its closed word says so
             _stg_post(ep, t, False, t.stg_closed, &t.stg_closed_rb, 8, NULL)
             if t.stg_closed_rb != 0:
-                # the ring was never opened: the next operation asks again
+                # the ring was not opened: the next operation asks again
                 # (and learns the same), never writes into a ring of the
                 # retired zone that no done word answers
-                t.stg_seq = 0
-                t.stg_last[0] = 0
+                t.stg_seq = want - 1
+                t.stg_last[s] = t.stg_ok[s]
                 return _stg_failed(t, s, STG_ECLOSED)
             _stg_ring_bell(ep, t)
         polls += 1
@@ -622,6 +721,9 @@ cdef int _stg_wait_slot(ofi_ep* ep, ofi_peer* t, int s, uint64_t want,
     if t.stg_ok[s] < want:
         t.stg_ok[s] = want
         st = t.stg_rb[s] >> STG_SEQ_BITS
+        if st & STG_WANT:
+            t.stg_wanted = 1
+            st &= ~(<uint64_t>STG_WANT)
         if soft and st == STG_EFULL and _stg_seq(t.stg_rb[s]) == want:
             return 1
         if st == STG_ECLOSED or (st != STG_OK and _stg_seq(t.stg_rb[s]) == want):
@@ -644,28 +746,264 @@ cdef int _stg_ring_bell(ofi_ep* ep, ofi_peer* t) except -1 nogil:
                          "fi_inject_write (landing zone doorbell)")
 
 
-cdef int _stg_open(ofi_ep* ep, ofi_peer* t) except -1 nogil:
-    """This process's ring in t's zone, backed by the target on its first
-    request (STG_OPEN, sequence 1, slot 0: all its lander looks at in a ring
-    nobody used yet): 1, or 0 where the zone refused it (as many rings
-    backed as its GEXMK_OFI_ZONE_RINGS allows).  Caller holds t.stg_lock."""
-    cdef int s
+cdef int _stg_open(ofi_ep* ep, ofi_peer* t, bint wait=True) except -1 nogil:
+    """This process's ring in t's zone, backed by the target on request
+    (STG_OPEN, in the slot of the ring's next sequence number: all its lander
+    looks at in a ring not backed): 1.  Where the zone backs as many rings
+    as its GEXMK_OFI_ZONE_RINGS allows: with wait, ask again (naps; this
+    process's own idle rings released meanwhile) until one is released or
+    GEXMK_TIMEOUT passes (GexmkTimeoutError naming the cap); without, 0 (VIS
+    to a host segment then goes direct, and asks again after STG_RETRY_S).
+    Caller holds t.stg_lock."""
+    cdef int S = t.stg_slots, s
+    cdef uint64_t q
+    cdef double deadline = 0
+    cdef long nap = STG_OPEN_NAP_MIN
+    cdef timespec ts
     if t.stg_open == 1:
         return 1
+    if t.stg_open == 3:
+        # released: its answer first (the lander has given the ring's pages
+        # back by then; nothing may land in it before)
+        s = <int>((t.stg_seq - 1) % S)
+        _stg_wait_slot(ep, t, s, t.stg_seq)
+        t.stg_open = 0
     if t.stg_open == 2:
+        if not wait and _now_coarse() < t.stg_retry_at:
+            return 0
+        t.stg_open = 0
+    while True:
+        q = t.stg_seq + 1
+        s = <int>((q - 1) % S)
+        if t.stg_last[s] > t.stg_ok[s]:
+            _stg_wait_slot(ep, t, s, t.stg_last[s])
+        t.stg_seq = q
+        t.stg_last[s] = q
+        _stg_send_desc(ep, t, s, q, STG_OPEN, 0, 0)
+        _stg_ring_bell(ep, t)
+        if _stg_wait_slot(ep, t, s, q, True, True) == 0:
+            t.stg_open = 1
+            t.stg_wanted = 0
+            t.stg_used = _now_coarse()
+            t.stg_ep = ep
+            gx_add_long(&ep.dom.n_ring_opens, 1)
+            _held_add(ep.dom, t)
+            return 1
+        if not wait:
+            t.stg_open = 2
+            t.stg_retry_at = _now_coarse() + STG_RETRY_S
+            return 0
+        # the cap: holders release once idle (or once done, asked by the
+        # zone); this process's own idle rings go meanwhile
+        gx_add_long(&ep.dom.n_ring_waits, 1)
+        if deadline == 0:
+            deadline = _now() + ep.dom.timeout
+        elif _now() > deadline:
+            _stg_post(ep, t, False, t.stg_ring + _stg_words_off(S) + 8 * <uint64_t>(S + s),
+                      &t.stg_rb[S + s], 8, NULL)
+            return _stg_cap_timeout(t, s, ep.dom.timeout, t.vzone)
+        if t.g.dead:
+            return _raise_dead(t, "staged transfer (waiting for a landing ring)")
+        ep.dom.idle_next = 0
+        _ring_idle_check(ep)
+        _progress_all(ep.dom)
+        ts.tv_sec = 0
+        ts.tv_nsec = nap
+        nanosleep(&ts, NULL)
+        if nap < STG_OPEN_NAP_MAX:
+            nap *= 2
+
+
+cdef inline bint _stg_quiet(ofi_peer* t) noexcept nogil:
+    """Every request sent through t's ring answered: nothing of this process
+    in flight to it."""
+    cdef int s
+    for s in range(t.stg_slots):
+        if t.stg_last[s] > t.stg_ok[s]:
+            return False
+    return True
+
+
+cdef int _stg_release(ofi_ep* ep, ofi_peer* t) noexcept nogil:
+    """Give this process's ring in t's zone back: STG_RELEASE, its last
+    request.  Caller holds t.stg_lock with every request before answered
+    (_stg_quiet): the ring holds nothing of ours in flight, so the lander may
+    drop its pages.  Sent, never waited for -- the next operation to t reads
+    the release's answer before it asks for a ring again (_stg_open) -- as
+    a write from t.stg_rel whose op is orphaned at once: no nbi_wait counts
+    it, and its failure (a peer that closed its endpoint meanwhile) reaches
+    no one, where the next operation to t reports what is wrong.  It takes no GIL
+    and raises nothing (the lander thread calls it, which must not wait for
+    the GIL: an application thread may hold it while it waits for a peer
+    whose lander waits for ours): a few tries while the transmit queue is
+    full, else nothing changes and a later look tries again.  1 when
+    released."""
+    cdef int S = t.stg_slots
+    cdef uint64_t q = t.stg_seq + 1
+    cdef int s = <int>((q - 1) % S), tries
+    cdef uint64_t* d = t.stg_rel
+    cdef gx_op* op
+    cdef void* desc = NULL
+    cdef iovec iov
+    cdef fi_rma_iov riov
+    cdef fi_msg_rma msg
+    cdef ssize_t rc = -FI_EAGAIN
+    memset(d, 0, STG_DESC)
+    d[0] = q
+    d[1] = STG_RELEASE
+    d[15] = q
+    op = _new_op(ep, t, GX_NB, GX_CAT_PUT)
+    if op == NULL:
         return 0
-    if t.stg_seq != 0:
-        t.stg_open = 1          # cannot be: a ring in use was backed
-        return 1
-    t.stg_seq = 1
-    t.stg_last[0] = 1
-    _stg_send_desc(ep, t, 0, 1, STG_OPEN, 0, 0)
-    _stg_ring_bell(ep, t)
-    if _stg_wait_slot(ep, t, 0, 1, True, True) == 1:
-        t.stg_open = 2
+    if _desc(ep, op, d, STG_DESC, FI_WRITE, &desc) < 0:
+        _drop_new(op)
         return 0
-    t.stg_open = 1
+    iov.iov_base = <void*>d
+    iov.iov_len = STG_DESC
+    riov.addr = t.stg_ring + <uint64_t>s * STG_DESC
+    riov.len = STG_DESC
+    riov.key = t.stg_key
+    memset(&msg, 0, sizeof(msg))
+    msg.msg_iov = &iov
+    msg.desc = &desc
+    msg.iov_count = 1
+    msg.addr = t.net_addr
+    msg.rma_iov = &riov
+    msg.rma_iov_count = 1
+    msg.context = op
+    for tries in range(64):
+        rc = fi_writemsg(ep.ep, &msg, FI_COMPLETION)
+        if rc != -FI_EAGAIN:
+            break
+        if _progress_all(ep.dom) < 0:
+            break
+    if rc != 0:
+        _drop_new(op)
+        return 0
+    _orphan(op)
+    t.stg_seq = q
+    t.stg_last[s] = q
+    t.stg_open = 3
+    t.stg_wanted = 0
+    _held_drop(ep.dom, t)
+    gx_add_long(&ep.dom.n_ring_releases, 1)
     return 1
+
+
+cdef int _stg_done(ofi_ep* ep, ofi_peer* t) noexcept nogil:
+    """An operation through t's ring ended well (caller still holds
+    t.stg_lock): when it was; released now if the zone asked."""
+    t.stg_used = _now_coarse()
+    t.stg_ep = ep
+    if t.stg_wanted and t.stg_open == 1 and not t.g.dead and _stg_quiet(t):
+        _stg_release(ep, t)
+    return 0
+
+
+cdef void _held_add(ofi_dom* d, ofi_peer* t) noexcept nogil:
+    """List t's ring among those this process holds (caller holds t.stg_lock)."""
+    cdef ofi_peer** grown
+    cdef int n
+    if t.stg_held:
+        return
+    _spin_lock(&d.held_lock)
+    if d.nheld == d.held_cap:
+        n = d.held_cap * 2 if d.held_cap else 16
+        grown = <ofi_peer**>realloc(d.held, <size_t>n * sizeof(ofi_peer*))
+        if grown == NULL:
+            gx_xchg_int(&d.held_lock, 0)
+            return                  # not listed: never released for idleness
+        d.held = grown
+        d.held_cap = n
+    d.held[d.nheld] = t
+    d.nheld += 1
+    t.stg_held = 1
+    gx_xchg_int(&d.held_lock, 0)
+
+
+cdef void _held_drop(ofi_dom* d, ofi_peer* t) noexcept nogil:
+    cdef int i
+    if not t.stg_held:
+        return
+    _spin_lock(&d.held_lock)
+    for i in range(d.nheld):
+        if d.held[i] == t:
+            d.held[i] = d.held[d.nheld - 1]
+            d.nheld -= 1
+            break
+    t.stg_held = 0
+    gx_xchg_int(&d.held_lock, 0)
+
+
+cdef int _ring_idle_check(ofi_ep* ep, ofi_dom* bg=NULL) noexcept nogil:
+    """Release this process's rings in peers' zones that sat unused for
+    GEXMK_OFI_RING_IDLE seconds, each through the endpoint of its last
+    operation while that is live, else through ep.  Called where the
+    application enters gexmk (staged operations, waits, barriers) and by the
+    process's lander thread (bg: the domain, ep NULL: no GIL taken, no
+    exception, only through a live endpoint of the ring's last operation) --
+    a process that sits in a bootstrap collective or computes still gives
+    its rings back.  Looks at most every quarter of the setting.  A ring in
+    use by another thread (its lock taken) is left for the next look.  How
+    many it released."""
+    cdef ofi_dom* d = bg if bg != NULL else ep.dom
+    cdef ofi_peer* cand[64]
+    cdef ofi_peer* t
+    cdef int i, n = 0, got = 0
+    cdef double now
+    if d.ring_idle <= 0 or d.nheld == 0:
+        return 0
+    now = _now_coarse()
+    if now < d.idle_next:
+        return 0
+    if gx_xchg_int(&d.held_lock, 1) != 0:
+        return 0
+    d.idle_next = now + (d.ring_idle / 4 if d.ring_idle > 0.004 else 0.001)
+    for i in range(d.nheld):
+        t = d.held[i]
+        if t.stg_open != 1 or now - t.stg_used >= d.ring_idle:
+            cand[n] = t
+            n += 1
+            if n == 64:
+                break
+    gx_xchg_int(&d.held_lock, 0)
+    # the endpoints stay registered while this thread counts as a reader
+    gx_add_long(&d.readers, 1)
+    gx_mem_fence()
+    for i in range(n):
+        t = cand[i]
+        if gx_xchg_int(&t.stg_lock, 1) != 0:
+            continue
+        if t.stg_open != 1 or t.g.dead or t.gone:
+            _held_drop(d, t)        # its zone was republished, or it died or closed: not ours now
+        elif now - t.stg_used >= d.ring_idle and _stg_quiet(t):
+            if _ep_live(d, t.stg_ep):
+                got += _stg_release(t.stg_ep, t)
+            elif bg == NULL:
+                got += _stg_release(ep, t)
+        gx_xchg_int(&t.stg_lock, 0)
+    gx_add_long(&d.readers, -1)
+    return got
+
+
+cdef bint _ep_live(ofi_dom* d, ofi_ep* e) noexcept nogil:
+    cdef long i
+    for i in range(gx_load_long(&d.neps)):
+        if d.eps[i] == e:
+            return not gx_load_int(&e.closed)
+    return False
+
+
+cdef int _stg_cap_timeout(ofi_peer* t, int s, double secs, bint vis) except -1 with gil:
+    """A staged operation waited GEXMK_TIMEOUT for a ring in t's zone."""
+    cap = t.stg_rb[t.stg_slots + s]     # the refusal's result word
+    zone = "VIS landing zone" if vis else "landing zone"
+    raise GxTimeoutError(f"ofi-staged: job rank {t.g.jobrank}'s {zone} backed no ring for this "
+                         f"process within {secs:g} s (GEXMK_TIMEOUT): it backs {cap} at once "
+                         "(GEXMK_OFI_ZONE_RINGS there), all held by initiators that did not "
+                         "release theirs -- they do once unused for GEXMK_OFI_RING_IDLE seconds, "
+                         "when they next call into gexmk, or after their next operation through "
+                         "it (raise the cap there; 0: no cap)")
 
 
 cdef int _stg_refused(ofi_peer* t) except -1 with gil:
@@ -861,6 +1199,7 @@ cdef int stg_rma(gx_xfer* x, bint put) except -1 nogil:
         pass
     elif t.stg:
         _app_active(ep.dom)
+        _ring_idle_check(ep)
         if lstg:
             _spin_lock(&ep.bb_lock)
         _spin_lock(&t.stg_lock)
@@ -871,6 +1210,7 @@ cdef int stg_rma(gx_xfer* x, bint put) except -1 nogil:
                 _stg_put_zone(ep, t, x.remote - t.g.remote_base, <char*>x.local, x.n, lstg)
             else:
                 _stg_get_zone(ep, t, x.remote - t.g.remote_base, <char*>x.local, x.n, lstg)
+            _stg_done(ep, t)
         finally:
             gx_xchg_int(&t.stg_lock, 0)
             if lstg:
@@ -901,6 +1241,7 @@ cdef int stg_amo(ofi_ep* ep, ofi_peer* t, uintptr_t remote, int dt, int op, gx_v
             raise UnsupportedError(f"ofi-staged: job rank {t.g.jobrank}'s device segment has no "
                                    "device atomics (its memory kind has none)")
     _app_active(ep.dom)
+    _ring_idle_check(ep)
     _spin_lock(&t.stg_lock)
     try:
         if not _stg_open(ep, t):
@@ -917,6 +1258,7 @@ cdef int stg_amo(ofi_ep* ep, ofi_peer* t, uintptr_t remote, int dt, int op, gx_v
             _stg_post(ep, t, False, t.stg_ring + _stg_words_off(t.stg_slots) + 8 * <uint64_t>(
                 t.stg_slots + s), &t.stg_rb[t.stg_slots + s], 8, NULL)
             result[0].u64 = t.stg_rb[t.stg_slots + s]
+        _stg_done(ep, t)
     finally:
         gx_xchg_int(&t.stg_lock, 0)
     return 0

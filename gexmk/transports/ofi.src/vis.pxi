@@ -847,6 +847,7 @@ cdef int _stg_vis(gx_xfer* x, bint put) except -1 nogil:
                 raise MemoryError(f"ofi-staged VIS: no memory for {W} x {C} bytes of packing "
                                   "buffers")
     _app_active(ep.dom)
+    _ring_idle_check(ep)
     if lstg:
         _spin_lock(&ep.bb_lock)
         buf = ep.zone.bounce
@@ -865,6 +866,7 @@ cdef int _stg_vis(gx_xfer* x, bint put) except -1 nogil:
                     _stg_put_zone(ep, t, off, <char*>v.frags[i].local, v.frags[i].n, lstg)
                 else:
                     _stg_get_zone(ep, t, off, <char*>v.frags[i].local, v.frags[i].n, lstg)
+        _stg_done(ep, t)
     finally:
         gx_xchg_int(&t.stg_lock, 0)
         if lstg:
@@ -1031,9 +1033,10 @@ cdef int _vis_bounced(gx_xfer* x, bint put) except -1 nogil:
 # where the provider orders writes), unpacked by the target's lander; larger
 # fragments and short lists still go direct (fi_writemsg/fi_readmsg).  The
 # zone costs address space until used: a ring is backed on its initiator's
-# first request (STG_OPEN), at most GEXMK_OFI_ZONE_RINGS of them; an
-# initiator the zone refuses sends its VIS direct from then on.  Counted in
-# Domain.vis_paths.
+# first request (STG_OPEN), at most GEXMK_OFI_ZONE_RINGS of them at once,
+# and given back once its initiator leaves it unused (GEXMK_OFI_RING_IDLE,
+# staged.pxi); an initiator the zone refuses sends its VIS direct, and asks
+# again a second later.  Counted in Domain.vis_paths and ring_stats.
 
 cdef object _vis_zone_open(OfiEndpoint oe, Segment seg):
     """The VIS landing zone of a host segment bound to oe (GEXMK_OFI_VIS_LAND
@@ -1089,7 +1092,8 @@ cdef bint _vis_land_worth(ofi_dom* d, ofi_peer* t, gx_xfer* x, bint put) noexcep
     cdef const gx_frag* f = x.vis.frags
     cdef size_t i, k = 0, nbytes = 0, ranges = 0, C = t.stg_chunk
     cdef uint64_t end = 0
-    if x.local_kind != GX_MK_HOST or t.stg_open == 2 or d.vis_land == 0 or \
+    if x.local_kind != GX_MK_HOST or (t.stg_open == 2 and _now_coarse() < t.stg_retry_at) or \
+            d.vis_land == 0 or \
             (put and not d.vis_land_put):
         return False
     for i in range(x.vis.nfrags):
@@ -1121,9 +1125,10 @@ cdef int _vis_landed(gx_xfer* x, bint put) except -1 nogil:
         with gil:
             raise MemoryError(f"ofi VIS: no memory for {W} x {C} bytes of packing buffers")
     _app_active(ep.dom)
+    _ring_idle_check(ep)
     _spin_lock(&t.stg_lock)
     try:
-        opened = _stg_open(ep, t)
+        opened = _stg_open(ep, t, False)
         if opened:
             seq0 = <long>t.stg_seq
             if put:
@@ -1131,6 +1136,7 @@ cdef int _vis_landed(gx_xfer* x, bint put) except -1 nogil:
             else:
                 _stg_vis_get(ep, t, v.frags, v.nfrags, False, buf, C, W)
             gx_add_long(&ep.dom.n_vis_landed, <long>t.stg_seq - seq0)
+            _stg_done(ep, t)
     finally:
         gx_xchg_int(&t.stg_lock, 0)
         _pack_give(buf, kept)

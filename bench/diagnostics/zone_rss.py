@@ -1,0 +1,108 @@
+"""Resident memory of a landing zone's target with many initiators that each
+used the zone once (issue 23): rings released after GEXMK_OFI_RING_IDLE
+(the default) against never released (GEXMK_OFI_RING_IDLE=0, what every
+build before did), alternated in one run.
+
+    python -P bench/diagnostics/zone_rss.py [--ranks 8,16] [--rounds 2]
+
+Every rank but 0 puts 4 MiB (the default ring: 4 slots of 1 MiB) into rank
+0's host segment through its landing zone (GEXMK_OFI_STAGE=all, tcp;ofi_rxm),
+once; then the job sits in barriers for the idle time plus 1.5 s (the
+initiators' waits release their rings).  Rank 0 reports its VmRSS and the
+zone's mapped pages (/proc/self/pagemap) right after the puts and after the
+idle spell.  A diagnostic, not a benchmark.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+WORKER = r'''
+import json, os, time
+import numpy as np
+import gexmk
+
+def vmrss():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+
+def resident(lo, size):
+    """MB of [lo, lo+size) mapped (/proc/self/pagemap: exact to the page, where
+    smaps would count a whole VMA the zone shares with a neighbour)."""
+    import struct
+    page = os.sysconf("SC_PAGE_SIZE")
+    n, first = 0, lo // page
+    with open("/proc/self/pagemap", "rb") as f:
+        for start in range(first, (lo + size + page - 1) // page, 1 << 16):
+            f.seek(start * 8)
+            raw = f.read(8 * min(1 << 16, (lo + size + page - 1) // page - start))
+            n += sum(1 for (e,) in struct.iter_unpack("<Q", raw) if e >> 63)
+    return n * page / 2**20
+
+idle = float(os.environ.get("GEXMK_OFI_RING_IDLE") or 3.0)
+with gexmk.init() as c:
+    tm = c.tm
+    seg = c.segment_attach(4 << 20)
+    ctx = c.ep(0).contexts["ofi"]
+    r0 = (vmrss(), resident(*ctx.zone_extent[:2])) if tm.rank == 0 else None
+    tm.barrier()                                       # nobody puts before rank 0 measured
+    if tm.rank > 0:
+        tm.put(0, tm.addr(0, 0), np.full(4 << 20, tm.rank, np.uint8))
+    tm.barrier()
+    r1 = (vmrss(), resident(*ctx.zone_extent[:2])) if tm.rank == 0 else None
+    for _ in range(int((idle + 1.5) / 0.05)):         # the same count on every rank
+        tm.barrier()
+        time.sleep(0.05)
+    tm.barrier()
+    if tm.rank == 0:
+        r2 = (vmrss(), resident(*ctx.zone_extent[:2]))
+        print("RESULT " + json.dumps({"before": r0, "used": r1, "idle": r2,
+                                      "rings": ctx.zone_rings["zone"],
+                                      "path": tm.paths(1)["rma"]}))
+'''
+
+
+def run(n, extra):
+    with tempfile.TemporaryDirectory(prefix="gexmk-zone-rss-") as tmp:
+        script = os.path.join(tmp, "w.py")
+        with open(script, "w") as f:
+            f.write(WORKER)
+        env = dict(os.environ, GEXMK_TRANSPORT="ofi", GEXMK_OFI_PROVIDER="tcp;ofi_rxm",
+                   GEXMK_OFI_STAGE="all")
+        env.update(extra)
+        env = {k: v for k, v in env.items() if v != ""}
+        out = subprocess.run([sys.executable, "-m", "gexmk.run", "-n", str(n), script], env=env,
+                             cwd=tmp, capture_output=True, text=True, timeout=600)
+        for line in out.stdout.splitlines():
+            if line.startswith("RESULT "):
+                return json.loads(line[7:])
+        raise RuntimeError(out.stderr[-3000:])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ranks", default="8,16")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    confs = [("never released (GEXMK_OFI_RING_IDLE=0)", {"GEXMK_OFI_RING_IDLE": "0"}),
+             ("released (default GEXMK_OFI_RING_IDLE)", {"GEXMK_OFI_RING_IDLE": ""})]
+    print("| ranks | rings | round | zone MB: before / used / after idle "
+          "| rank 0 VmRSS MB: before / used / after idle | zone counters |")
+    print("|---|---|---|---|---|---|")
+    for n in (int(x) for x in args.ranks.split(",")):
+        for rnd in range(args.rounds):
+            for name, extra in confs:
+                r = run(n, extra)
+                z = r["rings"]
+                print(f"| {n} | {name} | {rnd + 1} | {r['before'][1]:.1f} / {r['used'][1]:.1f} / "
+                      f"{r['idle'][1]:.1f} | {r['before'][0]:.1f} / {r['used'][0]:.1f} / "
+                      f"{r['idle'][0]:.1f} | backs {z['backs']}, released {z['released']} |",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()

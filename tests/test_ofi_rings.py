@@ -1,0 +1,403 @@
+"""Landing-zone rings per active peer, with a cap and reuse (issue 23).
+
+A landing zone (ofi-staged device segments; here host segments with
+GEXMK_OFI_STAGE=all, and host segments' VIS zones) reserves a ring per job
+rank and backs one when its initiator first asks (STG_OPEN).  An initiator
+releases its ring once it sat unused for GEXMK_OFI_RING_IDLE seconds
+(STG_RELEASE, sent only when every request before it was answered); the
+lander then gives the ring's data pages back to the OS.  At most
+GEXMK_OFI_ZONE_RINGS rings are backed at once: a staged operation past the
+cap waits for a release (or times out naming the cap: test_vis_ofi.py::
+test_zone_ring_cap), and the zone asks its holders to release once done.
+"""
+import pytest
+
+try:
+    from . import mp_util
+    from .test_ofi import need, ofi_env
+    from .test_cuda_segments import HAVE_GPU
+except ImportError:
+    import mp_util
+    from test_ofi import need, ofi_env
+    from test_cuda_segments import HAVE_GPU
+
+pytest.importorskip("gexmk.transports.ofi", reason="gexmk was built without the ofi transport")
+
+PROVIDER = "tcp;ofi_rxm"
+
+
+def rings_env(**extra):
+    env = ofi_env(PROVIDER)
+    env.update(GEXMK_OFI_STAGE="all", GEXMK_OFI_STAGE_CHUNK="64K", GEXMK_OFI_STAGE_SLOTS="3",
+               GEXMK_STAGED=None, GEXMK_OFI_ZONE_RINGS=None, GEXMK_OFI_RING_IDLE=None)
+    env.update(extra)
+    return env
+
+
+PAGES = r'''
+import struct
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+def present(lo, n):
+    """How many pages of [lo, lo+n) are mapped in this process (/proc/self/pagemap)."""
+    first, last = lo // PAGE, (lo + n - 1) // PAGE
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        raw = f.read((last - first + 1) * 8)
+    return sum(1 for (e,) in struct.iter_unpack("<Q", raw) if e >> 63)
+'''
+
+# Rank 1 stages a put and a get through its ring in rank 0's zone, then sits
+# in a barrier (whose waits look for idle rings) until rank 0 has seen the
+# ring released and its data pages unmapped; then it uses the zone again.
+IDLE_WORKER = PAGES + r'''
+with gexmk.init() as c:
+    tm = c.tm
+    seg = c.segment_attach(1 << 20)
+    mem = seg.view(np.uint8)
+    ctx = c.ep(0).contexts["ofi"]
+    dom = c.transports["ofi"].domain
+    N = 200000
+    if tm.rank == 1:
+        assert tm.paths(0)["rma"] == "ofi-staged", tm.paths(0)
+        tm.put(0, tm.addr(0, 0), pattern(N, 1))
+        back = np.zeros(N, np.uint8)
+        tm.get(back, 0, tm.addr(0, 0))
+        assert np.array_equal(back, pattern(N, 1)), "staged get returned other bytes"
+        assert dom.ring_stats["held"] == 1, dom.ring_stats
+    tm.barrier()
+    if tm.rank == 0:
+        lo, size, ring = ctx.zone_extent
+        r1 = lo + ring                                 # rank 1's ring
+        z = ctx.zone_rings["zone"]
+        assert (z["backed"], z["backs"], z["released"]) == (1, 1, 0), z
+        before = present(r1 + PAGE, ring - PAGE)
+        assert before > 0, "the ring's data pages were never written"
+        t0 = time.monotonic()
+        while ctx.zone_rings["zone"]["released"] == 0 and time.monotonic() < t0 + 20:
+            ctx.progress()                             # take the release in
+            time.sleep(0.01)
+        z = ctx.zone_rings["zone"]
+        assert (z["backed"], z["backs"], z["released"]) == (0, 1, 1), z
+        after = present(r1 + PAGE, ring - PAGE)
+        log("ring data pages mapped", before, "->", after, "released after",
+            round(time.monotonic() - t0, 2), "s")
+        assert after == 0, f"{after} of the released ring's data pages are still mapped"
+        assert present(r1, PAGE) == 1, "the ring's first page (its done words) went too"
+        assert np.array_equal(mem[:N], pattern(N, 1))
+    tm.barrier()
+    if tm.rank == 1:
+        st = dom.ring_stats
+        assert (st["opened"], st["released"], st["held"]) == (1, 1, 0), st
+        tm.put(0, tm.addr(0, 4096), pattern(N, 2))     # asks for the ring again
+        back = np.zeros(N, np.uint8)
+        tm.get(back, 0, tm.addr(0, 4096))
+        assert np.array_equal(back, pattern(N, 2)), "staged get after a release"
+        st = dom.ring_stats
+        assert (st["opened"], st["released"], st["held"]) == (2, 1, 1), st
+    tm.barrier()
+    if tm.rank == 0:
+        assert np.array_equal(mem[4096:4096 + N], pattern(N, 2)), "put after a release lost"
+        z = ctx.zone_rings["zone"]
+        assert (z["backed"], z["backs"]) == (1, 2), z
+    tm.barrier()
+print("OK")
+'''
+
+
+@pytest.mark.timeout(120)
+def test_idle_ring_released_and_used_again(tmp_path):
+    need(PROVIDER)
+    r = mp_util.run_job(tmp_path, IDLE_WORKER, 2, launcher_timeout=100,
+                        env=rings_env(GEXMK_OFI_RING_IDLE="0.3"))
+    assert r.returncode == 0, r.report()
+    assert r.stdout.count("OK") == 2, r.report()
+
+
+# GEXMK_OFI_ZONE_RINGS=1, three initiators at once: each round every
+# initiator puts a round-specific pattern into its own part of rank 0's
+# segment, reads it back, fetch-adds a shared counter, and sometimes naps.
+# Only one ring is backed at a time: the others wait, the holder releases
+# after its operation (asked by the zone) or once idle.
+CAP_WORKER = r'''
+with gexmk.init() as c:
+    tm = c.tm
+    seg = c.segment_attach(1 << 20)
+    mem = seg.view(np.uint8)
+    ctx = c.ep(0).contexts["ofi"]
+    dom = c.transports["ofi"].domain
+    ad = tm.ad_create(gexmk.DT_I64, gexmk.OP_FADD | gexmk.OP_GET)
+    N, R = 70000, 12
+    rng = np.random.default_rng(tm.rank)
+    tm.barrier()
+    if tm.rank > 0:
+        base = tm.addr(0, 8192 + tm.rank * 100000)
+        for k in range(R):
+            tm.put(0, base, pattern(N, tm.rank, k))
+            back = np.zeros(N, np.uint8)
+            tm.get(back, 0, base)
+            assert np.array_equal(back, pattern(N, tm.rank, k)), ("round", k)
+            ad.op(0, tm.addr(0, 0), gexmk.OP_FADD, tm.rank)
+            if rng.random() < 0.3:
+                time.sleep(rng.random() * 0.1)
+        log("ring stats", dom.ring_stats)
+    tm.barrier()
+    if tm.rank == 0:
+        for r in range(1, tm.size):
+            off = 8192 + r * 100000
+            assert np.array_equal(mem[off:off + N], pattern(N, r, R - 1)), ("lost", r)
+        assert int(mem[:8].view(np.int64)[0]) == R * sum(range(1, tm.size))
+        z = ctx.zone_rings["zone"]
+        log("zone", z)
+        assert z["cap"] == 1 and z["backed"] <= 1, z
+        assert z["backs"] >= tm.size - 1, z           # every initiator had the ring in turn
+        assert z["backs"] - z["released"] == z["backed"], z
+    tm.barrier()
+    ad.destroy()
+print("OK")
+'''
+
+
+@pytest.mark.timeout(180)
+def test_cap_of_one_ring_three_initiators(tmp_path):
+    need(PROVIDER)
+    r = mp_util.run_job(tmp_path, CAP_WORKER, 4, launcher_timeout=160,
+                        env=rings_env(GEXMK_OFI_ZONE_RINGS="1", GEXMK_OFI_RING_IDLE="0.05"))
+    assert r.returncode == 0, r.report()
+    assert r.stdout.count("OK") == 4, r.report()
+
+
+# NB and NBI puts (and VIS, atomics) issued back to back, with naps longer
+# than GEXMK_OFI_RING_IDLE between some of them: the next operation's idle
+# look releases the ring right before it asks for it again.  Nothing may be
+# lost: every byte and every add is checked at the end.
+NB_WORKER = r'''
+with gexmk.init() as c:
+    tm = c.tm
+    seg = c.segment_attach(4 << 20)
+    mem = seg.view(np.uint8)
+    dom = c.transports["ofi"].domain
+    ad = tm.ad_create(gexmk.DT_I64, gexmk.OP_FADD | gexmk.OP_GET)
+    rng = np.random.default_rng(7)
+    naps, R, BLK = 0, 24, 1024
+    expect = np.zeros(4 << 20, np.uint8)       # what rank 1 writes into rank 0's segment
+    for k in range(R):
+        off = 8192 + k * 150000
+        expect[off:off + 90000] = pattern(90000, k, 1)
+        expect[off + 90000:off + 140000] = pattern(50000, k, 2)
+        v = pattern(8 * BLK, k, 3)
+        for i in range(8):
+            expect[off + 140000 + BLK * i:off + 140000 + BLK * i + BLK // 2] = \
+                v[BLK * i:BLK * i + BLK // 2]
+    tm.barrier()
+    if tm.rank == 1:
+        evs = []
+        for k in range(R):
+            off = 8192 + k * 150000
+            a, b = pattern(90000, k, 1), pattern(50000, k, 2)
+            evs.append(tm.put_nb(0, tm.addr(0, off), a))
+            tm.put_nbi(0, tm.addr(0, off + 90000), b)
+            # a scattered put_vector of small blocks (packed through the ring)
+            v = pattern(8 * BLK, k, 3)
+            dst = [(tm.addr(0, off + 140000 + BLK * i), BLK // 2) for i in range(8)]
+            srcs = [(v.ctypes.data + BLK * i, BLK // 2) for i in range(8)]
+            tm.put_vector(0, dst, srcs)
+            ad.op(0, tm.addr(0, 0), gexmk.OP_FADD, 1)
+            if k % 3 == 0:
+                for e in evs:
+                    e.wait()
+                evs = []
+            if k % 2 == 0:
+                time.sleep(0.05)       # idle past GEXMK_OFI_RING_IDLE
+                naps += 1
+        for e in evs:
+            e.wait()
+        gexmk.nbi_wait(gexmk.EC_PUT)
+        st = dom.ring_stats
+        log("ring stats", st, "naps", naps)
+        assert st["released"] >= naps and st["opened"] == st["released"] + st["held"], st
+    tm.barrier()
+    if tm.rank == 0:
+        end = 8192 + R * 150000
+        bad = np.flatnonzero(mem[8192:end] != expect[8192:end])
+        assert bad.size == 0, f"{bad.size} bytes lost or wrong, first at {8192 + bad[0]}"
+        assert int(mem[:8].view(np.int64)[0]) == R
+        z = c.ep(0).contexts["ofi"].zone_rings["zone"]
+        log("zone", z)
+        assert z["released"] >= R // 2 and z["backs"] == z["released"] + z["backed"], z
+    tm.barrier()
+    ad.destroy()
+print("OK")
+'''
+
+
+@pytest.mark.timeout(150)
+def test_nb_puts_right_before_an_idle_release(tmp_path):
+    need(PROVIDER)
+    r = mp_util.run_job(tmp_path, NB_WORKER, 2, launcher_timeout=130,
+                        env=rings_env(GEXMK_OFI_RING_IDLE="0.01"))
+    assert r.returncode == 0, r.report()
+    assert r.stdout.count("OK") == 2, r.report()
+
+
+# A host segment's VIS zone (no staging): packed VIS through the ring, an idle
+# release, packed VIS again -- the same bytes land.
+VIS_WORKER = PAGES + r'''
+with gexmk.init() as c:
+    tm = c.tm
+    seg = c.segment_attach(1 << 20)
+    mem = seg.view(np.uint8)
+    ctx = c.ep(0).contexts["ofi"]
+    dom = c.transports["ofi"].domain
+    blk, n = 512, 400
+    for turn in (1, 2):
+        if tm.rank == 1:
+            src = pattern(n * blk, turn)
+            dst = [(tm.addr(0, blk * int(i)), blk) for i in np.random.default_rng(turn).permutation(n)]
+            tm.put_vector(0, dst, [(src.ctypes.data + blk * k, blk) for k in range(n)])
+            back = np.zeros(n * blk, np.uint8)
+            tm.get_vector([(back.ctypes.data + blk * k, blk) for k in range(n)], 0, dst)
+            assert np.array_equal(back, src), ("turn", turn)
+            assert dom.vis_paths["ofi-landed"] > 0, dom.vis_paths
+        tm.barrier()
+        if tm.rank == 0 and turn == 1:
+            t0 = time.monotonic()
+            while ctx.zone_rings["vis"]["released"] == 0 and time.monotonic() < t0 + 20:
+                ctx.progress()
+                time.sleep(0.01)
+            z = ctx.zone_rings["vis"]
+            assert (z["backed"], z["backs"], z["released"]) == (0, 1, 1), z
+        tm.barrier()
+    if tm.rank == 0:
+        z = ctx.zone_rings["vis"]
+        assert (z["backs"], z["released"]) == (2, 1), z
+    tm.barrier()
+print("OK")
+'''
+
+
+@pytest.mark.timeout(120)
+def test_vis_zone_ring_released_and_used_again(tmp_path):
+    need(PROVIDER)
+    env = ofi_env(PROVIDER)
+    env.update(GEXMK_OFI_RING_IDLE="0.2", GEXMK_OFI_ZONE_RINGS=None)
+    r = mp_util.run_job(tmp_path, VIS_WORKER, 2, launcher_timeout=100, env=env)
+    assert r.returncode == 0, r.report()
+    assert r.stdout.count("OK") == 2, r.report()
+
+
+def test_ring_settings_are_checked(tmp_path):
+    """A bad GEXMK_OFI_RING_IDLE is an ArgumentError naming it, at init."""
+    need(PROVIDER)
+    worker = r'''
+try:
+    gexmk.init()
+except E.ArgumentError as e:
+    assert "GEXMK_OFI_RING_IDLE" in str(e), e
+    print("OK")
+'''
+    for bad in ("-1", "soon", "nan"):
+        r = mp_util.run_job(tmp_path, worker, 2, launcher_timeout=60,
+                            env=rings_env(GEXMK_OFI_RING_IDLE=bad))
+        assert r.stdout.count("OK") == 2, r.report()
+
+
+# A holder that never calls into gexmk while another initiator waits (it
+# computes, or sits in a bootstrap collective): its lander thread releases
+# the idle ring.  Rank 1 takes the only ring (GEXMK_OFI_ZONE_RINGS=1), then
+# waits outside gexmk for a file that rank 2 writes once its own get through
+# rank 0's zone has completed -- which it can only after rank 1 released.
+AWAY_WORKER = r'''
+flag = os.path.join(os.environ["RINGS_TMP"], "rank2-done")
+with gexmk.init() as c:
+    tm = c.tm
+    seg = c.segment_attach(1 << 20)
+    dom = c.transports["ofi"].domain
+    tm.barrier()
+    if tm.rank == 1:
+        back = np.zeros(5000, np.uint8)
+        tm.get(back, 0, tm.addr(0, 0))
+        assert dom.ring_stats["held"] == 1, dom.ring_stats
+        t0 = time.monotonic()
+        while not os.path.exists(flag) and time.monotonic() < t0 + 60:
+            time.sleep(0.01)                       # never in gexmk meanwhile
+        assert os.path.exists(flag), "rank 2 never got a ring"
+        st = dom.ring_stats
+        assert (st["released"], st["held"]) == (1, 0), st
+    elif tm.rank == 2:
+        time.sleep(0.2)
+        back = np.zeros(5000, np.uint8)
+        tm.get(back, 0, tm.addr(0, 0))             # waits for rank 1's release
+        log("ring stats", dom.ring_stats)
+        open(flag, "w").close()
+    tm.barrier()
+print("OK")
+'''
+
+
+@pytest.mark.timeout(150)
+def test_holder_outside_gexmk_releases_in_the_background(tmp_path):
+    need(PROVIDER)
+    r = mp_util.run_job(tmp_path, AWAY_WORKER, 3, launcher_timeout=130,
+                        env=rings_env(GEXMK_OFI_ZONE_RINGS="1", GEXMK_OFI_RING_IDLE="0.05",
+                                      RINGS_TMP=str(tmp_path)))
+    assert r.returncode == 0, r.report()
+    assert r.stdout.count("OK") == 3, r.report()
+
+
+# GPU machines: a device segment's zone (the path ofi-staged takes by default):
+# the released ring is unpinned and its pages given back, the next put pins it
+# again and lands in device memory.
+GPU_WORKER = PAGES + r"""
+from cuda.bindings import driver as cu
+with gexmk.init() as c:
+    tm = c.tm
+    mk = c.mk_create(gexmk.CUDA_UVA, 0)
+    ep1 = c.ep_create()
+    d = c.segment_create(4 << 20, kind=mk)
+    ep1.bind_segment(d)
+    tm.publish_bound_segment([ep1])
+    c.segment_attach(1 << 20)
+    h = c.ep(0).pair(1)
+    ctx = ep1.contexts["ofi"]
+    cu.cuCtxPushCurrent(mk.impl.context)
+    N = 3 << 20
+    assert h.paths(1 - tm.rank)["rma"] == "ofi-staged", h.paths(1 - tm.rank)
+
+    def dev_read(n):
+        out = np.zeros(n, np.uint8)
+        cu.cuMemcpyDtoH(out.ctypes.data, d.address, n)
+        return out
+
+    for turn in (1, 2):
+        if tm.rank == 1:
+            h.put(0, h.addr(0, 0), pattern(N, turn))
+        tm.barrier()
+        if tm.rank == 0:
+            assert np.array_equal(dev_read(N), pattern(N, turn)), ("turn", turn)
+            lo, size, ring = ctx.zone_extent
+            if turn == 1:
+                t0 = time.monotonic()
+                while ctx.zone_rings["zone"]["released"] == 0 and time.monotonic() < t0 + 20:
+                    ctx.progress()
+                    time.sleep(0.01)
+                z = ctx.zone_rings["zone"]
+                assert (z["backed"], z["backs"], z["released"]) == (0, 1, 1), z
+                assert present(lo + ring + PAGE, ring - PAGE) == 0, "released ring still mapped"
+            else:
+                z = ctx.zone_rings["zone"]
+                assert (z["backed"], z["backs"], z["released"]) == (1, 2, 1), z
+        tm.barrier()
+print("OK")
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="no NVIDIA driver or device on this machine")
+def test_device_zone_ring_released_and_pinned_again(tmp_path):
+    need(PROVIDER)
+    env = ofi_env(PROVIDER)
+    env.update(GEXMK_OFI_RING_IDLE="0.3", GEXMK_OFI_STAGE=None, GEXMK_OFI_ZONE_RINGS=None)
+    r = mp_util.run_job(tmp_path, GPU_WORKER, 2, launcher_timeout=120, env=env)
+    assert r.returncode == 0, r.report()
+    assert r.stdout.count("OK") == 2, r.report()
