@@ -668,7 +668,7 @@ def test_put_signal_into_own_process_device_segment(client):
     to_d1.put_signal(0, data, src[:8], sig, 5, gexmk.SIGNAL_ADD)
     assert to_d1.get_val(0, sig) == 30
     own = ep1.pair(1)
-    with pytest.raises(gexmk.UnsupportedError, match="device"):
+    with pytest.raises(gexmk.UnsupportedError, match="device.*signal_wait_until_on_stream"):
         own.wait_until(sig, gexmk.CMP_EQ, 30, timeout=1)
 
 

@@ -172,7 +172,8 @@ cdef int _word_error(const gx_team* tm, uintptr_t addr, int dt, int rc, str sig)
     if rc == GX_NOT_MAPPED:
         raise UnsupportedError(f"{_fn(sig)}: this rank's bound segment is device memory; waiting "
                                "on a device word from the host is not implemented (wait on a "
-                               "host segment's word)")
+                               "host segment's word, or order the wait on a CUDA stream: "
+                               "tm.signal_wait_until_on_stream)")
     if t.remote_base <= addr and addr - t.remote_base + n <= t.size:
         raise BoundsError(f"{_fn(sig)}: address 0x{addr:x} is not aligned to {n} bytes "
                           f"({_DT_NAMES[dt]})")
