@@ -163,6 +163,11 @@ REGRESSIONS = [
     # cause as seed 528 (closed endpoints), the same fix
     pytest.param(384362, "ofi-tcp", {}, id="ofi-tcp-384362-pair-hangs"),
     pytest.param(290645, "ofi-tcp-staged", {}, id="ofi-tcp-staged-290645-pair-hangs"),
+    # found by a --stale soak at load ~11 (1 run in ~250): rank 3 unbinds a segment
+    # right after publishing it while rank 2 opens a staged ring in its zone (item 31,
+    # an amo_nb); rank 2 hung later (item 45, its first op after the next barrier)
+    pytest.param(9122, "ofi-shm-staged", STALE, id="ofi-shm-staged-9122-retire-gap",
+                 marks=_flaky("a stale access in the retire gap")),
 ]
 
 
