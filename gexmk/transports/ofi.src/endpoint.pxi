@@ -337,14 +337,20 @@ cdef class OfiEndpoint:
                 for s in range(z.slots):
                     done[s] = STG_CLOSED_DONE
             (<uint64_t*>(<char*>dummy + z.closed_off))[0] = 1
-        # Close, then register the key again at once: a stale access that
-        # arrives between the two (microseconds) still finds no key.
-        if seg:
-            self._close_mr()
-        else:
-            fi_close(&mr.fid)
+        # Close, then register the key again at once, with the CQ gate
+        # closed (progress.pxi): a stale access that arrives between the two
+        # waits in its queue, served once the dummy holds the key (served in
+        # the gap, it found no key, and shm dropped it unanswered: fuzz seed
+        # 9122).
         with nogil:
+            _gate_close()
+            if seg:
+                _close_seg_mr(&self.e)
+            else:
+                fi_close(&mr.fid)
+            _gate_gap_hold()
             rc = fi_mr_reg(self.e.dom.domain, dummy, size, access, 0, key, 0, &nmr, NULL)
+            _gate_open()
         if rc != 0:
             munmap(dummy, size)
             return
@@ -387,11 +393,7 @@ cdef class OfiEndpoint:
         return len(self._retired)
 
     def _close_mr(self):
-        if self.e.seg_mr != NULL:
-            fi_close(&self.e.seg_mr.fid)
-            self.e.seg_mr = NULL
-            self.e.seg_desc = NULL
-            self.e.seg_lo = self.e.seg_hi = 0
+        _close_seg_mr(&self.e)
 
     cdef void _unregister(self) noexcept:
         """Take this endpoint out of the domain's list, then wait until no
@@ -521,3 +523,12 @@ cdef class OfiEndpoint:
             self._free_retired(rt)
         self._retired = []
 
+
+
+cdef void _close_seg_mr(ofi_ep* e) noexcept nogil:
+    """Unregister e's bound segment (or zone)."""
+    if e.seg_mr != NULL:
+        fi_close(&e.seg_mr.fid)
+        e.seg_mr = NULL
+        e.seg_desc = NULL
+        e.seg_lo = e.seg_hi = 0
