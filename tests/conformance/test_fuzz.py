@@ -179,6 +179,11 @@ REGRESSIONS = [
     # "noncontig" source passed an empty view, so nothing moved where the model had
     # the byte written (a data violation at the next check on every transport)
     pytest.param(20208, "nbrhd", {}, id="nbrhd-20208-one-byte-noncontig-source"),
+    # found by the 9122 soak (2 in 5 runs over ofi-shm, plain or staged): stale
+    # operations of rank 1 to rank 2's endpoint 1, destroyed right after its
+    # publication (item 30), landed in rank 3's segment at the same offsets
+    pytest.param(20231, "ofi-shm", STALE, id="ofi-shm-20231-stale-ops-land-at-another-rank",
+                 marks=_flaky("misdirected stale writes over shm")),
 ]
 
 
