@@ -318,6 +318,16 @@ cdef void _gate_open() noexcept nogil:
     gx_add_long(&_cq_gate, -1)
 
 
+cdef bint _gate_wait_open() noexcept nogil:
+    """Whether the CQ gate was closed (then, once it is open again): for a
+    reader that must tell "empty" from "not read" (completion.pxi _settle)."""
+    if not gx_load_long(&_cq_gate):
+        return False
+    while gx_load_long(&_cq_gate):
+        sched_yield()
+    return True
+
+
 def _set_gate_gap(double seconds):
     """Private, for tests: hold every registration swap this long between
     its close and its new registration, as a thread preempted there would
