@@ -622,3 +622,60 @@ def test_stale_access_during_retirement(tmp_path, provider, extra):
     res = run(tmp_path, RETIRE_GAP, 2, provider, launcher_timeout=90, GEXMK_TIMEOUT=20, **extra)
     no_signal_death(res, [0, 1])
     assert res.returncode == 0 and res.stdout.count("RETIRE-GAP-OK") == 2, res.report()
+
+
+# ---- an endpoint destroyed while its publication is still being applied -------
+
+# A publication is one allgather: a member returns while others still apply
+# what it published.  Rank 2 destroys its endpoint right after publishing it;
+# over shm the destroyed endpoint's region left /dev/shm at once, and rank 1,
+# applying the publication only now (held back here by the private
+# ofi._set_apply_delay), met a name whose region was gone: libfabric 1.17's
+# shm then leaves the name's peer slot free while its address still maps to it,
+# and the next name inserted (rank 3's endpoint) took the slot.  Rank 1's
+# operations to rank 2's endpoint then went to rank 3's, whose key for its
+# segment is the same: they landed in rank 3's segment (fuzz seed 20231: a
+# put, a put_nb_val and an I32 DEC to rank 2 found in rank 3's memory).  Now
+# the region stays until every member applied the publication.  Rank 1's
+# operations to rank 2 may complete (into the retired registration) or raise a
+# GexmkError; no byte may reach rank 3 or rank 0.
+DESTROYED_WHILE_APPLIED = r'''
+import gexmk.transports.ofi as ofi
+c = gexmk.init()
+tm = c.tm
+N = 1 << 14
+ep = c.ep_create()
+if tm.rank == 1:
+    ofi._set_apply_delay(0.2)        # per published endpoint: rank 2's is applied late
+seg = c.segment_attach(N, ep=ep)
+ofi._set_apply_delay(0)
+mine = np.asarray(seg)
+if tm.rank == 2:
+    ep.destroy()                     # at once: rank 1 is still applying the publication
+if tm.rank == 1:
+    pair = ep.pair(1)
+    for off in (64, 1782, 4096):
+        try:
+            pair.put(2, pair.addr(2, off), np.full(8, 0xAB, np.uint8))
+            what = "ok"
+        except E.TimeoutError:
+            raise
+        except E.GexmkError as e:
+            what = type(e).__name__
+        log(f"stale put to rank 2 at {off}: {what}")
+tm.barrier()
+if tm.rank != 2:
+    bad = np.nonzero(mine)[0]
+    assert not len(bad), f"rank 2's puts landed here, at {bad[:16]}"
+tm.barrier()
+c.finalize()
+print("APPLIED-OK", flush=True)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_endpoint_destroyed_while_its_publication_is_applied(tmp_path):
+    need("shm")
+    res = run(tmp_path, DESTROYED_WHILE_APPLIED, 4, "shm", launcher_timeout=90, GEXMK_TIMEOUT=20)
+    no_signal_death(res, [0, 1, 2, 3])
+    assert res.returncode == 0 and res.stdout.count("APPLIED-OK") == 4, res.report()

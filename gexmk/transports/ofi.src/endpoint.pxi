@@ -10,6 +10,8 @@ cdef class OfiEndpoint:
                                     # is, or was never tried: a host segment)
     cdef set _published_to          # job ranks given the current registration's key
     cdef list _retired              # [mr, dummy, bytes, job ranks still holding its key]
+    cdef int _pubs_open             # publications of it some member may still be applying
+    cdef object _unlink_due         # lingering: its region's name, unlinked once they settle
 
     @staticmethod
     cdef OfiEndpoint _make(Domain dom, bint single=False):
@@ -366,11 +368,17 @@ cdef class OfiEndpoint:
         ranks = set(jobranks)
         if self.e.seg_mr != NULL or self.e.vzone_mr != NULL:
             self._published_to |= ranks
-        if not self._retired:
-            return None
+        # Until then a member may still be inserting this endpoint's name (over
+        # shm: opening its region): a closure meanwhile keeps the region (_linger)
+        self._pubs_open += 1
         before = list(self._retired)
 
         def settle():
+            self._pubs_open -= 1
+            if self._pubs_open == 0 and self._unlink_due is not None:
+                self._unlink_region()
+            if not before:
+                return
             keep = []
             for rt in self._retired:
                 if any(rt is b for b in before):
@@ -490,18 +498,31 @@ cdef class OfiEndpoint:
         every later operation of that peer endpoint, to anyone, until
         GEXMK_TIMEOUT (fuzz seed 619: a put_nbi_val to an endpoint destroyed
         meanwhile, then a put to a live peer hung).  Its region leaves
-        /dev/shm now, so that peers see it closed (_check_open, _gone) and
-        none connects to it anew; those already connected keep their
-        mapping of it, and what they still send is served."""
+        /dev/shm, so that peers see it closed (_check_open, _gone) and none
+        connects to it anew; those already connected keep their mapping of
+        it, and what they still send is served.  It leaves once every member
+        applied this endpoint's publications (published()): a member still
+        applying one inserts the name, and libfabric 1.17's shm, finding no
+        region behind a name, leaves its peer slot free while the name's
+        address still maps to it -- the next name inserted takes the slot, and
+        operations to this endpoint went to that one, another rank's, whose
+        key for its segment was the same (fuzz seed 20231: stale writes
+        landed in a third rank's segment)."""
         name = self.name.split(b"\0", 1)[0].decode(errors="replace")
         for prefix in ("fi_shm://", "fi_ns://"):
             if name.startswith(prefix):
                 name = name[len(prefix):]
         if name and "/" not in name:
-            try:
-                os.unlink("/dev/shm/" + name)
-            except OSError:
-                pass
+            self._unlink_due = name
+            if self._pubs_open == 0:
+                self._unlink_region()
+
+    def _unlink_region(self):
+        name, self._unlink_due = self._unlink_due, None
+        try:
+            os.unlink("/dev/shm/" + name)
+        except OSError:
+            pass
 
     def _release(self):
         """Close the libfabric endpoint, its CQs and retired registrations
