@@ -83,7 +83,13 @@ class OFIError(LibraryError, CommunicationError):
     library = "libfabric"
 
     def _message(self):
-        return f"{self.call} failed: {self.text} (-{self.code})"
+        hint = ""
+        if self.code == 24:     # EMFILE: out of file descriptors
+            hint = ("; each peer process reached over a socket provider costs a file "
+                    "descriptor per libfabric endpoint (two per gexmk endpoint where they "
+                    "are split): raise the limit (ulimit -n) -- the operation may be retried "
+                    "once it is raised")
+        return f"{self.call} failed: {self.text} (-{self.code}){hint}"
 
 
 class CUDAError(LibraryError, RuntimeError):

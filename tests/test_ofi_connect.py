@@ -137,6 +137,50 @@ def test_connect_setting_checked():
         config.load({"GEXMK_OFI_CONNECT": "sometimes"})
 
 
+FD_WORKER = r'''
+# Out of file descriptors: rank 0, with connections made on first use, lowers
+# its limit to what it has open plus one and puts to every peer.  A connection
+# it cannot open is an OFIError naming EMFILE and what to do, never a crash or
+# a hang; with the limit raised again the same puts go through, every byte
+# lands, and the job ends cleanly.
+import resource
+with gexmk.init() as c:
+    seg = c.segment_attach(1 << 16)
+    tm = c.tm
+    if tm.rank == 0:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 1, hard))
+        failed = None
+        try:
+            for r in range(1, tm.size):
+                try:
+                    tm.put(r, tm.addr(r, 0), np.arange(8, dtype=np.uint8))
+                except gexmk.errors.OFIError as e:
+                    assert e.code == 24 and "ulimit -n" in str(e), e
+                    failed = r
+                    break
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert failed is not None, "no put ran out of file descriptors"
+        log("out of descriptors at peer", failed)
+        for r in range(failed, tm.size):
+            tm.put(r, tm.addr(r, 0), np.arange(8, dtype=np.uint8))
+    tm.barrier()
+    if tm.rank:
+        assert bytes(seg.view()[:8]) == bytes(range(8)), bytes(seg.view()[:8])
+    tm.barrier()
+'''
+
+
+@pytest.mark.timeout(120)
+def test_out_of_file_descriptors_is_a_clear_error(tmp_path):
+    need(PROVIDER)
+    env = ofi_env(PROVIDER)
+    env["GEXMK_OFI_CONNECT"] = "lazy"
+    res = mp_util.run_job(tmp_path, FD_WORKER, 6, launcher_timeout=90, env=env)
+    res.check()
+
+
 SYNC_WORKER = r'''
 # issue 23: where endpoints are split (tcp;ofi_rxm) and the RMA endpoint orders
 # writes, the library's sync endpoint is one rxm endpoint without atomics (its

@@ -136,7 +136,7 @@ static struct {
     double op_timeout_s;     /* max seconds waiting for one completion batch */
     int watchdog_s;
     int pin;
-    enum { TP_AUTO, TP_POLL, TP_BLOCK, TP_WAIT, TP_POLLFD } target_progress;
+    enum { TP_AUTO, TP_POLL, TP_BLOCK, TP_WAIT, TP_POLLFD, TP_POLLRX } target_progress;
     enum { Y_AUTO, Y_ON, Y_OFF } yield;
 } opt = {
     .prov = "tcp;ofi_rxm",
@@ -191,7 +191,9 @@ static void usage(const char *argv0, int code)
         "  -W  whole-run watchdog in seconds (default 120)\n"
         "  -P  target progress: poll its CQ, block on the socket, wait (FI_WAIT_FD CQ +\n"
         "      fi_trywait + poll), pollfd (poll, but both sides' CQs have an FI_WAIT_FD\n"
-        "      wait object, as gexmk's do: what its signalling costs), or auto\n"
+        "      wait object, as gexmk's do: what its signalling costs), pollrx (poll, both\n"
+        "      sides' transmit completions in a CQ without a wait object, receives in one\n"
+        "      with an FI_WAIT_FD: what a split costs), or auto\n"
         "      (auto = poll unless data_progress is FI_PROGRESS_AUTO; default auto)\n"
         "  -y  sched_yield() after each empty CQ poll on the active side\n"
         "      (auto = on when data_progress is FI_PROGRESS_AUTO, so that provider\n"
@@ -230,6 +232,7 @@ static void parse_args(int argc, char **argv)
             else if (!strcmp(optarg, "block")) opt.target_progress = TP_BLOCK;
             else if (!strcmp(optarg, "wait")) opt.target_progress = TP_WAIT;
             else if (!strcmp(optarg, "pollfd")) opt.target_progress = TP_POLLFD;
+            else if (!strcmp(optarg, "pollrx")) opt.target_progress = TP_POLLRX;
             else usage(argv[0], 2);
             break;
         case 'y':
@@ -318,6 +321,7 @@ static struct fid_fabric *fabric;
 static struct fid_domain *domain;
 static struct fid_av *av;
 static struct fid_cq *cq;
+static struct fid_cq *rxcq;    /* -P pollrx only: the receive side's CQ, with a wait fd */
 static int cq_wait_fd = -1;    /* target with -P wait only */
 static struct fid_ep *ep;
 static struct fid_mr *mr;
@@ -341,9 +345,9 @@ static const char *flush_unavailable;   /* why -f was dropped, else NULL */
 static void release_fabric(void)
 {
     struct fid *objs[] = { ep ? &ep->fid : NULL, mr ? &mr->fid : NULL, av ? &av->fid : NULL,
-                           cq ? &cq->fid : NULL, domain ? &domain->fid : NULL,
-                           fabric ? &fabric->fid : NULL };
-    ep = NULL; mr = NULL; av = NULL; cq = NULL; domain = NULL; fabric = NULL;
+                           cq ? &cq->fid : NULL, rxcq ? &rxcq->fid : NULL,
+                           domain ? &domain->fid : NULL, fabric ? &fabric->fid : NULL };
+    ep = NULL; mr = NULL; av = NULL; cq = NULL; rxcq = NULL; domain = NULL; fabric = NULL;
     for (size_t i = 0; i < sizeof objs / sizeof objs[0]; i++)
         if (objs[i]) (void)fi_close(objs[i]);
 }
@@ -375,6 +379,12 @@ static inline ssize_t cq_poll(void)
 {
     struct fi_cq_entry ent[16];
     ssize_t r = fi_cq_read(cq, ent, 16);
+    if (rxcq && r == -FI_EAGAIN) {
+        /* a split (-P pollrx) reads its receive CQ too, as a process with both would */
+        struct fi_cq_entry rent[16];
+        ssize_t q = fi_cq_read(rxcq, rent, 16);
+        if (q != -FI_EAGAIN) FI_CHK(q < 0 ? q : 0);
+    }
     if (r > 0) { completions += (uint64_t)r; return r; }
     if (r == -FI_EAGAIN) return 0;
     if (r == -FI_EAVAIL) report_cq_error();
@@ -495,7 +505,7 @@ static void pp_write(uint64_t v)
 static int target_polls(void)
 {
     return opt.target_progress == TP_POLL || opt.target_progress == TP_WAIT ||
-           opt.target_progress == TP_POLLFD ||
+           opt.target_progress == TP_POLLFD || opt.target_progress == TP_POLLRX ||
            (opt.target_progress == TP_AUTO &&
             info->domain_attr->data_progress != FI_PROGRESS_AUTO);
 }
@@ -595,13 +605,24 @@ static void setup_fabric(void)
     FI_CHK(fi_cq_open(domain, &cq_attr, &cq, NULL));
     if (cq_attr.wait_obj == FI_WAIT_FD)
         FI_CHK(fi_control(&cq->fid, FI_GETWAIT, &cq_wait_fd));
+    if (opt.target_progress == TP_POLLRX) {
+        struct fi_cq_attr rx_attr = cq_attr;
+        rx_attr.wait_obj = FI_WAIT_FD;
+        rx_attr.wait_cond = FI_CQ_COND_NONE;
+        FI_CHK(fi_cq_open(domain, &rx_attr, &rxcq, NULL));
+    }
 
     struct fi_av_attr av_attr = { .type = FI_AV_TABLE, .count = 2 };
     FI_CHK(fi_av_open(domain, &av_attr, &av, NULL));
 
     FI_CHK(fi_endpoint(domain, info, &ep, NULL));
     FI_CHK(fi_ep_bind(ep, &av->fid, 0));
-    FI_CHK(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
+    if (rxcq) {
+        FI_CHK(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT));
+        FI_CHK(fi_ep_bind(ep, &rxcq->fid, FI_RECV));
+    } else {
+        FI_CHK(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
+    }
     FI_CHK(fi_enable(ep));
 
     /* Buffer: at least 16 MiB so the bandwidth window spreads over several slots. */
@@ -664,13 +685,17 @@ static void exchange(void)
 
 static void teardown(void)
 {
+    /* each handle cleared once closed: a failure on the way makes fail() ->
+       release_fabric() close only what is left (closing one twice crashed) */
+    struct fid *f;
     if (remote_key_mapped) FI_CHK(fi_mr_unmap_key(domain, remote_key));
-    FI_CHK(fi_close(&ep->fid));
-    FI_CHK(fi_close(&mr->fid));
-    FI_CHK(fi_close(&av->fid));
-    FI_CHK(fi_close(&cq->fid));
-    FI_CHK(fi_close(&domain->fid));
-    FI_CHK(fi_close(&fabric->fid));
+    f = &ep->fid; ep = NULL; FI_CHK(fi_close(f));
+    f = &mr->fid; mr = NULL; FI_CHK(fi_close(f));
+    f = &av->fid; av = NULL; FI_CHK(fi_close(f));
+    f = &cq->fid; cq = NULL; FI_CHK(fi_close(f));
+    if (rxcq) { f = &rxcq->fid; rxcq = NULL; FI_CHK(fi_close(f)); }
+    f = &domain->fid; domain = NULL; FI_CHK(fi_close(f));
+    f = &fabric->fid; fabric = NULL; FI_CHK(fi_close(f));
     fi_freeinfo(info);
     free(buf);
     free(ctxs);
@@ -683,6 +708,7 @@ static void teardown(void)
 static void target_loop(void)
 {
     int poll_cq = opt.target_progress == TP_POLL || opt.target_progress == TP_POLLFD ||
+                  opt.target_progress == TP_POLLRX ||
                   (opt.target_progress == TP_AUTO &&
                    info->domain_attr->data_progress != FI_PROGRESS_AUTO);
     char c = 0;

@@ -48,7 +48,8 @@ Commands (from the repository root, against the installed gexmk)::
 
 ``--transport``: nbrhd (default), pvm, nbrhd-staged (``GEXMK_NBRHD_STAGE=all``),
 ofi-tcp, ofi-shm, ofi-tcp-staged and ofi-shm-staged (``GEXMK_OFI_STAGE=all``),
-or ``all``.  ``--ranks`` 2-4 (default: chosen by the seed).  ``--soak`` prints
+or ``all``; on a GPU machine gpu-nbrhd, gpu-ofi-tcp and gpu-ofi-tcp-staged (the same
+with device segments and device-memory buffers: ``GPU_OF``).  ``--ranks`` 2-4 (default: chosen by the seed).  ``--soak`` prints
 every failing seed with the command that replays it (``--out DIR`` keeps each
 failing job's report); keep those in ``test_fuzz.py``'s ``REGRESSIONS``.
 ``--keep 0-40,52`` runs part of a plan (what ``--minimise`` finds), ``--trace``
@@ -91,6 +92,22 @@ TRANSPORTS = {
     "ofi-shm-staged": {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "shm",
                        "GEXMK_OFI_STAGE": "all", **_STAGE_SMALL},
 }
+
+#: GPU variants, for the GPU machine (FUZZ_GPU=1 in the job): every library segment a
+#: plan creates (segment_create) is CUDA device memory, on GPU ``rank % 2`` where there
+#: are two; attached segments and client segments stay host memory, so plans mix the
+#: two kinds; puts' sources and gets' destinations may be device memory too (``cuda``:
+#: torch CUDA tensors).  The model is the CPU transport's (what the kinds change must
+#: not show).  Never part of ``--transport all``.
+GPU_OF = {"gpu-nbrhd": "nbrhd", "gpu-ofi-tcp": "ofi-tcp", "gpu-ofi-tcp-staged": "ofi-tcp-staged"}
+for _g, _b in GPU_OF.items():
+    TRANSPORTS[_g] = dict(TRANSPORTS[_b], FUZZ_GPU="1")
+
+
+def base_transport(transport):
+    """The CPU transport whose model a (GPU) transport's plans follow."""
+    return GPU_OF.get(transport, transport)
+
 
 #: GEXMK_TIMEOUT of the jobs: collectives waiting for a dead peer give up by then
 JOB_TIMEOUT = 15
@@ -155,6 +172,13 @@ def _short(v):
     return str(v)
 
 
+def _torch():
+    """torch, for device memory on the local side and for reading device segments
+    back (GPU transports only)."""
+    import torch
+    return torch
+
+
 def pattern(n, *tag):
     """n bytes unique to the integers ``tag`` (every rank computes the same)."""
     if n == 0:
@@ -180,6 +204,7 @@ class SegM:
 
     def __init__(self, sid, owner, size, client):
         self.sid, self.owner, self.size, self.client = sid, owner, size, client
+        self.device = False     # device memory (GPU transports' library segments)
         self.live = True
         self.ep = None
         self.exp = np.zeros(size, np.uint8)
@@ -321,7 +346,8 @@ class Sim:
     Deterministic: every rank computes the same from the same plan."""
 
     def __init__(self, n, transport, victim=None):
-        self.n, self.tr = n, transport
+        self.n, self.tr = n, base_transport(transport)
+        self.gpu = transport in GPU_OF       # library segments are device memory
         self.victim = victim
         self.segs = {}
         self.eps = {(r, 0): EpM(r, 0) for r in range(n)}
@@ -523,6 +549,7 @@ class Sim:
         if r in self.finalized:
             return {r: raises("StateError", why="after finalize")}
         s = SegM(a["sid"], r, a["size"], a["client"])
+        s.device = self.gpu and not a["client"]
         if a["client"]:
             s.exp[:] = pattern(a["size"], 77, *a["sid"])
         self.segs[a["sid"]] = s
@@ -890,8 +917,16 @@ class Sim:
                 texp = ok("wait for the signal")
                 if self.dying and not use_alive:
                     texp = maybe("PeerDeadError", why="waiting on a team with a dying member")
+                if s.device:
+                    # the waiter's own segment is device memory: a host wait on a
+                    # device word is refused (signal.pxi _word_error); the data and
+                    # the word are checked at the next checked barrier instead
+                    texp = raises("UnsupportedError", why="wait_until on a device word")
                 texp.extra.update(j=j, sig_off=a["sig_off"], value=wexp.extra["sigval"],
                                   alive=use_alive, sid=s.sid, cmp="EQ")
+                if s.device:
+                    out[t] = texp
+                    return out
                 # CMP_EQ; not at all where the writer signals the word again this
                 # epoch (the value waited for may be gone before the wait looks)
                 if any(i2 > self.idx and it2.r == w and it2.a.get("t") == t
@@ -1091,11 +1126,14 @@ class Gen:
 
     def __init__(self, seed, n, transport, length, stale=False, known=False):
         self.R = random.Random(seed * 7919 + n)
-        self.seed, self.n, self.tr = seed, n, transport
+        self.seed, self.n, self.tr = seed, n, base_transport(transport)
+        gpu = transport in GPU_OF
+        self.srcs = SRCS + ["cuda"] if gpu else SRCS
+        self.dsts = ["numpy", "bytearray", "tuple"] + (["cuda"] if gpu else [])
         self.length = length
         R = self.R
         self.victim = R.randrange(n) if R.random() < 0.4 else None
-        self.avoid = set() if known else KNOWN_BUGS.get(transport, set())
+        self.avoid = set() if known else KNOWN_BUGS.get(self.tr, set())
         if "kill" in self.avoid:
             self.victim = None
         self.sim = Sim(n, transport, self.victim)
@@ -1106,7 +1144,7 @@ class Gen:
         self.killed = False
         # Where an access to a peer's closed registration disturbs other traffic
         # (ofi: see STALE_UNSAFE), plans reach only targets published as they are.
-        self.avoid_stale = transport in STALE_UNSAFE and not stale
+        self.avoid_stale = self.tr in STALE_UNSAFE and not stale
         self.may_change = {}
         self.made = {}          # rank -> TM-pairs (i, j) its executor has made
 
@@ -1469,7 +1507,7 @@ class Gen:
         elif op == "signal_op" or op.startswith("put_signal"):
             n = self.size_in(hi - dlo)
             off = R.randrange(dlo, max(dlo, hi - n) + 1)
-            a.update(off=off, n=n, sig_off=lo, seed=self.R.getrandbits(31), src=R.choice(SRCS),
+            a.update(off=off, n=n, sig_off=lo, seed=self.R.getrandbits(31), src=R.choice(self.srcs),
                      **self.sig_args())
             n_eff = n
         else:
@@ -1479,11 +1517,11 @@ class Gen:
                 n = 1
             a.update(off=off, n=n, seed=R.getrandbits(31))
             if op in ("put", "put_nb", "put_nbi"):
-                a["src"] = R.choice(SRCS + ["noncontig"] if R.random() < 0.03 else SRCS)
+                a["src"] = R.choice(self.srcs + ["noncontig"] if R.random() < 0.03 else self.srcs)
                 if op != "put":
                     a["lc"] = R.choice(LCS)
             elif op != "get_val":
-                a["dst"] = R.choice(["numpy", "bytearray", "tuple"])
+                a["dst"] = R.choice(self.dsts)
             else:
                 a["n"] = R.randrange(1, 9)
             n_eff = a["n"]
@@ -1532,7 +1570,7 @@ class Gen:
         n = 0 if op == "signal_op" else self.size_in(hi - lo - 8)
         off = R.randrange(lo + 8, hi - n + 1)
         a = dict(h=h, t=t, op=op, off=off, n=n, sig_off=lo, seed=R.getrandbits(31),
-                 src=R.choice(SRCS), **self.sig_args())
+                 src=R.choice(self.srcs), **self.sig_args())
         self.flush_overlap(r, s.sid, off, off + n)
         self.flush_overlap(r, s.sid, lo, lo + 8)
         self.emit(It("sigpair", r, **a))
@@ -1722,6 +1760,15 @@ class Worker:
         self.g = gexmk
         threading.Thread(target=self.watchdog, daemon=True).start()
         self.c = gexmk.init()
+        self.mk = None
+        if os.environ.get("FUZZ_GPU"):
+            # device segments on GPU rank % 2 (two GPUs: cross-GPU mappings too)
+            for dev in (self.me % 2, 0):
+                try:
+                    self.mk = self.c.mk_create(gexmk.CUDA_UVA, dev)
+                    break
+                except gexmk.ArgumentError:
+                    continue
         self.world = self.c.tm
         self.alive = None
         self.eps = {0: self.c.ep(0)}
@@ -1823,6 +1870,11 @@ class Worker:
                                buffer=buf[GUARD:GUARD + a["size"]])
             if e is None:
                 self.segobj[a["sid"]] = (seg, buf)
+        elif self.mk is not None:
+            seg, e = self.call(exp, "segment_create(kind=CUDA_UVA)", self.c.segment_create,
+                               a["size"], kind=self.mk)
+            if e is None:
+                self.segobj[a["sid"]] = (seg, None)
         else:
             seg, e = self.call(exp, "segment_create", self.c.segment_create, a["size"])
             if e is None:
@@ -1889,6 +1941,9 @@ class Worker:
             return v, v
         if kind == "tuple":
             return (arr.ctypes.data, arr.nbytes), arr
+        if kind == "cuda":
+            t = _torch().from_numpy(arr).cuda()
+            return t, t
         if kind == "noncontig":
             big = np.zeros(2 * len(data) + 2, np.uint8)
             big[::2][:len(data)] = arr
@@ -1903,6 +1958,8 @@ class Worker:
             return
         if isinstance(keep, bytearray):
             keep[:] = b"\xee" * len(keep)
+        elif not isinstance(keep, np.ndarray):
+            keep.fill_(0xEE)                    # a CUDA tensor (src "cuda")
         else:
             keep[...] = 0xEE if keep.dtype.itemsize == 1 else 0xEEEEEEEE
 
@@ -1916,12 +1973,17 @@ class Worker:
             return memoryview(ba)[GUARD:GUARD + n], buf
         if kind == "tuple":
             return (buf.ctypes.data + GUARD, n), buf
+        if kind == "cuda":
+            t = _torch().from_numpy(buf.copy()).cuda()
+            return t[GUARD:GUARD + n], t
         return buf[GUARD:GUARD + n], buf
 
     def check_dest(self, what, buf, n, data, moved):
         """Guards intact; the body equal to ``data`` (expected, mask) where
         known, or untouched when nothing may have moved."""
         orig = pattern(n + 2 * GUARD, 55, n)
+        if not isinstance(buf, np.ndarray):
+            buf = buf.cpu().numpy()             # a CUDA tensor (dst "cuda")
         if not (np.array_equal(buf[:GUARD], orig[:GUARD]) and
                 np.array_equal(buf[GUARD + n:], orig[GUARD + n:])):
             self.fail(f"{what} wrote outside its local buffer (guard bytes changed)")
@@ -2182,6 +2244,8 @@ class Worker:
         seg, buf = self.segobj[sid]
         if buf is not None:
             return buf[GUARD:GUARD + seg.size]
+        if seg.allocation is not None:        # device memory (GPU transports)
+            return _torch().from_dlpack(seg).cpu().numpy().view(np.uint8).reshape(-1)
         return np.asarray(seg)
 
     # -- collectives --
@@ -2537,7 +2601,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.worker:
         return worker_main(args)
-    trs = sorted(TRANSPORTS) if args.transport == "all" else [args.transport]
+    trs = sorted(t for t in TRANSPORTS if t not in GPU_OF) if args.transport == "all" \
+        else [args.transport]
     if args.show is not None:
         show(args.show, args.ranks or ranks_of(args.show), trs[0], args.length, args.keep, args.stale,
              args.known_bugs)

@@ -26,6 +26,22 @@ cdef enum:
     TR_PT_HOT_IN = 25       # ... opens its window of bursts after traffic (_pt_open)
     TR_PT_HOT_CAUGHT = 26   # ... which ends, having seen traffic
     TR_PT_HOT_EMPTY = 27    # ... which ends, having seen none
+    # packed VIS puts through a landing zone (vis.pxi, staged.pxi; bench/diagnostics/vis_timeline.py)
+    TR_VIS_IN = 30          # a packed put starts (_stg_vis_put)
+    TR_VIS_POSTED = 31      # ... posted a slot's data
+    TR_VIS_SLOT_IN = 32     # ... waits for a ring slot the lander has not served yet
+    TR_VIS_SLOT_OUT = 33
+    TR_VIS_PK_IN = 34       # ... waits for the packer thread
+    TR_VIS_PK_OUT = 35
+    TR_VIS_ALL_IN = 36      # ... every slot posted: waits for the last to be served
+    TR_VIS_OUT = 37
+    TR_STG_POLL = 38        # a read of a ring's done words (_stg_wait_slot)
+    TR_VIS_POST_IN = 39     # ... posts a slot's data (to TR_VIS_POSTED)
+    TR_LAND_IN = 40         # the lander unpacks (gathers) one slot (_land_vis)
+    TR_LAND_OUT = 41
+    TR_LAND_NAP = 42        # the lander naps (nothing came)
+    TR_PK_IN = 43           # the packer thread packs a slot
+    TR_PK_OUT = 44
 
 
 cdef extern from "<sched.h>" nogil:

@@ -126,7 +126,10 @@ cdef int _land_one(ofi_zone* z, char* ring, int s, uint64_t* desc, uint64_t* wor
     cdef gx_val a, b, res
     cdef int st
     if op == STG_PUTV or op == STG_GETV:
-        return _land_vis(z, <char*>data, off, n, op == STG_PUTV)
+        _tr(TR_LAND_IN)
+        st = _land_vis(z, <char*>data, off, n, op == STG_PUTV)
+        _tr(TR_LAND_OUT)
+        return st
     if op == STG_AMO:
         n = gx_dt_size(<int>desc[4])     # a 4-byte word may end the segment
     if n > z.chunk or off > z.seg_size or n > z.seg_size - off:
@@ -312,6 +315,7 @@ cdef void _lander_thread(ofi_dom* d, volatile int* stop) noexcept nogil:
             nap = nap * 2 if 2000000 <= nap < 16000000 else (2000000 if nap < 2000000 else 16000000)
         ts.tv_sec = 0
         ts.tv_nsec = nap
+        _tr(TR_LAND_NAP)
         nanosleep(&ts, NULL)
 
 
@@ -579,7 +583,11 @@ cdef int _stg_wait_slot(ofi_ep* ep, ofi_peer* t, int s, uint64_t want,
     cdef timespec ts
     cdef uint64_t st
     cdef long nap = 5000
+    cdef bint traced = _tr_t != NULL and _stg_seq(t.stg_rb[s]) < want
+    if traced:
+        _tr(TR_VIS_SLOT_IN)
     while _stg_seq(t.stg_rb[s]) < want:
+        _tr(TR_STG_POLL)
         _stg_post(ep, t, False, t.stg_ring + _stg_words_off(S), t.stg_rb, 8 * <size_t>S, NULL)
         if _stg_seq(t.stg_rb[s]) >= want:
             break
@@ -609,6 +617,8 @@ cdef int _stg_wait_slot(ofi_ep* ep, ofi_peer* t, int s, uint64_t want,
             nanosleep(&ts, NULL)
             if nap < 200000:
                 nap *= 2
+    if traced:
+        _tr(TR_VIS_SLOT_OUT)
     if t.stg_ok[s] < want:
         t.stg_ok[s] = want
         st = t.stg_rb[s] >> STG_SEQ_BITS

@@ -510,7 +510,9 @@ cdef void _packer_loop() noexcept nogil:
         PyThread_acquire_lock(_pk.go, WAIT_LOCK)
         if _pk.stop:
             return
+        _tr(TR_PK_IN)
         _vis_pack_host(True, _pk.dst, _pk.f, _pk.i0, _pk.i1, _pk.C)
+        _tr(TR_PK_OUT)
         gx_xchg_int(&_pk.state, 2)
 
 
@@ -616,6 +618,7 @@ cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
         ops[j] = NULL
     if not lstg and W > 1:
         packer = _packer_take()
+    _tr(TR_VIS_IN)
     try:
         while True:
             # the oldest chunks whose data has landed: their descriptors, in
@@ -647,8 +650,11 @@ cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
                 b = buf + <size_t>j * C
                 if packer and pre_i == i:
                     # the packer packed this group into this buffer (list and data)
-                    while gx_load_int(&_pk.state) == 1:
-                        _progress(ep)        # sends of the slots posted before go on
+                    if gx_load_int(&_pk.state) == 1:
+                        _tr(TR_VIS_PK_IN)
+                        while gx_load_int(&_pk.state) == 1:
+                            _progress(ep)    # sends of the slots posted before go on
+                        _tr(TR_VIS_PK_OUT)
                     gx_xchg_int(&_pk.state, 0)
                     pre_i = <size_t>-1
                 else:
@@ -675,16 +681,20 @@ cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint
                 # transmit completion only (the slot's buffer free again):
                 # no round trip per slot between packing and unpacking.
                 early = _VIS_EARLY and ep.dom.waw and 16 * k + nbytes <= ep.dom.max_order_waw
+                _tr(TR_VIS_POST_IN)
                 _stg_post(ep, t, True, t.stg_ring + _stg_data_off(S) + <uint64_t>s * t.stg_chunk,
                           b, 16 * k + nbytes, &ops[j], not early)
                 if early:
                     _stg_send_desc(ep, t, s, q, STG_PUTV, k, nbytes)
                     pseq[j] = 0
+                _tr(TR_VIS_POSTED)
                 cnt += 1
                 i = i1
             elif cnt == 0:
                 break
+        _tr(TR_VIS_ALL_IN)
         _stg_wait_all(ep, t)
+        _tr(TR_VIS_OUT)
     finally:
         if packer:
             _packer_give()       # its job done first: the buffer goes back after this
