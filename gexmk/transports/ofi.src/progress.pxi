@@ -289,7 +289,7 @@ cdef extern from *:
 # their queues until the dummy holds the key.
 cdef long _cq_gate = 0          # swaps in progress
 cdef long _cq_in = 0            # threads reading a CQ
-cdef double _gate_gap = 0       # private, for tests: seconds the gate stays closed
+cdef double _gate_gap = 0       # private, for tests: seconds a swap waits between close and register
 
 
 cdef inline bint _cq_enter() noexcept nogil:
