@@ -67,6 +67,7 @@ class JobResult:
         self.timed_out = timed_out
         self.script = script
         self.pid = pid
+        self.shm_files = set()      # run_command(watch_shm=...): /dev/shm files the job held
 
     def __repr__(self):
         return f"<JobResult rc={self.returncode} {self.elapsed:.1f}s timed_out={self.timed_out}>"
@@ -170,30 +171,115 @@ def _kill_all(proc):
             pass
 
 
-def run_command(cmd, *, timeout, env=None, cwd=None, script=""):
+def shm_mapped(pids, prefixes):
+    """Names of the /dev/shm files whose name starts with one of ``prefixes``
+    that the processes ``pids`` hold mapped or open now (unlinked ones left
+    out: nothing of them is left to remove)."""
+    found = set()
+    for pid in pids:
+        paths = []
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                paths += [line.split(None, 5)[5].strip() for line in f
+                          if "/dev/shm/" in line and len(line.split(None, 5)) == 6]
+        except OSError:
+            pass
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            fds = []
+        for fd in fds:
+            try:
+                paths.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                pass
+        for path in paths:
+            if not path.startswith("/dev/shm/") or path.endswith(" (deleted)"):
+                continue
+            name = path[len("/dev/shm/"):]
+            if "/" not in name and name.startswith(tuple(prefixes)):
+                found.add(name)
+    return found
+
+
+class _ShmWatch:
+    """Notes, while a job runs, which /dev/shm files (names starting with one
+    of ``prefixes``) its processes map or hold open: what the job made, and
+    nothing a concurrent job made.  A file that a process made and lost within
+    one ``interval`` can be missed (then it is left, never another's removed)."""
+
+    def __init__(self, root_pid, prefixes, interval=0.1):
+        import threading
+        self.root, self.prefixes, self.interval = root_pid, tuple(prefixes), interval
+        self.seen = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def scan(self):
+        self.seen |= shm_mapped(descendants(self.root) + [self.root], self.prefixes)
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            self.scan()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+
+def run_command(cmd, *, timeout, env=None, cwd=None, script="", watch_shm=()):
     """Run ``cmd`` in a new session; kill it and all its descendants after
     ``timeout`` seconds.  Returns a :class:`JobResult`.  Workers (PRELUDE)
-    print every thread's stack to stderr shortly before that."""
+    print every thread's stack to stderr shortly before that.
+
+    ``watch_shm``: prefixes of /dev/shm names; the result's ``shm_files`` then
+    holds the names of such files the job's processes mapped or held open
+    (sampled while it ran, and just before a kill): the job's own, for a
+    clean-up that must not touch a concurrent job's (:func:`remove_shm`)."""
     env = dict(os.environ if env is None else env)
     env.setdefault("GEXMK_TEST_TRACEBACK_AFTER", str(max(1.0, timeout - 5)))
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, start_new_session=True, text=True)
+    watch = _ShmWatch(proc.pid, watch_shm) if watch_shm else None
     timed_out = False
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
+        if watch:
+            watch.scan()            # alive still: what they hold now
         _kill_all(proc)
         try:
             out, err = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:   # a grandchild holds the pipes open
             out, err = "", "(output lost: pipes held open after kill)"
     except BaseException:                   # e.g. pytest-timeout's exception: leave nothing behind
+        if watch:
+            watch.scan()
         _kill_all(proc)
         proc.wait()
+        if watch:
+            watch.stop()
+            remove_shm(watch.seen)
         raise
-    return JobResult(proc.returncode, out, err, time.monotonic() - t0, timed_out, script, proc.pid)
+    finally:
+        if watch:
+            watch.stop()
+    res = JobResult(proc.returncode, out, err, time.monotonic() - t0, timed_out, script, proc.pid)
+    res.shm_files = set(watch.seen) if watch else set()
+    return res
+
+
+def remove_shm(names):
+    """Unlink /dev/shm/<name> for each of ``names`` still there (a job's own
+    files: see run_command's ``watch_shm``)."""
+    for name in names:
+        try:
+            os.unlink(os.path.join("/dev/shm", name))
+        except OSError:
+            pass
 
 
 def run_job(tmp_path, source, n, *, launcher_timeout=60, timeout=None, keep_going=False,

@@ -763,7 +763,10 @@ def test_mpi_mode(tmp_path, mode):
     script = mp_util.write_worker(tmp_path, HEADER + "\n" + MPI_WORKER, prelude=False)
     env = mp_util.child_env({"GEXMK_BOOTSTRAP": None, "GEXMK_TIMEOUT": "30"})
     result = mp_util.run_command(["mpiexec", "-n", "2", sys.executable, script, mode],
-                                 timeout=50, env=env, cwd=str(tmp_path), script=script)
+                                 timeout=50, env=env, cwd=str(tmp_path), script=script,
+                                 watch_shm=("mpich_shm_", "mpich_vci_"))
+    if result.timed_out or result.returncode != 0:
+        mp_util.remove_shm(result.shm_files)    # what MPICH left of this job only
     result.check(0)
     oks(result, range(2))
 

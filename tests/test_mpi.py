@@ -67,27 +67,21 @@ with open(f"ok.{me}", "w") as f:    # (stdout lines of ranks interleave)
 '''
 
 
-def _mpich_shm():
-    try:
-        return {f for f in os.listdir("/dev/shm") if f.startswith("mpich_shm_")}
-    except FileNotFoundError:
-        return set()
+#: what MPICH (ch4 posix) names its shared-memory files in /dev/shm
+MPICH_SHM = ("mpich_shm_", "mpich_vci_")
 
 
 def run_mpi(tmp_path, source, n=2, env=None, timeout=60):
     """Run ``source`` as ``mpiexec -n N python worker.py``; killed whole after ``timeout`` s."""
     script = mp_util.write_worker(tmp_path, source)
-    before = _mpich_shm()
     res = mp_util.run_command([MPIEXEC, "-n", str(n), sys.executable, script], timeout=timeout,
-                              env=mp_util.child_env(env), cwd=str(tmp_path), script=script)
+                              env=mp_util.child_env(env), cwd=str(tmp_path), script=script,
+                              watch_shm=MPICH_SHM)
     if res.timed_out or res.returncode != 0:
         # MPICH leaves its shared-memory files behind when its ranks are SIGKILLed
-        # or end by os._exit (a watchdog's faulthandler exit)
-        for f in _mpich_shm() - before:
-            try:
-                os.unlink(os.path.join("/dev/shm", f))
-            except OSError:
-                pass
+        # or end by os._exit (a watchdog's faulthandler exit).  Only this job's: those
+        # its processes mapped (a concurrent job's, made meanwhile, are not ours)
+        mp_util.remove_shm(res.shm_files)
     return res
 
 
@@ -216,3 +210,39 @@ def test_init_then_gil_holding_mpi_call_does_not_hang(tmp_path):
         f"init/allreduce/finalize stalled (an iteration over {GIL_RACE_HANG_S} s prints its " \
         f"stacks)\n{res.report()}"
     assert_all_ok(tmp_path, res, 2)
+
+
+@pytest.mark.timeout(90)
+def test_failed_job_removes_only_its_own_mpich_shm(tmp_path):
+    """A job that ends badly (os._exit after MPI_Init) leaves MPICH's
+    shared-memory file in /dev/shm; run_mpi removes it, and nothing else:
+    another job's file made meanwhile (here rank 0 makes one, under a name
+    like MPICH's, without ever holding it open under that name) stays.  The
+    clean-up used to remove every mpich_shm_* file made during the job."""
+    foreign = f"mpich_shm_foreign_{os.getpid()}_{id(tmp_path):x}"
+    src = f'''
+    from mpi4py import MPI
+    W = MPI.COMM_WORLD
+    W.Barrier()
+    if W.Get_rank() == 0:
+        tmp = "/dev/shm/gexmk-test-{foreign}"
+        os.close(os.open(tmp, os.O_CREAT | os.O_WRONLY, 0o600))
+        os.rename(tmp, "/dev/shm/{foreign}")
+    time.sleep(0.5)                 # the harness sees MPICH's file mapped
+    W.Barrier()
+    os._exit(1)                     # no MPI_Finalize: MPICH's file stays
+    '''
+    try:
+        res = run_mpi(tmp_path, src, timeout=60)
+        assert res.returncode != 0 and not res.timed_out, res.report()
+        assert res.shm_files and all(f.startswith(MPICH_SHM) for f in res.shm_files), \
+            f"the job's MPICH files were not seen: {res.shm_files}\n{res.report()}"
+        assert foreign not in res.shm_files
+        left = set(os.listdir("/dev/shm"))
+        assert not res.shm_files & left, f"the job's own files were left: {res.shm_files & left}"
+        assert foreign in left, "the clean-up removed a file that was not the job's"
+    finally:
+        try:
+            os.unlink(f"/dev/shm/{foreign}")
+        except OSError:
+            pass

@@ -542,3 +542,140 @@ def test_ops_to_closed_endpoint_raise_promptly(tmp_path, provider, how):
     assert res.stdout.count("CLOSED-OK") == 2, res.report()
     assert how != "destroy" or res.returncode == 0, res.report()
     assert "leaked" not in res.stderr, res.report()
+
+
+# ---- a stale access in the middle of a registration's retirement ---------------
+
+# Rank 1 unbinds the segment it published while rank 0, not told, keeps using
+# the old publication.  The unbinding swaps the registration for a dummy under
+# the same key: close, then register again (endpoint.pxi _retire).  A stale
+# access served in between found no key, and shm dropped it without an answer:
+# that operation of rank 0 never completed, and neither did anything its
+# endpoint issued after it, to anyone (shm completes an endpoint's answered
+# operations in issue order): fuzz seed 9122 hung so at load ~11, once in ~250
+# runs (a thread preempted in the gap).  Rank 1 holds the gap open here for
+# GAP seconds (the private progress._set_gate_gap, what such a preemption
+# does) while rank 0's stale puts, gets and atomics come.  Each must complete
+# (into the dummy) or raise a GexmkError other than TimeoutError; rank 0's next
+# operations to rank 1 and back, after a republication, move exact data.
+RETIRE_GAP = r'''
+import gexmk.transports.ofi as ofi
+GAP = 0.3
+c = gexmk.init()
+tm = c.tm
+N = 1 << 14
+seg = c.segment_attach(N)
+mine = np.asarray(seg)
+mine[:] = pattern(N, tm.rank)
+ad = tm.ad_create(gexmk.DT_U64, gexmk.OP_FADD)
+ep0 = c.ep(0)
+tm.barrier()
+if tm.rank == 1:
+    ofi._set_gate_gap(GAP)
+    time.sleep(0.1)                  # rank 0's stale stream is under way
+    ep0.unbind_segment()             # the gap: GAP seconds
+    ofi._set_gate_gap(0)
+    snap = mine.copy()               # what rank 0 put before: legitimately there
+else:
+    stale = [lambda: tm.put(1, tm.addr(1, 128), np.full(64, 7, np.uint8)),
+             lambda: tm.get(np.empty(64, np.uint8), 1, tm.addr(1, 256)),
+             lambda: ad.op(1, tm.addr(1, 1024), gexmk.OP_FADD, 1),
+             lambda: (tm.put_nbi(1, tm.addr(1, 512), np.full(8, 9, np.uint8)), tm.quiet())]
+    outcomes = {}
+    t0 = time.monotonic()
+    i = 0
+    while time.monotonic() - t0 < 0.1 + 2 * GAP:
+        try:
+            stale[i % 4]()
+            what = "ok"
+        except E.TimeoutError:
+            raise
+        except E.GexmkError as e:
+            what = type(e).__name__
+        outcomes[what] = outcomes.get(what, 0) + 1
+        i += 1
+    log(f"stale accesses around the retirement: {outcomes}")
+tm.barrier()
+if tm.rank == 1:
+    assert (mine == snap).all(), "a stale put landed in the unbound segment"
+    ep0.bind_segment(seg)
+tm.publish_bound_segment([ep0])
+got = np.empty(4096, np.uint8)
+peer = 1 - tm.rank
+for k in range(1, 4):                # valid traffic both ways, exact data (above 4096:
+    tm.get(got, peer, tm.addr(peer, 4096 * k))      # what the stale stream never touched)
+    assert (got == pattern(N, peer)[4096 * k:4096 * (k + 1)]).all()
+tm.put(peer, tm.addr(peer, 64), np.full(16, 5, np.uint8))
+tm.barrier()
+assert (mine[64:80] == 5).all()
+assert (mine[2048:] == pattern(N, tm.rank)[2048:]).all()
+c.finalize()
+print("RETIRE-GAP-OK", flush=True)
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("extra", [{}, {"GEXMK_OFI_STAGE": "all"}], ids=["plain", "staged"])
+@pytest.mark.parametrize("provider", ["shm", "tcp;ofi_rxm"], ids=PROVIDER_IDS.get)
+def test_stale_access_during_retirement(tmp_path, provider, extra):
+    need(provider)
+    res = run(tmp_path, RETIRE_GAP, 2, provider, launcher_timeout=90, GEXMK_TIMEOUT=20, **extra)
+    no_signal_death(res, [0, 1])
+    assert res.returncode == 0 and res.stdout.count("RETIRE-GAP-OK") == 2, res.report()
+
+
+# ---- an endpoint destroyed while its publication is still being applied -------
+
+# A publication is one allgather: a member returns while others still apply
+# what it published.  Rank 2 destroys its endpoint right after publishing it;
+# over shm the destroyed endpoint's region left /dev/shm at once, and rank 1,
+# applying the publication only now (held back here by the private
+# ofi._set_apply_delay), met a name whose region was gone: libfabric 1.17's
+# shm then leaves the name's peer slot free while its address still maps to it,
+# and the next name inserted (rank 3's endpoint) took the slot.  Rank 1's
+# operations to rank 2's endpoint then went to rank 3's, whose key for its
+# segment is the same: they landed in rank 3's segment (fuzz seed 20231: a
+# put, a put_nb_val and an I32 DEC to rank 2 found in rank 3's memory).  Now
+# the region stays until every member applied the publication.  Rank 1's
+# operations to rank 2 may complete (into the retired registration) or raise a
+# GexmkError; no byte may reach rank 3 or rank 0.
+DESTROYED_WHILE_APPLIED = r'''
+import gexmk.transports.ofi as ofi
+c = gexmk.init()
+tm = c.tm
+N = 1 << 14
+ep = c.ep_create()
+if tm.rank == 1:
+    ofi._set_apply_delay(0.2)        # per published endpoint: rank 2's is applied late
+seg = c.segment_attach(N, ep=ep)
+ofi._set_apply_delay(0)
+mine = np.asarray(seg)
+if tm.rank == 2:
+    ep.destroy()                     # at once: rank 1 is still applying the publication
+if tm.rank == 1:
+    pair = ep.pair(1)
+    for off in (64, 1782, 4096):
+        try:
+            pair.put(2, pair.addr(2, off), np.full(8, 0xAB, np.uint8))
+            what = "ok"
+        except E.TimeoutError:
+            raise
+        except E.GexmkError as e:
+            what = type(e).__name__
+        log(f"stale put to rank 2 at {off}: {what}")
+tm.barrier()
+if tm.rank != 2:
+    bad = np.nonzero(mine)[0]
+    assert not len(bad), f"rank 2's puts landed here, at {bad[:16]}"
+tm.barrier()
+c.finalize()
+print("APPLIED-OK", flush=True)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_endpoint_destroyed_while_its_publication_is_applied(tmp_path):
+    need("shm")
+    res = run(tmp_path, DESTROYED_WHILE_APPLIED, 4, "shm", launcher_timeout=90, GEXMK_TIMEOUT=20)
+    no_signal_death(res, [0, 1, 2, 3])
+    assert res.returncode == 0 and res.stdout.count("APPLIED-OK") == 4, res.report()

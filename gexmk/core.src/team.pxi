@@ -343,7 +343,24 @@ cdef class Team:
         """Keep what this publication handed out until every member is known
         to have applied it: ``settle`` (the transports' release calls) run,
         and ``segs`` may be released on destroy, at the team's next
-        collective to complete here (see _settled)."""
+        collective to complete here (see _settled).
+
+        A team dropped (garbage-collected) before such a collective keeps
+        its holds until finalize (memory, files, retired keys; never a wrong
+        access).  Settling them at another team's collective, or at a later
+        publication, is not safe: only this team's collectives are matched in
+        one order by every member, so only one of them, entered here after
+        the publication, is entered by each member after its own publish
+        call -- and so after it applied what was published.  A member may
+        enter another team's barrier before its publish call (an NB barrier,
+        waited for after it), and may run another team's allgather or
+        publication from a second thread while its publish call still
+        applies (collectives of different teams from different threads are
+        allowed): that collective can complete here while the member is
+        still mapping the segment, and a release then takes the file or key
+        from under it.  Releasing them safely needs each member to say that
+        it applied the publication (an acknowledgement after its apply),
+        which the one-allgather publication does not send."""
         if not settle and not segs:
             return 0
         me = self.client.rank

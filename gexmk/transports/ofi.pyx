@@ -625,6 +625,16 @@ cdef class OfiPeer:
         return <uintptr_t>&self.c
 
 
+_apply_delay = 0.0
+
+
+def _set_apply_delay(double seconds):
+    """Private, for tests: apply each peer's publication this much later,
+    as a preempted process would (its peers go on meanwhile)."""
+    global _apply_delay
+    _apply_delay = seconds
+
+
 cdef class OfiTransport:
     """The ofi transport's control plane for one client: its :class:`Domain`
     (and progress thread), endpoint contexts and per-target contexts."""
@@ -672,6 +682,9 @@ cdef class OfiTransport:
     def apply(self, peer, blob):
         """Record a peer endpoint's name, key and base (its fi_addr inserted
         once); None when it published nothing for the network."""
+        if _apply_delay > 0:
+            import time
+            time.sleep(_apply_delay)
         key = (peer.jobrank, peer.ep_index)
         cdef OfiPeer p = self._peers.get(key)
         if peer.size == 0 or peer.same_process or blob is None:

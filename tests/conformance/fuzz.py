@@ -1750,6 +1750,8 @@ class Worker:
         except BaseException as e:
             allowed = tuple(self.errclass(x) for x in exp.errs)
             if exp.kind in ("raises", "maybe") and allowed and isinstance(e, allowed):
+                if self.trace:
+                    self.log(f"    {what} raised {type(e).__name__}: {e}")
                 return None, e
             if not isinstance(e, gexmk.GexmkError) and not (
                     isinstance(e, (TypeError, ValueError)) and "TypeError" in exp.errs):
@@ -1987,7 +1989,9 @@ class Worker:
         if kind == "noncontig":
             big = np.zeros(2 * len(data) + 2, np.uint8)
             big[::2][:len(data)] = arr
-            return big[::2][:len(data)] if len(data) > 1 else big[::2][:1][:0], big
+            # (one byte: a 1-element strided view; it was an empty one, which moved
+            # nothing where the model has the byte written: seed 20208 on every transport)
+            return big[::2][:len(data)], big
         return arr, arr
 
     @staticmethod
@@ -2426,7 +2430,8 @@ class Worker:
                 by = self.plan[last[k]].idx if last[k] >= 0 else "none"
                 self.fail(f"segment {sid} ({len(want)} B) byte {k} is {mem[k]:#04x}, the model "
                           f"{want[k]:#04x} (slice of rank {w}, last written by item "
-                          f"#{by}; {len(bad)} bytes differ)")
+                          f"#{by}; {len(bad)} bytes differ, at {_spans(bad)}: "
+                          f"{bytes(mem[bad[:32]]).hex()})")
             if buf is not None:
                 orig = pattern(len(want) + 2 * GUARD, 99, *sid)
                 if not (np.array_equal(buf[:GUARD], orig[:GUARD])
@@ -2506,6 +2511,12 @@ def keep_items(plan, keep):
         elif part:
             want.add(int(part))
     return [it for i, it in enumerate(plan) if i in want or it.kind in FIXED]
+
+
+def _spans(idx):
+    """Index ranges of a sorted index array, as text ("12-29,40"), at most 8."""
+    out = ranges(int(i) for i in idx).split(",")
+    return ",".join(out[:8]) + (",..." if len(out) > 8 else "")
 
 
 def ranges(idx):

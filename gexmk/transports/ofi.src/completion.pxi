@@ -192,6 +192,8 @@ cdef int _settle(ofi_dom* dom) noexcept nogil:
             sched_yield()
         for k in range(64):                 # until empty (bounded: new traffic is not ours)
             r = _read_data_cq(ep) if dom.sig_data else _read_cq(ep.cq)
+            if r == 0 and _gate_wait_open():
+                continue                    # the CQ gate was closed: not read, not empty
             if r <= 0:
                 break
         gx_xchg_int(&ep.rx_lock, 0)

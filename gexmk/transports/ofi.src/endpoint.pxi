@@ -10,6 +10,8 @@ cdef class OfiEndpoint:
                                     # is, or was never tried: a host segment)
     cdef set _published_to          # job ranks given the current registration's key
     cdef list _retired              # [mr, dummy, bytes, job ranks still holding its key]
+    cdef int _pubs_open             # publications of it some member may still be applying
+    cdef object _unlink_due         # lingering: its region's name, unlinked once they settle
 
     @staticmethod
     cdef OfiEndpoint _make(Domain dom, bint single=False):
@@ -337,14 +339,20 @@ cdef class OfiEndpoint:
                 for s in range(z.slots):
                     done[s] = STG_CLOSED_DONE
             (<uint64_t*>(<char*>dummy + z.closed_off))[0] = 1
-        # Close, then register the key again at once: a stale access that
-        # arrives between the two (microseconds) still finds no key.
-        if seg:
-            self._close_mr()
-        else:
-            fi_close(&mr.fid)
+        # Close, then register the key again at once, with the CQ gate
+        # closed (progress.pxi): a stale access that arrives between the two
+        # waits in its queue, served once the dummy holds the key (served in
+        # the gap, it found no key, and shm dropped it unanswered: fuzz seed
+        # 9122).
         with nogil:
+            _gate_close()
+            if seg:
+                _close_seg_mr(&self.e)
+            else:
+                fi_close(&mr.fid)
+            _gate_gap_hold()
             rc = fi_mr_reg(self.e.dom.domain, dummy, size, access, 0, key, 0, &nmr, NULL)
+            _gate_open()
         if rc != 0:
             munmap(dummy, size)
             return
@@ -360,11 +368,17 @@ cdef class OfiEndpoint:
         ranks = set(jobranks)
         if self.e.seg_mr != NULL or self.e.vzone_mr != NULL:
             self._published_to |= ranks
-        if not self._retired:
-            return None
+        # Until then a member may still be inserting this endpoint's name (over
+        # shm: opening its region): a closure meanwhile keeps the region (_linger)
+        self._pubs_open += 1
         before = list(self._retired)
 
         def settle():
+            self._pubs_open -= 1
+            if self._pubs_open == 0 and self._unlink_due is not None:
+                self._unlink_region()
+            if not before:
+                return
             keep = []
             for rt in self._retired:
                 if any(rt is b for b in before):
@@ -387,11 +401,7 @@ cdef class OfiEndpoint:
         return len(self._retired)
 
     def _close_mr(self):
-        if self.e.seg_mr != NULL:
-            fi_close(&self.e.seg_mr.fid)
-            self.e.seg_mr = NULL
-            self.e.seg_desc = NULL
-            self.e.seg_lo = self.e.seg_hi = 0
+        _close_seg_mr(&self.e)
 
     cdef void _unregister(self) noexcept:
         """Take this endpoint out of the domain's list, then wait until no
@@ -488,18 +498,31 @@ cdef class OfiEndpoint:
         every later operation of that peer endpoint, to anyone, until
         GEXMK_TIMEOUT (fuzz seed 619: a put_nbi_val to an endpoint destroyed
         meanwhile, then a put to a live peer hung).  Its region leaves
-        /dev/shm now, so that peers see it closed (_check_open, _gone) and
-        none connects to it anew; those already connected keep their
-        mapping of it, and what they still send is served."""
+        /dev/shm, so that peers see it closed (_check_open, _gone) and none
+        connects to it anew; those already connected keep their mapping of
+        it, and what they still send is served.  It leaves once every member
+        applied this endpoint's publications (published()): a member still
+        applying one inserts the name, and libfabric 1.17's shm, finding no
+        region behind a name, leaves its peer slot free while the name's
+        address still maps to it -- the next name inserted takes the slot, and
+        operations to this endpoint went to that one, another rank's, whose
+        key for its segment was the same (fuzz seed 20231: stale writes
+        landed in a third rank's segment)."""
         name = self.name.split(b"\0", 1)[0].decode(errors="replace")
         for prefix in ("fi_shm://", "fi_ns://"):
             if name.startswith(prefix):
                 name = name[len(prefix):]
         if name and "/" not in name:
-            try:
-                os.unlink("/dev/shm/" + name)
-            except OSError:
-                pass
+            self._unlink_due = name
+            if self._pubs_open == 0:
+                self._unlink_region()
+
+    def _unlink_region(self):
+        name, self._unlink_due = self._unlink_due, None
+        try:
+            os.unlink("/dev/shm/" + name)
+        except OSError:
+            pass
 
     def _release(self):
         """Close the libfabric endpoint, its CQs and retired registrations
@@ -521,3 +544,12 @@ cdef class OfiEndpoint:
             self._free_retired(rt)
         self._retired = []
 
+
+
+cdef void _close_seg_mr(ofi_ep* e) noexcept nogil:
+    """Unregister e's bound segment (or zone)."""
+    if e.seg_mr != NULL:
+        fi_close(&e.seg_mr.fid)
+        e.seg_mr = NULL
+        e.seg_desc = NULL
+        e.seg_lo = e.seg_hi = 0

@@ -273,16 +273,102 @@ cdef extern from *:
 
 # ---- progress ------------------------------------------------------------------
 
+# The CQ gate.  Reading a CQ is what serves peers' operations (manual
+# progress): a peer's command is looked up in the domain's registrations
+# then.  An unbinding swaps a registration for a dummy under the same key
+# (endpoint.pxi _retire): close, then register again, and an access served in
+# between finds no key.  shm drops such a command without an answer (libfabric
+# 1.17 smr_progress_cmd_rma returns before the response), so the peer's
+# operation never completes, and since shm completes an endpoint's answered
+# operations in issue order, neither does anything that endpoint issues after
+# it, to anyone (fuzz seed 9122: a stale staged access, a hang of the peer's
+# next operations; the gap is microseconds, but a thread preempted in it on a
+# loaded node widens it to milliseconds).  So the swap closes the gate and
+# waits until no thread is in a CQ read; while it is closed, a CQ read reads
+# nothing (returns 0: the caller polls again), and what peers sent waits in
+# their queues until the dummy holds the key.
+cdef long _cq_gate = 0          # swaps in progress
+cdef long _cq_in = 0            # threads reading a CQ
+cdef double _gate_gap = 0       # private, for tests: seconds a swap waits between close and register
+
+
+cdef inline bint _cq_enter() noexcept nogil:
+    """Whether this thread may read a CQ (then it calls _cq_leave)."""
+    if gx_load_long(&_cq_gate):
+        return False
+    gx_add_long(&_cq_in, 1)
+    gx_mem_fence()              # the count is seen before the gate is read (Dekker)
+    if gx_load_long(&_cq_gate):
+        gx_add_long(&_cq_in, -1)
+        return False
+    return True
+
+
+cdef inline void _cq_leave() noexcept nogil:
+    gx_add_long(&_cq_in, -1)
+
+
+cdef void _gate_close() noexcept nogil:
+    """Keep every thread out of CQ reads until _gate_open (no GIL held: a
+    reader may need it to finish)."""
+    cdef timespec ts
+    gx_add_long(&_cq_gate, 1)
+    gx_mem_fence()
+    ts.tv_sec = 0
+    ts.tv_nsec = 20000
+    while gx_load_long(&_cq_in) > 0:
+        nanosleep(&ts, NULL)
+
+
+cdef void _gate_gap_hold() noexcept nogil:
+    """Private, for tests: where a registration swap is between its close
+    and its new registration, wait _gate_gap seconds."""
+    cdef timespec ts
+    if _gate_gap > 0:
+        ts.tv_sec = <long>_gate_gap
+        ts.tv_nsec = <long>((_gate_gap - <long>_gate_gap) * 1e9)
+        nanosleep(&ts, NULL)
+
+
+cdef void _gate_open() noexcept nogil:
+    gx_add_long(&_cq_gate, -1)
+
+
+cdef bint _gate_wait_open() noexcept nogil:
+    """Whether the CQ gate was closed (then, once it is open again): for a
+    reader that must tell "empty" from "not read" (completion.pxi _settle)."""
+    if not gx_load_long(&_cq_gate):
+        return False
+    while gx_load_long(&_cq_gate):
+        sched_yield()
+    return True
+
+
+def _set_gate_gap(double seconds):
+    """Private, for tests: hold every registration swap this long between
+    its close and its new registration, as a thread preempted there would
+    (a test of the gate)."""
+    global _gate_gap
+    _gate_gap = seconds
+
+
 cdef int _read_cq(fid_cq* cq) noexcept nogil:
     """Complete what one CQ holds (reading it drives manual progress of the
-    endpoints bound to it): how many, or -1 on a CQ failure."""
+    endpoints bound to it): how many, or -1 on a CQ failure.  0 while the
+    CQ gate is closed."""
     cdef fi_cq_entry entries[16]
-    cdef ssize_t n = fi_cq_read(cq, entries, 16), i
+    cdef ssize_t n, i
+    if not _cq_enter():
+        return 0
+    n = fi_cq_read(cq, entries, 16)
     if n > 0:
         for i in range(n):
             _complete(<gx_op*>entries[i].op_context, 0)
+        _cq_leave()
         return <int>n
-    return _cq_empty(cq, n)
+    n = _cq_empty(cq, n)
+    _cq_leave()
+    return <int>n
 
 
 cdef int _cq_empty(fid_cq* cq, ssize_t n) noexcept nogil:
@@ -322,15 +408,21 @@ cdef int _read_data_cq(ofi_ep* ep) noexcept nogil:
     carrying remote CQ data is a put_signal's signal that rode on its data
     write (signal.pxi), applied here; the rest complete as usual."""
     cdef fi_cq_data_entry entries[16]
-    cdef ssize_t n = fi_cq_read(ep.cq, entries, 16), i
+    cdef ssize_t n, i
+    if not _cq_enter():
+        return 0
+    n = fi_cq_read(ep.cq, entries, 16)
     if n > 0:
         for i in range(n):
             if entries[i].op_context != NULL:
                 _complete(<gx_op*>entries[i].op_context, 0)
             elif entries[i].flags & FI_REMOTE_CQ_DATA:
                 _sig_data_landed(ep, entries[i].data)
+        _cq_leave()
         return <int>n
-    return _cq_empty(ep.cq, n)
+    n = _cq_empty(ep.cq, n)
+    _cq_leave()
+    return <int>n
 
 
 cdef int _progress_quiet(ofi_ep* ep) noexcept nogil:
@@ -429,6 +521,8 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
     cdef double hot_until = 0
     cdef double idle, c0, dt
     cdef hot_win pth            # its window after traffic (PT_ADAPT)
+    cdef bint trying
+    cdef int rc = 0
     memset(&pth, 0, sizeof(pth))
     # this thread's naps are short and frequent: 1 us timer slack, not 50
     prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
@@ -545,7 +639,13 @@ cdef void _progress_thread(ofi_dom* d, bint spin, volatile int* stop) noexcept n
             # progress on any of them); then poll() the fds, as libfabric
             # prescribes.
             got = -1            # every CQ, unless poll() says which
-            if fi_trywait(d.fabric, cqfids, nfd) == 0:
+            # (a trywait may drive progress: it keeps to the CQ gate, and a
+            # closed gate is work pending)
+            trying = _cq_enter()
+            if trying:
+                rc = fi_trywait(d.fabric, cqfids, nfd)
+                _cq_leave()
+            if trying and rc == 0:
                 _tr(TR_PT_SLEEP)
                 got = poll(pfds, nfd, 20)
                 if got > 0:
