@@ -49,7 +49,7 @@ from gexmk.kinds.kind cimport gx_kind_ops, GX_WAITV_GEQ, GX_WAITV_EQ
 from cpython.pycapsule cimport PyCapsule_GetPointer
 
 from gexmk.memory import (HOST, mk_create as _mk_create, describe_kind as _describe_kind,
-                          device_range as _device_range,
+                          device_range as _device_range, cai_sync as _cai_sync,
                           pointer_attributes as _pointer_attributes_raw, infer_kind as _infer_kind,
                           is_cuda_dlpack as _is_cuda_dlpack)
 from gexmk.errors import (ArgumentError, BoundsError, RankError, StateError, SegmentError,

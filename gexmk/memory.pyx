@@ -201,6 +201,16 @@ def infer_kind(client, object obj):
     return mk
 
 
+def cai_sync(dict cai, ptr):
+    """Wait for the producer's stream of a CUDA array interface (v3, its
+    "stream" key) before the array is read or written here: the copies of
+    gexmk run on streams of their own, not ordered after it."""
+    st = cai.get("stream") if cai.get("version", 0) >= 3 else None
+    if st and ptr:
+        from gexmk.kinds import cuda
+        cuda.sync_array_stream(ptr, st)
+
+
 def device_range(object obj, str what):
     """(pointer, nbytes) of a contiguous device array: a CUDA array interface
     (v2/v3) or DLPack object, or a (pointer, nbytes) tuple."""
@@ -227,6 +237,7 @@ def device_range(object obj, str what):
         ptr = cai["data"][0]
         if cai["data"][1]:
             raise ArgumentError(f"{what}: the device array is read-only")
+        cai_sync(cai, ptr)
         return ptr, n
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         if not is_cuda_dlpack(obj):

@@ -226,3 +226,29 @@ def test_atomic_result_into_a_cupy_array(client, cupy):
         assert ad.op(0, addr, gexmk.OP_FADD, 0) == 42
         with pytest.raises(E.ArgumentError, match="at least 8 bytes"):
             ad.op_nbi(0, addr, gexmk.OP_FADD, 1, result=cupy.zeros(4, cupy.uint8))
+
+
+@gpu
+@needs_gpu
+def test_cupy_arrays_still_being_written_are_waited_for(client, cupy):
+    # The CUDA array interface (v3) names the stream its producer left work
+    # on; gexmk copies on streams of its own, so it must wait for that stream
+    # before it reads or writes the array.  Slow kernels first hold CuPy's
+    # stream; the arrays are filled behind them.
+    mk, hseg, ep1, dseg = _host_and_device_eps(client)
+    big = cupy.ones(64 * MiB, cupy.float32)
+    tm = ep1.pair(0)
+    for _ in range(3):
+        for _ in range(40):
+            big *= 1.0001                    # ~ms of work queued on CuPy's stream
+        src = cupy.full(4096, 7, cupy.uint8)   # written behind it
+        tm.put(0, hseg.address, src)
+        assert (np.asarray(hseg)[:4096] == 7).all(), "the put read the array before it was filled"
+        np.asarray(hseg)[:4096] = 0
+        ad = tm.ad_create(gexmk.DT_U64, gexmk.OP_FADD | gexmk.OP_SET)
+        ad.op(0, hseg.address + 8192, gexmk.OP_SET, 40)
+        for _ in range(40):
+            big *= 1.0001
+        res = cupy.zeros(1, cupy.uint64)       # zeroed behind the slow kernels
+        ad.op_nbi(0, hseg.address + 8192, gexmk.OP_FADD, 2, result=res)
+        assert int(res[0]) == 40, "the fetched value was overwritten by the array's own zeroing"

@@ -2173,7 +2173,9 @@ class Worker:
                 loc.reshape(k, 2 * blk)[:, :blk] = data.reshape(k, blk)
             else:
                 loc = data.reshape(k, blk)[perm].reshape(-1).copy()
-            keep = _torch().from_numpy(loc).cuda() if a.get("src") == "cuda" else loc
+            # (VIS lists of device blocks need the endpoint's own device kind --
+            # refused otherwise, which the model does not follow: host blocks here)
+            keep = loc
             base = keep.data_ptr() if not isinstance(keep, np.ndarray) else keep.ctypes.data
             if kind == "vector":
                 dsts = [(r, blk) for r in rem]
@@ -2202,8 +2204,8 @@ class Worker:
                 self.scribble(keep)
                 rec["keep"] = None
             return True
-        obj, buf = self.dest(a, n)
-        base = (buf.data_ptr() if not isinstance(buf, np.ndarray) else buf.ctypes.data) + GUARD
+        obj, buf = self.dest(dict(a, dst="numpy") if a.get("dst") == "cuda" else a, n)
+        base = buf.ctypes.data + GUARD
         if kind == "vector":
             dsts = ([(base + i * blk, blk) for i in range(k)] if form != 0 else
                     [(base, n)])     # the local side uncut: its bytes in the remote order
@@ -2353,7 +2355,8 @@ class Worker:
         g = self.g
         x = exp.extra
         j = x["j"]
-        tm = self.alive if x["alive"] else self.call(exp, "pair", self.eps[j].pair, j)[0]
+        tm = self.alive if x["alive"] else \
+            self.call(ok() if exp.kind == "raises" else exp, "pair", self.eps[j].pair, j)[0]
         if tm is None:
             return
         seg = self.segobj[x["sid"]][0]

@@ -489,3 +489,29 @@ cdef void _drop_handles(CuMem* m) noexcept nogil:
     for i in range(m.nchunks):
         cydriver.cuMemRelease(m.chunks[i].h)
     m.nchunks = 0
+
+
+def sync_array_stream(ptr, stream):
+    """The consumer's side of the CUDA array interface (v3): wait for the
+    work its producer left on ``stream`` (1: the legacy default stream, 2:
+    the per-thread one, else a CUstream) before the array at ``ptr`` is read
+    or written -- a CuPy array made by ``cupy.zeros`` may still be being
+    zeroed, and a copy on another stream would race it.  The stream's
+    context is the one the memory belongs to (made current for the call);
+    memory the driver does not know is left alone."""
+    cdef uintptr_t p = _index(ptr, "ptr", 0, _UINTPTR_MAX)
+    cdef uintptr_t s = _index(stream, "stream", 0, _UINTPTR_MAX)
+    cdef unsigned long long memtype = 0, ordinal = 0, ctx = 0, managed = 0, pool = 0, ipc = 0
+    cdef CUcontext c
+    cdef CUresult rc = CUDA_SUCCESS
+    cdef bint pushed = False
+    if s == 0:
+        return
+    with nogil:
+        _pointer_info(p, &memtype, &ordinal, &ctx, &managed, &pool, &ipc)
+        if ctx != 0:
+            pushed = cydriver.cuCtxPushCurrent(<CUcontext>ctx) == CUDA_SUCCESS
+        if pushed:
+            rc = cydriver.cuStreamSynchronize(<CUstream>s)
+            cydriver.cuCtxPopCurrent(&c)
+    check("cuStreamSynchronize (the array's producer stream)", rc)
