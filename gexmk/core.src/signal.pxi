@@ -67,6 +67,9 @@ cdef int _gil_spin = _GIL_SPIN
 
 # Seconds a wait gives its peers when the caller passes none (GEXMK_TIMEOUT).
 cdef double _wait_timeout = 300.0
+# a wait that sees a member of its team dead goes on this long before it
+# raises PeerDeadError: the word may still be set by the living (wait_words_as)
+cdef double _DEATH_GRACE = 1.0
 # A wait spins (CPU pause, progress) for _spin_for s (none on an oversubscribed
 # node), then yields the CPU on each pass until _yield_for s, then sleeps
 # between passes, 1 us doubling up to 100 us.  Yields cost little when nothing
@@ -302,7 +305,7 @@ cdef Py_ssize_t wait_words_as(const gx_team* tm, const uintptr_t* addrs, Py_ssiz
     cdef bint spinning = True, sleeping = False
     cdef bint net_sleep = False     # sleeping in the transports (_wait_sleep_pass)
     cdef int slept = 0              # the last pass slept in a transport (1), could not (-1)
-    cdef double t0 = 0, deadline = 0, now
+    cdef double t0 = 0, deadline = 0, now, dead_at = 0
     cdef long nap = _nap_min, cap
     cdef int rc, why = 0, h = -2
     cdef timespec ts
@@ -392,9 +395,20 @@ cdef Py_ssize_t wait_words_as(const gx_team* tm, const uintptr_t* addrs, Py_ssiz
                 t0 = now
                 deadline = now + timeout
             h = _wait_health(tm)
-            if h != -2:
-                why = 2 if h == -1 else 1
+            if h == -1:
+                why = 2
                 break
+            if h >= 0:
+                # A member died.  What is waited for may still come from the
+                # living -- a barrier's partner only slower than the dead one,
+                # who had done its part before it died (test_failure: the
+                # barrier before the kill failed on a survivor under load) --
+                # so the wait goes on for _DEATH_GRACE before it gives up.
+                if dead_at == 0:
+                    dead_at = now
+                elif now - dead_at > _DEATH_GRACE:
+                    why = 1
+                    break
             if now > deadline:
                 why = 3
                 break
