@@ -248,6 +248,22 @@ def env_int(name, default, lo, hi):
     return _bytes(os.environ, name, default, lo, hi, suffix=False)
 
 
+def env_seconds(name, default):
+    """A duration setting of the process environment in seconds (0 or more,
+    finite; 0 usually means never); a bad value raises ArgumentError naming it."""
+    text = _text(os.environ, name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (0 <= value < 1e9):
+        raise ArgumentError(f"{name}={text!r}: expected a number of seconds, 0 or more "
+                            "(0: never)")
+    return value
+
+
 def _bytes(env, name, default, lo, hi, suffix=True):
     """An integer setting in [lo, hi] (with suffix: K, M or G multiply)."""
     text = _text(env, name).lower()

@@ -201,14 +201,19 @@ def infer_kind(client, object obj):
     return mk
 
 
+_cuda_kind = None      # gexmk.kinds.cuda, imported on the first device array with a stream
+
+
 def cai_sync(dict cai, ptr):
     """Wait for the producer's stream of a CUDA array interface (v3, its
     "stream" key) before the array is read or written here: the copies of
     gexmk run on streams of their own, not ordered after it."""
+    global _cuda_kind
     st = cai.get("stream") if cai.get("version", 0) >= 3 else None
     if st and ptr:
-        from gexmk.kinds import cuda
-        cuda.sync_array_stream(ptr, st)
+        if _cuda_kind is None:
+            from gexmk.kinds import cuda as _cuda_kind
+        _cuda_kind.sync_array_stream(ptr, st)
 
 
 def device_range(object obj, str what):

@@ -219,9 +219,7 @@ def wait_some(events, timeout=None):
     live = _events(events)
     if not live:
         return []
-    limit = _timeout_now() if timeout is None else float(timeout)
-    if not limit > 0:
-        raise ArgumentError(f"wait_some: timeout={timeout!r}: a number of seconds above 0, or None")
+    limit = _as_timeout(timeout, "wait_some(events, timeout=None)") or _timeout_now()
     deadline = time.monotonic() + limit
     while True:
         done = [i for i, e in enumerate(events) if e is not None and (<Event>e).test()]

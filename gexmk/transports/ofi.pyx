@@ -72,7 +72,7 @@ from gexmk.lib.gx cimport *
 
 from gexmk.errors import (OFIError, UnsupportedError, PeerDeadError, TimeoutError as GxTimeoutError,
                           ArgumentError, StateError, CommunicationError, SegmentError)
-from gexmk.config import env_int
+from gexmk.config import env_int, env_seconds
 from gexmk.transports import Reach
 from gexmk.memory cimport Segment
 from gexmk.kinds.kind cimport gx_kind_ops

@@ -11,23 +11,6 @@ ZONE_RINGS_DEFAULT = 256
 RING_IDLE_DEFAULT = 3.0
 
 
-def _env_seconds(name, default):
-    """A duration setting in seconds (0 or more, finite); bad text raises
-    ArgumentError naming it."""
-    from gexmk.errors import ArgumentError
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not (0 <= value < 1e9):
-        raise ArgumentError(f"{name}={text!r}: expected a number of seconds, 0 or more "
-                            "(0: never)")
-    return value
-
-
 _PREFERENCE = ["cxi", "efa", "verbs;ofi_rxm", "psm3", "opx", "tcp;ofi_rxm", "net;ofi_rxm",
                "sockets", "shm"]
 
@@ -89,7 +72,7 @@ cdef class Domain:
         self.d.zone_rings = env_int("GEXMK_OFI_ZONE_RINGS", ZONE_RINGS_DEFAULT, 0, 1 << 20)
         # an initiator gives its ring in a peer's zone back after this long
         # unused (staged.pxi _ring_idle_check); 0: never
-        self.d.ring_idle = _env_seconds("GEXMK_OFI_RING_IDLE", RING_IDLE_DEFAULT)
+        self.d.ring_idle = env_seconds("GEXMK_OFI_RING_IDLE", RING_IDLE_DEFAULT)
         self.d.vis_land = env_int("GEXMK_OFI_VIS_LAND", VIS_LAND_DEFAULT, 0, 1 << 30)
         self.d.vis_zone = self.d.vis_land > 0
         split_wanted = config.ofi_split
