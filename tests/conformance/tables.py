@@ -229,13 +229,13 @@ RMA_OPS = [
     Op("put_nbi_region_test", "put", "put_nbi(lc=LC_DEFER) inside an access region, then the "
        "region event's test() polled", **_POLL),
     Op("put_nbi_region_wait_some", "put", "put_nbi inside an access region, then "
-       "wait_some([ev], timeout=10)", **_POLL),
+       "wait_some([ev], timeout=5)", **_POLL),
     Op("put_nbi_val_poll", "put", "put_nbi_val, then nbi_test(EC_PUT) polled",
        sizes=_VAL_SIZES, locals=("value",)),
     Op("put_nbi_val_region_wait_some", "put", "put_nbi_val inside an access region, then "
-       "wait_some([ev], timeout=10)", sizes=("8",), locals=("value",)),
+       "wait_some([ev], timeout=5)", sizes=("8",), locals=("value",)),
     Op("put_signal_region_wait_some", "signal", "a blocking put_signal inside an access region "
-       "(fuzz seed 118), then wait_some([ev], timeout=10)", **_POLL),
+       "(fuzz seed 118), then wait_some([ev], timeout=5)", **_POLL),
     Op("put_signal_nbi_poll", "signal", "put_signal_nbi, then nbi_test() polled", **_POLL),
     Op("put_on_stream", "put", "put_on_stream on a CuPy stream, then the stream synchronised",
        gpu=True),
@@ -265,7 +265,7 @@ BITWISE = {"AND", "FAND", "OR", "FOR", "XOR", "FXOR"}
 #: Other one-word operations, one cell per (path, target).
 WORD_OPS = ["signal_op_set", "signal_op_add", "atomic_nb", "atomic_nbi",
             # an atomic NBI (FADD, result= buffer) completed only by polling: nbi_test(EC_RMW)
-            # in a loop; inside an access region, its event under wait_some(timeout=10)
+            # in a loop; inside an access region, its event under wait_some(timeout=5)
             "atomic_nbi_poll", "atomic_nbi_region_wait_some"]
 
 #: A segment published, then unbound (not republished), destroyed, and a new one made

@@ -742,9 +742,9 @@ class Job:
 #: RMA cells completed only by polling (tables.py: fuzz seed 118)
 POLLED = ("put_nbi_poll", "put_nbi_region_test", "put_nbi_region_wait_some",
           "put_signal_region_wait_some", "put_signal_nbi_poll")
-#: Seconds a polling loop goes on before the cell fails (below the runner's cell timeout,
-#: so that the cell says what never completed instead of being killed as a hang)
-POLL_FOR = 10.0
+#: Seconds a polling loop goes on before the cell fails (below the job's GEXMK_TIMEOUT, at
+#: which the target's barrier gives up: the cell then says what never completed)
+POLL_FOR = 5.0
 
 
 class PollTimeout(Exception):
