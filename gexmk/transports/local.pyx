@@ -523,6 +523,7 @@ cdef int _nbi_test(void* epv, int categories) except -1 nogil:
 include "local.src/hoststage.pxi"
 include "local.src/landed.pxi"
 include "local.src/landed_initiator.pxi"
+include "local.src/landed_vis.pxi"
 
 cdef gx_tr_ops _SELF, _NBRHD, _PVM, _SELF_DEV, _NBRHD_DEV, _SELF_STAGED, _NBRHD_STAGED, _NBRHD_LANDED
 
@@ -562,6 +563,8 @@ _fill(&_NBRHD_STAGED, b"nbrhd-staged", _staged_put, _staged_get, _dev_atomic, _s
 _SELF_STAGED.put_vis = _NBRHD_STAGED.put_vis = _staged_put_vis    # packed through the bounce buffers
 _SELF_STAGED.get_vis = _NBRHD_STAGED.get_vis = _staged_get_vis
 _fill(&_NBRHD_LANDED, b"nbrhd-landed", _landed_put, _landed_get, _landed_atomic, _landed_put_signal)
+_NBRHD_LANDED.put_vis = _landed_put_vis            # small blocks gathered, runs landed whole
+_NBRHD_LANDED.get_vis = _landed_get_vis
 
 
 cdef int _set_kind(lp_kind* k, object mk) except -1:
