@@ -13,47 +13,6 @@
 # On a stream the same, through the endpoint's bounce slots: a slot's worth
 # gathered by one batched copy on the stream, a host function per run.
 
-cdef enum:
-    LZ_VIS_WINDOW = 4 << 20          # bytes gathered at a time
-
-
-cdef size_t _lz_vis_window(const gx_frag* f, size_t i, size_t nf, size_t big, size_t cap,
-                           size_t* nbytes) noexcept nogil:
-    """The end of the window of small fragments from i (sizes under big, at
-    most cap bytes in all; empty ones ride along)."""
-    cdef size_t j = i
-    nbytes[0] = 0
-    while j < nf and f[j].n < big and nbytes[0] + f[j].n <= cap:
-        nbytes[0] += f[j].n
-        j += 1
-    return j
-
-
-cdef int _lz_vis_gather(lp_ep* dev, const gx_frag* f, size_t n, char* buf, bint put,
-                        uintptr_t* a, void* stream=NULL) except -1 nogil:
-    """The window's local blocks into buf, back to back (put), or buf out to
-    them (get): one batched copy by dev's kind (device blocks; a holds 3n
-    words; on the stream, else complete on return), else memcpy."""
-    cdef size_t i, k = 0, pos = 0
-    for i in range(n):
-        if f[i].n == 0:
-            continue
-        if dev == NULL:
-            if put:
-                memcpy(buf + pos, f[i].local, f[i].n)
-            else:
-                memcpy(f[i].local, buf + pos, f[i].n)
-        else:
-            a[k] = <uintptr_t>(buf + pos) if put else <uintptr_t>f[i].local
-            a[n + k] = <uintptr_t>f[i].local if put else <uintptr_t>(buf + pos)
-            a[2 * n + k] = f[i].n
-            k += 1
-        pos += f[i].n
-    if dev != NULL:
-        _kind_list(&dev.k, stream, a, n, k)
-    return 0
-
-
 cdef int _lz_vis_runs(lp_land* L, gx_target* t, const gx_frag* f, size_t n, char* buf,
                       bint put) noexcept nogil:
     """The window's target side: each run of fragments contiguous there as one
@@ -134,7 +93,7 @@ cdef int _lz_vis_stream(gx_xfer* x, bint put) except -1 nogil:
     try:
         _bounce_drain_all(bb, &ep.k)        # earlier synchronous users of the buffers
         while i < v.nfrags:
-            j = _lz_vis_window(f, i, v.nfrags, bb.chunk, bb.chunk, &nbytes)
+            j = _frag_window(f, i, v.nfrags, bb.chunk, bb.chunk, &nbytes)
             if j == i:                       # a block of a slot or more
                 if f[i].n:
                     _lz_stream_dev(ep, bb, &b, x.stream, L, x.t, put,
@@ -143,10 +102,10 @@ cdef int _lz_vis_stream(gx_xfer* x, bint put) except -1 nogil:
                 continue
             slot = bb.buf + <size_t>(b % bb.nbuf) * bb.chunk
             if put:
-                _lz_vis_gather(ep, f + i, j - i, slot, True, a, x.stream)
+                _frag_gather(ep, f + i, j - i, slot, True, a, x.stream)
             _lz_vis_launch_runs(ep, x.stream, L, x.t, f + i, j - i, slot, put)
             if not put:
-                _lz_vis_gather(ep, f + i, j - i, slot, False, a, x.stream)
+                _frag_gather(ep, f + i, j - i, slot, False, a, x.stream)
             b += 1
             i = j
         ep.k.ops.event_record(ep.k.kctx, x.stream, &bb.pend)   # the buffers are the stream's until then
@@ -158,7 +117,7 @@ cdef int _lz_vis_stream(gx_xfer* x, bint put) except -1 nogil:
 
 cdef int _landed_vis(gx_xfer* x, bint put) except -1 nogil:
     """A chunk of VIS fragments to or from a landing zone: the small ones a
-    window at a time (_lz_vis_gather, _lz_vis_runs), the others as one
+    window at a time (_frag_gather, _lz_vis_runs), the others as one
     landed transfer each.  On a stream: _lz_vis_stream.  Complete on
     return otherwise."""
     cdef lp_land* L = <lp_land*>x.peer
@@ -174,7 +133,7 @@ cdef int _landed_vis(gx_xfer* x, bint put) except -1 nogil:
         _done(x)
         return 0
     dev = _lz_local(x)
-    buf = <char*>malloc(LZ_VIS_WINDOW)
+    buf = <char*>malloc(VIS_GATHER_WINDOW)
     if dev != NULL:
         a = <uintptr_t*>malloc(3 * (v.nfrags or 1) * sizeof(uintptr_t))
     if buf == NULL or (dev != NULL and a == NULL):
@@ -184,14 +143,14 @@ cdef int _landed_vis(gx_xfer* x, bint put) except -1 nogil:
             raise MemoryError("nbrhd-landed VIS: no memory for the gather window")
     try:
         while i < v.nfrags:
-            j = _lz_vis_window(f, i, v.nfrags, L.chunk, LZ_VIS_WINDOW, &nbytes)
+            j = _frag_window(f, i, v.nfrags, L.chunk, VIS_GATHER_WINDOW, &nbytes)
             if j > i:
                 if put:
-                    _lz_vis_gather(dev, f + i, j - i, buf, True, a)
+                    _frag_gather(dev, f + i, j - i, buf, True, a)
                 _lz_enter(L, x.t)
                 _lz_leave(L, x.t, _lz_vis_runs(L, x.t, f + i, j - i, buf, put))
                 if not put:
-                    _lz_vis_gather(dev, f + i, j - i, buf, False, a)
+                    _frag_gather(dev, f + i, j - i, buf, False, a)
                 i = j
                 continue
             _lz_enter(L, x.t)       # a fragment of a slot or more: straight from its buffer
