@@ -1780,12 +1780,44 @@ class Worker:
                 self.dump_recent()
                 faulthandler.dump_traceback(all_threads=True)
                 sys.stderr.flush()
+                self.rings_report("hung")
+                self.ask_rings_reports()
                 if os.environ.get("FUZZ_GDB_HANG"):
                     # debugging a hang: the C stacks of every thread
                     subprocess.run(["gdb", "-q", "-batch", "-p", str(os.getpid()), "-ex",
                                     "thread apply all bt 25"], stdout=sys.stderr, stderr=sys.stderr,
                                    timeout=60)
                 os._exit(4)
+
+    def rings_report(self, why):
+        """Over ofi: this process's landing rings -- its own in peers' zones
+        and its zones' -- as one FUZZ-RINGS line (OfiTransport._rings_debug;
+        a hang's diagnostic, read without locks)."""
+        tr = getattr(getattr(self, "c", None), "transports", {}).get("ofi")
+        if tr is None or not hasattr(tr, "_rings_debug"):
+            return
+        try:
+            rep = tr._rings_debug()
+        except Exception as e:      # a diagnostic: never the cause of a failure
+            rep = f"unavailable: {type(e).__name__}: {e}"
+        print(f"FUZZ-RINGS rank {self.me} ({why}): {rep}", file=sys.stderr, flush=True)
+
+    def ask_rings_reports(self):
+        """Ask every other rank of the job for its rings_report, and give them
+        a moment to print it."""
+        asked = 0
+        for name in os.listdir("."):
+            m = re.fullmatch(r"fuzz-pid-(\d+)", name)
+            if not m or int(m.group(1)) == self.me:
+                continue
+            try:
+                with open(name) as f:
+                    os.kill(int(f.read()), signal.SIGUSR1)
+                asked += 1
+            except (OSError, ValueError):
+                pass
+        if asked:
+            time.sleep(1.5)
 
     def dump_recent(self):
         for i, it in self.recent[-25:]:
@@ -1802,6 +1834,11 @@ class Worker:
         self.g = gexmk
         threading.Thread(target=self.watchdog, daemon=True).start()
         self.c = gexmk.init()
+        # a hung rank asks the others (SIGUSR1, through these files in the job's
+        # folder) for their landing rings' state: see rings_report
+        signal.signal(signal.SIGUSR1, lambda *_: self.rings_report("asked by a hung rank"))
+        with open(f"fuzz-pid-{self.me}", "w") as f:
+            f.write(str(os.getpid()))
         self.mk = None
         if os.environ.get("FUZZ_GPU"):
             # device segments on GPU rank % 2 (two GPUs: cross-GPU mappings too)
