@@ -1725,6 +1725,7 @@ class Worker:
         self.trace = trace
         self.cur = None             # (index, item, start time) of the item running
         self.recent = []
+        self.seed = None            # for the FUZZ_SLOW_DIR file names
 
     # -- plumbing --
 
@@ -1764,12 +1765,23 @@ class Worker:
 
     def watchdog(self):
         import faulthandler
+        # FUZZ_SLOW=S: an item still running after S s (below the hang limits) is
+        # reported once -- its ring states here and at the other ranks, and with
+        # FUZZ_GDB_HANG this process's C stacks -- and goes on: a stall that ends
+        # (a wait that times out into an error the model allows) shows too.
+        # FUZZ_SLOW_DIR: those reports also go to files there (a soak drops
+        # the output of jobs that pass).
+        slow = float(os.environ.get("FUZZ_SLOW") or 0)
+        told = None
         while True:
             time.sleep(1.0)
             cur = self.cur
             if cur is None:
                 continue
             i, it, t0 = cur
+            if slow and told is not cur and time.monotonic() - t0 > slow:
+                told = cur
+                self.slow_report(it, time.monotonic() - t0)
             # a local item never waits for a collective: it must end well before
             # a peer's collective gives up on this rank (GEXMK_TIMEOUT)
             limit = ITEM_LIMIT if it.kind in COLLECTIVES else \
@@ -1783,11 +1795,32 @@ class Worker:
                 self.rings_report("hung")
                 self.ask_rings_reports()
                 if os.environ.get("FUZZ_GDB_HANG"):
-                    # debugging a hang: the C stacks of every thread
-                    subprocess.run(["gdb", "-q", "-batch", "-p", str(os.getpid()), "-ex",
-                                    "thread apply all bt 25"], stdout=sys.stderr, stderr=sys.stderr,
-                                   timeout=60)
+                    self.gdb_stacks()       # debugging a hang: the C stacks of every thread
                 os._exit(4)
+
+    def slow_report(self, it, secs):
+        print(f"FUZZ-SLOW rank {self.me} item #{it.idx} ({it.kind}) running for {secs:.1f} s: "
+              f"{it.text()}", file=sys.stderr, flush=True)
+        self.rings_report(f"slow item #{it.idx}")
+        self.ask_rings_reports()
+        if os.environ.get("FUZZ_GDB_HANG"):
+            self.gdb_stacks()
+
+    def gdb_stacks(self):
+        """The C stacks of every thread of this process (FUZZ_GDB_HANG)."""
+        out = subprocess.run(["gdb", "-q", "-batch", "-p", str(os.getpid()), "-ex",
+                              "thread apply all bt 25"], capture_output=True, text=True,
+                             timeout=60).stdout
+        self.note(out)
+
+    def note(self, text):
+        """To stderr, and with FUZZ_SLOW_DIR to this rank's file there."""
+        print(text, file=sys.stderr, flush=True)
+        d = os.environ.get("FUZZ_SLOW_DIR")
+        if d:
+            with open(os.path.join(d, f"slow-{self.seed}-r{self.me}.txt"),
+                      "a") as f:
+                f.write(text + "\n")
 
     def rings_report(self, why):
         """Over ofi: this process's landing rings -- its own in peers' zones
@@ -1800,7 +1833,7 @@ class Worker:
             rep = tr._rings_debug()
         except Exception as e:      # a diagnostic: never the cause of a failure
             rep = f"unavailable: {type(e).__name__}: {e}"
-        print(f"FUZZ-RINGS rank {self.me} ({why}): {rep}", file=sys.stderr, flush=True)
+        self.note(f"FUZZ-RINGS rank {self.me} ({why}): {rep}")
 
     def ask_rings_reports(self):
         """Ask every other rank of the job for its rings_report, and give them
@@ -2526,7 +2559,9 @@ def worker_main(args):
                              not args.no_vis)
     plan = keep_items(plan, args.keep)
     exps = simulate(plan, n, args.transport, victim)
-    Worker(plan, exps, me, n, trace=args.trace).run()
+    w = Worker(plan, exps, me, n, trace=args.trace)
+    w.seed = args.seed
+    w.run()
     sys.stdout.flush()
     sys.stderr.flush()
 
