@@ -135,6 +135,14 @@ REGRESSIONS = [
     # idle release (2 ms) should have freed one.  Not diagnosed.
     pytest.param(101345, "ofi-tcp-rings", {}, id="ofi-tcp-rings-101345-ring-wait-hang",
                  marks=_flaky("a staged put_signal_nbi waiting for a ring of a capped zone")),
+    # found (helper-18's soak, 1 job in 448, 4 replays passed): after the victim's kill,
+    # rank 0's ops to rank 1 (staged, GEXMK_OFI_STAGE=all) raced rank 1's finalize --
+    # the model allows them to fail -- and finalize's nbi_wait then raised OFIError
+    # "Transport endpoint is not connected" (-107) instead of completing: likely a staged
+    # operation's injected requests (implicit ops whose failure nbi_wait reports) to the
+    # finalized peer.  Not diagnosed.
+    pytest.param(101413, "ofi-tcp-rings", {}, id="ofi-tcp-rings-101413-finalize-enotconn",
+                 marks=_flaky("nbi_wait in finalize raising a staged op's failure to a finalized peer")),
     # fixed (issue 19): over tcp an access to a peer's closed registration (segment
     # unbound, not republished) took the pair's connection down: the other direction's
     # valid operations in flight failed (OFIError), or waited until GEXMK_TIMEOUT, and
