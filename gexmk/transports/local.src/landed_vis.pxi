@@ -85,12 +85,12 @@ cdef int _lz_vis_stream(gx_xfer* x, bint put) except -1 nogil:
                 one.n = f[i].n
                 _landed_on_stream(&one, put)
         return 0
-    a = <uintptr_t*>malloc(3 * (v.nfrags or 1) * sizeof(uintptr_t))
-    if a == NULL:
-        with gil:
-            raise MemoryError("nbrhd-landed VIS: no memory for the copy list")
     bb = _staged_bounce(ep)
+    a = <uintptr_t*>malloc(3 * (v.nfrags or 1) * sizeof(uintptr_t))
     try:
+        if a == NULL:
+            with gil:
+                raise MemoryError("nbrhd-landed VIS: no memory for the copy list")
         _bounce_drain_all(bb, &ep.k)        # earlier synchronous users of the buffers
         while i < v.nfrags:
             j = _frag_window(f, i, v.nfrags, bb.chunk, bb.chunk, &nbytes)
