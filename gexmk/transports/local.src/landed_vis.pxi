@@ -13,29 +13,83 @@
 # On a stream the same, through the endpoint's bounce slots: a slot's worth
 # gathered by one batched copy on the stream, a host function per run.
 
+cdef enum:
+    LZ_HOST_VIS = 64           # a host function's job only (never posted): _lz_vis_hostjob
+
+
+cdef size_t _lz_run_end(const gx_frag* f, size_t i, size_t n, size_t* m) noexcept nogil:
+    """The end of the run of fragments from i contiguous at the target; m: its bytes."""
+    cdef size_t j = i + 1
+    m[0] = f[i].n
+    while j < n and f[j].remote == f[j - 1].remote + f[j - 1].n:
+        m[0] += f[j].n
+        j += 1
+    return j
+
+
 cdef int _lz_vis_runs(lp_land* L, gx_target* t, const gx_frag* f, size_t n, char* buf,
                       bint put) noexcept nogil:
-    """The window's target side: each run of fragments contiguous there as one
-    request stream (puts posted back to back, then waited for together;
-    gets one run at a time).  Status."""
+    """The window's target side, each run of fragments contiguous there as one
+    request stream: puts posted back to back, then waited for together; gets
+    by _lz_get_runs.  Status."""
     cdef size_t i = 0, j, pos = 0, m
     cdef int st = LZ_OK
+    if not put:
+        return _lz_get_runs(L, t, f, n, buf)
     while i < n and st == LZ_OK:
-        m = f[i].n
-        j = i + 1
-        while j < n and f[j].remote == f[j - 1].remote + f[j - 1].n:
-            m += f[j].n
-            j += 1
+        j = _lz_run_end(f, i, n, &m)
         if m:
-            if put:
-                st = _lz_send(L, t, f[i].remote - t.remote_base, buf + pos, m, NULL)
-            else:
-                st = _lz_get(L, t, f[i].remote - t.remote_base, buf + pos, m, NULL)
+            st = _lz_send(L, t, f[i].remote - t.remote_base, buf + pos, m, NULL)
         pos += m
         i = j
-    if put and st == LZ_OK:
+    if st == LZ_OK:
         st = _lz_drain(L, t)
     return st
+
+
+cdef int _lz_get_runs(lp_land* L, gx_target* t, const gx_frag* f, size_t n,
+                      char* buf) noexcept nogil:
+    """The window's runs read into buf, back to back: every run cut into
+    chunks, requested up to the ring's slots ahead across runs (one run at a
+    time cost a round trip per scattered block), each answer copied out in
+    order (status)."""
+    cdef char* pdst[LZ_MAX_SLOTS]
+    cdef size_t pm[LZ_MAX_SLOTS]
+    cdef uint64_t qs[LZ_MAX_SLOTS]
+    cdef size_t i = 0, pos = 0, runm = 0, runpos = 0, posted = 0, got = 0, m, k
+    cdef uint64_t runoff = 0
+    cdef int s, st
+    while True:
+        while posted - got < <size_t>L.slots:
+            if runpos == runm:                  # the next run
+                if i >= n:
+                    break
+                runoff = f[i].remote - t.remote_base
+                i = _lz_run_end(f, i, n, &runm)
+                runpos = 0
+                continue
+            m = runm - runpos if runm - runpos < L.chunk else L.chunk
+            st = _lz_claim(L, t, &s)
+            if st != LZ_OK:
+                return st
+            _lz_post(L, LZ_GET, runoff + runpos, m)
+            k = posted % <size_t>L.slots
+            qs[k] = L.seq
+            pdst[k] = buf + pos
+            pm[k] = m
+            pos += m
+            runpos += m
+            posted += 1
+        if got == posted:
+            return LZ_OK
+        k = got % <size_t>L.slots
+        s = <int>((qs[k] - 1) % <uint64_t>L.slots)
+        st = _lz_wait(L, t, s, qs[k])
+        if st == LZ_OK:
+            st = _lz_move(NULL, pdst[k], L.ring + L.data_off + <size_t>s * L.chunk, pm[k])
+        if st != LZ_OK:
+            return st
+        got += 1
 
 
 cdef int _lz_vis_launch_runs(lp_ep* ep, void* stream, lp_land* L, gx_target* t,
@@ -43,15 +97,74 @@ cdef int _lz_vis_launch_runs(lp_ep* ep, void* stream, lp_land* L, gx_target* t,
     """_lz_vis_runs on a stream: a host function per run contiguous at the target."""
     cdef size_t i = 0, j, pos = 0, m
     while i < n:
-        m = f[i].n
-        j = i + 1
-        while j < n and f[j].remote == f[j - 1].remote + f[j - 1].n:
-            m += f[j].n
-            j += 1
+        j = _lz_run_end(f, i, n, &m)
         if m:
             _lz_launch(ep, stream, L, t, LZ_PUT if put else LZ_GET, f[i].remote - t.remote_base,
                        slot + pos, m)
         pos += m
+        i = j
+    return 0
+
+
+cdef int _lz_vis_hostjob(lp_land* L, gx_target* t, char* block, size_t n, int put) noexcept nogil:
+    """A host function's window of host blocks (the caller holds L's lock):
+    block holds the n fragments, then room for their bytes back to back;
+    gathered and landed (put), or read and scattered (get), here in stream
+    order.  Frees block.  Status."""
+    cdef gx_frag* f = <gx_frag*>block
+    cdef char* buf = block + n * sizeof(gx_frag)
+    cdef size_t i, pos = 0
+    cdef int st
+    if put:
+        for i in range(n):
+            memcpy(buf + pos, f[i].local, f[i].n)
+            pos += f[i].n
+    st = _lz_vis_runs(L, t, f, n, buf, put)
+    if not put and st == LZ_OK:
+        for i in range(n):
+            memcpy(f[i].local, buf + pos, f[i].n)
+            pos += f[i].n
+    free(block)
+    return st
+
+
+cdef int _lz_vis_host_stream(gx_xfer* x, bint put) except -1 nogil:
+    """Host blocks on a stream: a window of small ones per host function, which
+    gathers (or scatters) them itself when the stream reaches it -- packing
+    them now would read them before the stream's earlier work wrote them (one
+    host function per block took seconds for a strided view); a block of a
+    window or more as its own stream-ordered transfer."""
+    cdef lp_ep* ep = <lp_ep*>x.ep
+    cdef lp_land* L = <lp_land*>x.peer
+    cdef const gx_vis* v = x.vis
+    cdef const gx_frag* f = v.frags
+    cdef gx_xfer one = x[0]
+    cdef size_t i = 0, j, nbytes
+    cdef char* block
+    cdef bint launched
+    one.vis = NULL
+    one.handle = NULL
+    while i < v.nfrags:
+        j = _frag_window(f, i, v.nfrags, VIS_GATHER_WINDOW, VIS_GATHER_WINDOW, &nbytes)
+        if j == i:
+            one.remote = f[i].remote
+            one.local = f[i].local
+            one.n = f[i].n
+            _landed_on_stream(&one, put)
+            i += 1
+            continue
+        block = <char*>malloc((j - i) * sizeof(gx_frag) + (nbytes or 1))
+        if block == NULL:
+            with gil:
+                raise MemoryError("nbrhd-landed VIS: no memory for a host function's window")
+        memcpy(block, f + i, (j - i) * sizeof(gx_frag))
+        launched = False
+        try:
+            _lz_launch(ep, x.stream, L, x.t, LZ_HOST_VIS, 0, block, j - i, put)
+            launched = True
+        finally:
+            if not launched:
+                free(block)         # the host function frees it once it has run
         i = j
     return 0
 
@@ -61,13 +174,11 @@ cdef int _lz_vis_stream(gx_xfer* x, bint put) except -1 nogil:
     (a bounce slot's worth) gathered into a slot by one batched copy on the
     stream, each run of them contiguous at the target landed by one host
     function (one per block took seconds for a strided view); larger blocks a
-    slot at a time (_lz_stream_dev).  Host blocks: a stream-ordered transfer
-    each (packing them would read them before the stream reaches the put)."""
+    slot at a time (_lz_stream_dev).  Host blocks: _lz_vis_host_stream."""
     cdef lp_ep* ep = <lp_ep*>x.ep
     cdef lp_land* L = <lp_land*>x.peer
     cdef const gx_vis* v = x.vis
     cdef const gx_frag* f = v.frags
-    cdef gx_xfer one
     cdef lp_bounce* bb
     cdef uintptr_t* a
     cdef size_t i = 0, j, nbytes
@@ -75,22 +186,13 @@ cdef int _lz_vis_stream(gx_xfer* x, bint put) except -1 nogil:
     cdef int b = 0
     _lz_stream_ready(ep, L, x)
     if x.local_kind == GX_MK_HOST:
-        one = x[0]
-        one.vis = NULL
-        one.handle = NULL
-        for i in range(v.nfrags):
-            if f[i].n:
-                one.remote = f[i].remote
-                one.local = f[i].local
-                one.n = f[i].n
-                _landed_on_stream(&one, put)
-        return 0
-    a = <uintptr_t*>malloc(3 * (v.nfrags or 1) * sizeof(uintptr_t))
-    if a == NULL:
-        with gil:
-            raise MemoryError("nbrhd-landed VIS: no memory for the copy list")
+        return _lz_vis_host_stream(x, put)
     bb = _staged_bounce(ep)
+    a = <uintptr_t*>malloc(3 * (v.nfrags or 1) * sizeof(uintptr_t))
     try:
+        if a == NULL:
+            with gil:
+                raise MemoryError("nbrhd-landed VIS: no memory for the copy list")
         _bounce_drain_all(bb, &ep.k)        # earlier synchronous users of the buffers
         while i < v.nfrags:
             j = _frag_window(f, i, v.nfrags, bb.chunk, bb.chunk, &nbytes)
