@@ -1871,7 +1871,11 @@ class Worker:
         print(f"FUZZ-PID rank {self.me} pid {os.getpid()}", flush=True)   # for the clean-up
         self.g = gexmk
         threading.Thread(target=self.watchdog, daemon=True).start()
+        t_init = time.monotonic()
         self.c = gexmk.init()
+        t_init = time.monotonic() - t_init
+        if float(os.environ.get("FUZZ_SLOW") or 0) and t_init > float(os.environ["FUZZ_SLOW"]):
+            self.note(f"FUZZ-SLOW rank {self.me}: gexmk.init() took {t_init:.1f} s")
         # a hung rank asks the others (SIGUSR1, through these files in the job's
         # folder) for their landing rings' state: see rings_report
         signal.signal(signal.SIGUSR1, lambda *_: self.rings_report("asked by a hung rank"))
