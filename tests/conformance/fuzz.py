@@ -58,7 +58,12 @@ has every rank log its items.  Over ofi, plans avoid peers' segments unbound
 or destroyed since publication (``STALE_UNSAFE``; ``--stale`` keeps them) and
 what trips known bugs (``KNOWN_BUGS``; ``--known-bugs`` keeps it).  Debugging:
 ``FUZZ_GDB=1`` runs the ranks under gdb (a crash prints its C stack),
-``FUZZ_GDB_HANG=1`` has a hung rank print its C stacks.
+``FUZZ_GDB_HANG=1`` has a hung rank print its C stacks.  Over ofi a hung rank also
+prints ``FUZZ-RINGS`` (its landing rings and zones, ``OfiTransport._rings_debug``) and
+asks the job's other ranks for theirs (SIGUSR1).  ``FUZZ_SLOW=S`` reports an item
+(or ``gexmk.init()``) still running after S seconds the same way, once, and lets it
+go on -- a stall that ends shows too; ``FUZZ_SLOW_DIR`` keeps those reports in files
+(a soak drops the output of jobs that pass).
 
 Each job runs in a temporary folder; what libfabric's shm provider leaves in
 /dev/shm for a rank that did not finalize (the victim; a rank that failed) is
