@@ -1809,8 +1809,8 @@ class Worker:
                 os._exit(4)
 
     def slow_report(self, it, secs):
-        print(f"FUZZ-SLOW rank {self.me} item #{it.idx} ({it.kind}) running for {secs:.1f} s: "
-              f"{it.text()}", file=sys.stderr, flush=True)
+        self.note(f"FUZZ-SLOW rank {self.me} item #{it.idx} ({it.kind}) running for {secs:.1f} s: "
+                  f"{it.text()}")
         self.rings_report(f"slow item #{it.idx}")
         self.ask_rings_reports()
         if os.environ.get("FUZZ_GDB_HANG"):
