@@ -140,7 +140,7 @@ REGRESSIONS = [
     # prints FUZZ-RINGS (both ends' ring states) and, with FUZZ_GDB_HANG=1, the C
     # stacks; FUZZ_SLOW=4 reports stalls that end.  Not diagnosed.
     pytest.param(101345, "ofi-tcp-rings", {}, id="ofi-tcp-rings-101345-ring-wait-hang",
-                 marks=_flaky("a staged put_signal_nbi waiting for a ring of a capped zone")),
+                 marks=_flaky("a staged put_signal_nbi stuck over 11 s, its target in a bootstrap exchange")),
     # found (helper-18's soak, 1 job in 448, 4 replays passed): after the victim's kill,
     # rank 0's ops to rank 1 (staged, GEXMK_OFI_STAGE=all) raced rank 1's finalize --
     # the model allows them to fail -- and finalize's nbi_wait then raised OFIError
