@@ -256,6 +256,45 @@ def test_cupy_arrays_still_being_written_are_waited_for(client, cupy):
 
 @gpu
 @needs_gpu
+def test_segment_destroyed_behind_its_own_nb_ops(client, cupy):
+    # Fuzz seed 3409: a device segment destroyed while a get_nb from it was
+    # still queued on the GPU.  Its memory was unmapped under the copy, which
+    # faulted (CUDA_ERROR_LAUNCH_FAILED) and lost the context for good.  Slow
+    # kernels hold CuPy's stream, which gexmk's copies wait for, so the ops
+    # are surely still queued when destroy() runs; they must read the
+    # segment's data, and the context must survive.
+    mk, hseg, ep1, dseg = _host_and_device_eps(client)
+    n = 4 * MiB
+    data = np.random.default_rng(3409).integers(0, 256, n, dtype=np.uint8)
+    client.ep(0).pair(1).put(0, dseg.address, data)
+    big = cupy.ones(64 * MiB, cupy.float32)
+    tm = ep1.pair(1)
+    for _ in range(40):
+        big *= 1.0001                        # ~ms of work queued on CuPy's stream
+    whole = cupy.zeros(n, cupy.uint8)       # zeroed behind it: the gets wait for it
+    blocks = cupy.zeros(3 * 4096, cupy.uint8)
+    ev = tm.get_nb(whole, 0, dseg.address)
+    ev2 = tm.get_vector_nb([blocks[:4096], blocks[4096:8192], blocks[8192:]], 0,
+                           [(dseg.address + 100, 4096), (dseg.address + 9000, 4096),
+                            (dseg.address + n - 4096, 4096)])
+    dseg.destroy()
+    ev.wait()
+    ev2.wait()
+    assert (whole.get() == data).all(), "the get_nb read the segment after it was unmapped"
+    want = np.concatenate([data[100:4196], data[9000:13096], data[n - 4096:]])
+    assert (blocks.get() == want).all(), "the vector get_nb lost its blocks"
+    cupy.cuda.runtime.deviceSynchronize()   # the context is alive
+    again = client.segment_create(MiB, kind=mk)
+    ep1.bind_segment(again)                  # destroy() unbound the old one
+    client.tm.publish_bound_segment([ep1])
+    tm.put(0, again.address, cupy.full(4096, 5, cupy.uint8))
+    back = np.zeros(4096, np.uint8)
+    client.ep(0).pair(1).get(back, 0, again.address)
+    assert (back == 5).all()
+
+
+@gpu
+@needs_gpu
 def test_torch_tensors_still_being_written_are_waited_for(client):
     # PyTorch's CUDA array interface is version 2: no stream named.  Its tensors
     # are written on torch's current stream, which gexmk's own streams are not

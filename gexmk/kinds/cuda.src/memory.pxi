@@ -250,6 +250,12 @@ cdef CUresult _free_mem(CudaCtx* k, gx_mem* mem, const char** call) noexcept nog
     if m == NULL:
         return CUDA_SUCCESS
     pushed = cydriver.cuCtxPushCurrent(k.ctx) == CUDA_SUCCESS
+    if pushed and m.type in (CU_MEM_VMM, CU_MEM_VMM_IMPORT, CU_MEM_IPC_IMPORT):
+        # As cuMemFree does: a copy or kernel still reaching the range must end
+        # before it is unmapped, or it faults and the context is lost (fuzz
+        # seed 3409: a segment destroyed behind its own get_nb).  A context
+        # already in error answers at once; its error is reported elsewhere.
+        cydriver.cuCtxSynchronize()
     if m.type == CU_MEM_IPC_IMPORT:
         rc = cydriver.cuIpcCloseMemHandle(<CUdeviceptr>m.base)
         if rc != CUDA_SUCCESS:
@@ -278,8 +284,9 @@ cdef CUresult _free_mem(CudaCtx* k, gx_mem* mem, const char** call) noexcept nog
 cdef int _cu_release(void* kctx, gx_mem* mem) except -1 nogil:
     """Undo alloc (unmap, release every chunk, free the reservation) or adopt
     (release retained VMM handles; cuMemAlloc memory is just forgotten); an
-    import is unmapped.  Every step is tried; the first failure is raised.
-    Idempotent on a released gx_mem.  The memory must be idle."""
+    import is unmapped, after the context's work has ended (as cuMemFree
+    waits).  Every step is tried; the first failure is raised.
+    Idempotent on a released gx_mem."""
     cdef CudaCtx* k = <CudaCtx*>kctx
     cdef const char* call = NULL
     cdef CUresult rc
