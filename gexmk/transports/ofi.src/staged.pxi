@@ -74,6 +74,8 @@ ctypedef int (*_raw_copy_fn)(void* kctx, void* stream, uintptr_t dst, uintptr_t 
 ctypedef int (*_raw_atomic_fn)(void* kctx, void* stream, uintptr_t addr, int dt, int op,
                                gx_val a, gx_val b, void* result) noexcept nogil
 ctypedef int (*_raw_register_fn)(void* kctx, void* p, size_t n, int on) noexcept nogil
+ctypedef int (*_raw_copyv_fn)(void* kctx, void* stream, const uintptr_t* dst,
+                              const uintptr_t* src, const size_t* n, size_t count) noexcept nogil
 
 from cpython.exc cimport PyErr_Clear
 
@@ -208,6 +210,8 @@ cdef int _land_vis(ofi_zone* z, char* data, uint64_t k, uint64_t nbytes, bint pu
         sum += n
     if sum != nbytes:
         return STG_EBOUNDS
+    if z.kops != NULL and z.kops.copy_batch != NULL and k > 1:
+        return _land_vis_batch(z, lst, pos, k, put)
     for i in range(k):
         off = lst[2 * i]
         n = lst[2 * i + 1]
@@ -218,6 +222,33 @@ cdef int _land_vis(ofi_zone* z, char* data, uint64_t k, uint64_t nbytes, bint pu
         if st != STG_OK:
             return st
         pos += n
+    return STG_OK
+
+
+cdef int _land_vis_batch(ofi_zone* z, const uint64_t* lst, char* pos, uint64_t k,
+                         bint put) noexcept nogil:
+    """_land_vis's copies into or out of a device segment: one call of the
+    kind's copy_batch for the slot's k blocks, not a synchronous copy each
+    (a slot of scattered small blocks was k round trips to the GPU)."""
+    cdef uintptr_t* a = <uintptr_t*>malloc(3 * k * sizeof(uintptr_t))
+    cdef uint64_t i
+    cdef int rc
+    if a == NULL:
+        return STG_ECOPY
+    for i in range(k):
+        if put:
+            a[i] = z.seg_base + lst[2 * i]
+            a[k + i] = <uintptr_t>pos
+        else:
+            a[i] = <uintptr_t>pos
+            a[k + i] = z.seg_base + lst[2 * i]
+        a[2 * k + i] = lst[2 * i + 1]
+        pos += lst[2 * i + 1]
+    rc = (<_raw_copyv_fn>z.kops.copy_batch)(z.kctx, NULL, a, a + k, <size_t*>(a + 2 * k), k)
+    free(a)
+    if rc == -1:
+        _swallow()
+        return STG_ECOPY
     return STG_OK
 
 

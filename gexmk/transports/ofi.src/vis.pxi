@@ -413,16 +413,24 @@ cdef inline bint _vis_small(size_t n, size_t C) noexcept nogil:
 cdef size_t _vis_group(const gx_frag* f, size_t i, size_t nf, size_t C, size_t hdr,
                        size_t* k, size_t* nbytes) noexcept nogil:
     """From fragment i: the small fragments (others skipped) that fit one
-    slot of C bytes with hdr bytes of list each; the index after the last
-    taken."""
+    slot of C bytes with hdr bytes of list per run; the index after the last
+    taken.  k: the runs among them -- small fragments that continue the
+    previous one at the target share its list entry (_vis_list), so a
+    strided local view to a contiguous target range is one entry per slot,
+    not 16 bytes of list and a copy at the lander per byte."""
+    cdef uintptr_t end = 0             # the target end of the run so far
+    cdef bint run
     k[0] = 0
     nbytes[0] = 0
     while i < nf:
         if _vis_small(f[i].n, C):
-            if hdr * (k[0] + 1) + nbytes[0] + f[i].n > C:
+            run = k[0] > 0 and <uintptr_t>f[i].remote == end
+            if hdr * (k[0] + (0 if run else 1)) + nbytes[0] + f[i].n > C:
                 break
-            k[0] += 1
+            if not run:
+                k[0] += 1
             nbytes[0] += f[i].n
+            end = <uintptr_t>f[i].remote + f[i].n
         i += 1
     return i
 
@@ -589,13 +597,20 @@ cdef int _vis_pack(ofi_ep* ep, bint lstg, bint gather, char* hbuf, const gx_frag
 
 
 cdef void _vis_list(ofi_peer* t, const gx_frag* f, size_t i0, size_t i1, size_t C, char* b) noexcept nogil:
+    """The (offset, length) list of the small fragments f[i0..i1), one entry
+    per run (as _vis_group counts them)."""
     cdef uint64_t* lst = <uint64_t*>b
     cdef size_t i, k = 0
+    cdef uintptr_t end = 0
     for i in range(i0, i1):
         if _vis_small(f[i].n, C):
-            lst[2 * k] = f[i].remote - t.g.remote_base
-            lst[2 * k + 1] = f[i].n
-            k += 1
+            if k > 0 and <uintptr_t>f[i].remote == end:
+                lst[2 * k - 1] += f[i].n
+            else:
+                lst[2 * k] = f[i].remote - t.g.remote_base
+                lst[2 * k + 1] = f[i].n
+                k += 1
+            end = <uintptr_t>f[i].remote + f[i].n
 
 
 cdef int _stg_vis_put(ofi_ep* ep, ofi_peer* t, const gx_frag* f, size_t nf, bint lstg,
