@@ -86,6 +86,130 @@ cdef int _lz_claim(lp_land* L, gx_target* t, int* slot) noexcept nogil:
     return LZ_OK
 
 
+cdef inline size_t _lz_pin_bytes(lp_land* L) noexcept nogil:
+    return L.data_off + <size_t>L.slots * L.chunk
+
+
+cdef void _lz_pin_here(lp_land* L) noexcept nogil:
+    """Pin the ring with this process's device kind (pin_with), where it asked."""
+    if L.pops == NULL or L.pinned or L.ring == NULL:
+        return
+    if (<_lz_register_fn>L.pops.host_register)(L.pkctx, L.ring, _lz_pin_bytes(L), 1) == -1:
+        _lz_swallow()       # pinning is an optimisation: the copies work unpinned
+    else:
+        L.pinned = 1
+
+
+cdef int _lz_reopen(lp_land* L, gx_target* t) noexcept nogil:
+    """Before an operation (lock held): where the ring was released, its
+    answer first -- the lander has punched the data slots by then, so nothing
+    written from here on lands in a page it drops -- then pin it again."""
+    cdef int st
+    if L.rel:
+        st = _lz_wait(L, t, <int>((L.seq - 1) % <uint64_t>L.slots), L.seq)
+        if st != LZ_OK:
+            return st
+        L.rel = 0
+    _lz_pin_here(L)
+    return LZ_OK
+
+
+cdef int _lz_idle_release(lp_land* L, double now, double idle) noexcept nogil:
+    """Release the ring if unused for idle seconds with every request answered
+    (nothing of ours in flight: the lander may drop its pages): unpin our
+    side, post LZ_RELEASE (never waited for: the next operation reads its
+    answer, _lz_reopen).  A ring in use by another thread is left for the
+    next look.  1 when released."""
+    cdef int s
+    if L.rel or not L.touched or now - L.used < idle or L.ring == NULL:
+        return 0
+    if gx_xchg_int(&L.lock, 1) != 0:
+        return 0
+    if L.rel or not L.touched or now - L.used < idle \
+            or gx_load_int(<int*>(<char*>L.bell + LZ_CLOSED_OFF)):
+        gx_xchg_int(&L.lock, 0)
+        return 0
+    for s in range(L.slots):
+        if L.last[s] > L.ok[s]:
+            gx_xchg_int(&L.lock, 0)
+            return 0
+    if L.pinned:
+        if (<_lz_register_fn>L.pops.host_register)(L.pkctx, L.ring, _lz_pin_bytes(L), 0) == -1:
+            _lz_swallow()
+        L.pinned = 0
+    _lz_post(L, LZ_RELEASE, 0, 0)
+    L.rel = 1
+    L.touched = 0
+    L.releases += 1
+    gx_xchg_int(&L.lock, 0)
+    return 1
+
+
+# The rings this process uses in peers' zones, looked at by the idle thread
+# (LocalTransport starts it with the first zone it maps, GEXMK_RING_IDLE > 0).
+cdef lp_land** _lz_held = NULL
+cdef int _lz_nheld = 0
+cdef int _lz_held_cap = 0
+cdef int _lz_held_lock = 0
+
+
+cdef int _lz_hold(lp_land* L) except -1:
+    global _lz_held, _lz_nheld, _lz_held_cap
+    cdef lp_land** grown
+    while gx_xchg_int(&_lz_held_lock, 1) != 0:
+        sched_yield()
+    try:
+        if _lz_nheld == _lz_held_cap:
+            grown = <lp_land**>realloc(_lz_held, <size_t>(_lz_held_cap * 2 + 16) * sizeof(lp_land*))
+            if grown == NULL:
+                raise MemoryError()
+            _lz_held = grown
+            _lz_held_cap = _lz_held_cap * 2 + 16
+        _lz_held[_lz_nheld] = L
+        _lz_nheld += 1
+    finally:
+        gx_xchg_int(&_lz_held_lock, 0)
+    return 0
+
+
+cdef void _lz_unhold(lp_land* L) noexcept nogil:
+    """Off the list; the idle thread, which looks under the same lock, no
+    longer touches L once this returns."""
+    global _lz_nheld
+    cdef int i
+    while gx_xchg_int(&_lz_held_lock, 1) != 0:
+        sched_yield()
+    for i in range(_lz_nheld):
+        if _lz_held[i] == L:
+            _lz_held[i] = _lz_held[_lz_nheld - 1]
+            _lz_nheld -= 1
+            break
+    gx_xchg_int(&_lz_held_lock, 0)
+
+
+cdef void _lz_idle_run(int* stop, double idle) noexcept nogil:
+    """The idle thread: every quarter of GEXMK_RING_IDLE (1 ms .. 250 ms),
+    release the held rings unused that long."""
+    cdef timespec ts
+    cdef double nap = idle / 4
+    cdef double now
+    cdef int i
+    if nap < 0.001:
+        nap = 0.001
+    if nap > 0.25:
+        nap = 0.25
+    ts.tv_sec = <time_t>nap
+    ts.tv_nsec = <long>((nap - ts.tv_sec) * 1e9)
+    while not gx_load_int(stop):
+        nanosleep(&ts, NULL)
+        now = _lz_now()
+        while gx_xchg_int(&_lz_held_lock, 1) != 0:
+            sched_yield()
+        for i in range(_lz_nheld):
+            _lz_idle_release(_lz_held[i], now, idle)
+        gx_xchg_int(&_lz_held_lock, 0)
+
+
 cdef void _lz_post(lp_land* L, uint64_t op, uint64_t off, uint64_t n, int dt=0, int aop=0,
                    uint64_t a=0, uint64_t b=0) noexcept nogil:
     """The next request's descriptor into its (claimed) slot, sequence number
@@ -104,6 +228,7 @@ cdef void _lz_post(lp_land* L, uint64_t op, uint64_t off, uint64_t n, int dt=0, 
     gx_lz_publish(&d[0], q)
     L.seq = q
     L.last[s] = q
+    L.touched = 1
     gx_wake_waiters(L.bell)
 
 
@@ -198,10 +323,15 @@ cdef int _lz_enter(lp_land* L, gx_target* t) except -1 nogil:
     if st != LZ_OK:
         gx_xchg_int(&L.lock, 0)
         return _lz_raise(L, t, LZ_EASYNC)
+    st = _lz_reopen(L, t)
+    if st != LZ_OK:
+        gx_xchg_int(&L.lock, 0)
+        return _lz_raise(L, t, st)
     return 0
 
 
 cdef int _lz_leave(lp_land* L, gx_target* t, int st) except -1 nogil:
+    L.used = _lz_now()
     gx_xchg_int(&L.lock, 0)
     if st != LZ_OK:
         return _lz_raise(L, t, st)
@@ -317,7 +447,10 @@ cdef void _lz_hostfn(void* arg) noexcept nogil:
     cdef int st
     cdef gx_val a, zero
     _lz_lock(j.L)
-    if j.op == LZ_PUT:
+    st = _lz_reopen(j.L, j.t)
+    if st != LZ_OK:
+        pass
+    elif j.op == LZ_PUT:
         st = _lz_put(j.L, j.t, j.off, j.buf, j.n, NULL)
     elif j.op == LZ_GET:
         st = _lz_get(j.L, j.t, j.off, j.buf, j.n, NULL)
@@ -325,6 +458,7 @@ cdef void _lz_hostfn(void* arg) noexcept nogil:
         a.u64 = j.n
         zero.u64 = 0
         st = _lz_amo(j.L, j.t, j.off, GX_DT_U64, j.aop, a, zero, NULL)
+    j.L.used = _lz_now()
     gx_xchg_int(&j.L.lock, 0)
     if st != LZ_OK:
         gx_xchg_int(&j.L.async_err, st)
