@@ -401,3 +401,60 @@ def test_device_zone_ring_released_and_pinned_again(tmp_path):
     r = mp_util.run_job(tmp_path, GPU_WORKER, 2, launcher_timeout=120, env=env)
     assert r.returncode == 0, r.report()
     assert r.stdout.count("OK") == 2, r.report()
+
+
+# GEXMK_OFI_ZONE_RINGS=1 and a holder that dies with the ring (it never
+# releases: GEXMK_OFI_RING_IDLE=0).  Rank 2's staged get waits for a ring;
+# once the bootstrap reports rank 1 dead, rank 0's lander stops reading its
+# ring and gives its place under the cap to rank 2 (without it rank 2 times
+# out naming the cap).  Every byte of rank 2's puts and gets is checked.
+DEAD_WORKER = r'''
+flag = os.path.join(os.environ["RINGS_TMP"], "rank2-done")
+c = gexmk.init()
+tm = c.tm
+seg = c.segment_attach(1 << 20)
+mem = seg.view(np.uint8)
+tm.barrier()
+N = 100000
+if tm.rank == 1:
+    tm.put(0, tm.addr(0, 0), pattern(N, 1))          # takes the only ring, keeps it
+    assert c.transports["ofi"].domain.ring_stats["held"] == 1
+tm.barrier()
+if tm.rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+elif tm.rank == 2:
+    time.sleep(0.2)
+    for k in range(5):
+        tm.put(0, tm.addr(0, 200000 + k * N), pattern(N, 2, k))   # waits for the ring
+        back = np.zeros(N, np.uint8)
+        tm.get(back, 0, tm.addr(0, 200000 + k * N))
+        assert np.array_equal(back, pattern(N, 2, k)), ("get", k)
+    log("ring stats", c.transports["ofi"].domain.ring_stats)
+    open(flag, "w").close()
+    print("OK survivor", flush=True)
+else:
+    ctx = c.ep(0).contexts["ofi"]
+    t0 = time.monotonic()
+    while not os.path.exists(flag) and time.monotonic() < t0 + 60:
+        time.sleep(0.01)
+    z = ctx.zone_rings["zone"]
+    log("zone", z)
+    assert os.path.exists(flag), ("rank 2 never got the ring", z)
+    assert (z["reclaimed"], z["backed"], z["cap"]) == (1, 1, 1), z
+    assert np.array_equal(mem[:N], pattern(N, 1)), "the dead's put before it died"
+    for k in range(5):
+        off = 200000 + k * N
+        assert np.array_equal(mem[off:off + N], pattern(N, 2, k)), ("lost", k)
+    print("OK owner", flush=True)
+time.sleep(0.5)
+os._exit(0)
+'''
+
+
+@pytest.mark.timeout(150)
+def test_dead_holders_ring_goes_to_the_next_initiator(tmp_path):
+    need(PROVIDER)
+    r = mp_util.run_job(tmp_path, DEAD_WORKER, 3, keep_going=True, launcher_timeout=120,
+                        env=rings_env(GEXMK_OFI_ZONE_RINGS="1", GEXMK_OFI_RING_IDLE="0",
+                                      GEXMK_TIMEOUT="30", RINGS_TMP=str(tmp_path)))
+    assert "OK owner" in r.stdout and "OK survivor" in r.stdout, r.report()

@@ -296,6 +296,7 @@ cdef struct ofi_zone:       # a device-bound endpoint's landing zone (staged.pxi
     long refused            # first requests answered STG_EFULL (cap reached; the initiator retries)
     long backs              # rings backed (a released ring backed again counts again)
     long releases           # rings released by their initiators (STG_RELEASE), memory given back
+    long reclaimed          # rings of initiators reported dead, taken back by the lander
     double want_until       # a request was refused lately: done words ask holders to release
     unsigned char* open_slot    # nrings: the slot of the next request of a ring not backed
     int vis_only            # the zone of a host segment: packed VIS only (vis.pxi, "ofi-landed")
@@ -443,6 +444,9 @@ cdef struct ofi_dom:
     signed char valid[3][GX_DT_COUNT][GX_OP_COUNT]   # fi_*atomicvalid cache: -1 unknown
     long deaths             # peers of the job known dead (the core's notices)
     int last_dead           # the job rank of the last one
+    unsigned char* dead_ring    # stg_nrings: 1 once the job rank was reported dead (its rings
+                                # in this process's zones are not read again), 2 once reclaimed
+    long dead_pend          # notices the lander has not looked at yet (staged.pxi _land_dead)
     double death_at         # ... and when its notice came (_now())
     int shared_q            # the provider's queues are shared memory a killed process may
                             # leave locked (shm): see _poisoned
@@ -661,6 +665,9 @@ cdef class OfiTransport:
                              config=cfg)
         self.domain.d.stg_nrings = job.size
         self.domain.d.stg_rank = job.rank
+        self.domain.d.dead_ring = <unsigned char*>calloc(<size_t>job.size, 1)
+        if self.domain.d.dead_ring == NULL:
+            raise MemoryError()
         if cfg.progress_thread in ("on", "spin") or (cfg.progress_thread == "auto"
                                                      and self.domain.manual_progress):
             self.domain.start_progress(spin=(cfg.progress_thread == "spin"))
@@ -894,6 +901,13 @@ cdef class OfiTransport:
         self.domain.d.last_dead = jobrank
         self.domain.d.death_at = _now()
         gx_add_long(&self.domain.d.deaths, 1)
+        # its rings in this process's landing zones: the lander stops reading
+        # them at once and takes them back (staged.pxi _land_dead)
+        if self.domain.d.dead_ring != NULL and 0 <= jobrank < self.domain.d.stg_nrings:
+            if self.domain.d.dead_ring[jobrank] == 0:
+                self.domain.d.dead_ring[jobrank] = 1
+            gx_mem_fence()
+            gx_add_long(&self.domain.d.dead_pend, 1)
 
     def close(self):
         self.domain.close()

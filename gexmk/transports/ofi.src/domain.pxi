@@ -560,6 +560,8 @@ cdef class Domain:
         self.d.split = 0
         free(self.d.held)
         self.d.held = NULL
+        free(self.d.dead_ring)
+        self.d.dead_ring = NULL
         self.d.nheld = self.d.held_cap = 0
 
     def __dealloc__(self):

@@ -36,6 +36,18 @@
 # GEXMK_OFI_ZONE_RINGS rings are backed at once; a request past it is refused
 # for now (STG_EFULL) and asked again until GEXMK_TIMEOUT.
 #
+# A ring whose initiator the bootstrap reported dead (OfiTransport.peer_died)
+# is not read again from the next pass on, then taken off the backed rings --
+# its place under the cap goes to the next initiator that asks -- unpinned and
+# (where released rings are) madvised away whole (_land_dead).  This holds
+# although bytes the dead process sent may still be applied after the notice
+# (over tcp, what sat in this side's socket buffer, which rxm applies as it
+# reads; over shm, commands left in the queue): every ring belongs to one job
+# rank, a late byte lands only in the dead rank's own ring, and no request
+# there is served again, so nothing of it reaches the segment or another
+# ring.  A late write may back a page of that ring again (never more than
+# the ring; not reused, it is left to the zone's end).
+#
 # GEXMK_OFI_STAGE=all makes host segments land the same way (the lander
 # copies with memcpy and runs atomics on the CPU), so that CPU-only CI tests
 # every step of the protocol.
@@ -106,6 +118,7 @@ cdef enum:
     RING_BACKED = 1          # backed: served (memory committed as the initiator writes it)
     RING_PINNED = 2          # ... and page-locked for the kind's copies (device zones)
     RING_IDLE = 3            # released by its initiator: its data pages given back to the OS
+    RING_DEAD = 4            # its initiator was reported dead: never read again (_land_dead)
 
 
 # The done word of every slot of a retired zone: the largest sequence number
@@ -224,6 +237,8 @@ cdef long _land_ring(ofi_dom* d, ofi_zone* z, int r) noexcept nogil:
     cdef int rs = z.ring_state[r]
     cdef bint backed = _ring_backed(rs), released = False
     cdef long work = 0
+    if rs == RING_DEAD or (d.dead_ring != NULL and d.dead_ring[r]):
+        return 0            # its initiator died: nothing in it is served (_land_dead)
     z.rings_read += 1
     if backed and z.want_until != 0:
         # an initiator was refused lately: holders release once done
@@ -290,6 +305,48 @@ cdef void _land_release(ofi_dom* d, ofi_zone* z, int r, char* ring) noexcept nog
     z.releases += 1
 
 
+cdef void _land_dead(ofi_dom* d, ofi_zone* z, int r) noexcept nogil:
+    """Ring r's initiator was reported dead (caller holds d.zlock): no longer
+    read (_land_ring looks at d.dead_ring first), off the backed rings --
+    under the cap, the next initiator that asks gets its place -- unpinned,
+    and where released rings' pages go back, all of its pages given back."""
+    cdef int k
+    if z.ring_state[r] == RING_DEAD:
+        return
+    if _ring_backed(z.ring_state[r]):
+        if z.ring_state[r] == RING_PINNED and (<_raw_register_fn>z.kops.host_register)(
+                z.kctx, z.mem + <size_t>r * z.ring_bytes, z.ring_bytes, 0) == -1:
+            _swallow()
+        for k in range(z.active):
+            if z.act[k] == r:
+                z.act[k] = z.act[z.active - 1]
+                z.active -= 1
+                if z.vis_only:
+                    d.backed_vis -= 1
+                else:
+                    d.backed -= 1
+                break
+        z.reclaimed += 1
+    if d.zone_madvise and z.ring_state[r] != RING_NEW:
+        madvise(z.mem + <size_t>r * z.ring_bytes, z.ring_bytes, MADV_DONTNEED)
+    z.ring_state[r] = RING_DEAD
+
+
+cdef void _land_deaths(ofi_dom* d) noexcept nogil:
+    """Take back the rings of the job ranks reported dead since the last look
+    (caller holds d.zlock): in every zone served now."""
+    cdef long n = gx_load_long(&d.dead_pend)
+    cdef int r, i
+    gx_add_long(&d.dead_pend, -n)
+    for r in range(d.stg_nrings):
+        if d.dead_ring[r] != 1:
+            continue
+        for i in range(d.nzones):
+            if r < d.zones[i].nrings:
+                _land_dead(d, d.zones[i], r)
+        d.dead_ring[r] = 2
+
+
 cdef long _land_pass(ofi_dom* d) noexcept nogil:
     """Serve every new request of every zone once: how many.  A pass reads
     the rings backed so far and, of the others, only those whose initiator
@@ -302,6 +359,8 @@ cdef long _land_pass(ofi_dom* d) noexcept nogil:
     cdef volatile unsigned char* bell2
     while gx_xchg_int(&d.zlock, 1) != 0:
         sched_yield()
+    if d.dead_ring != NULL and gx_load_long(&d.dead_pend) > 0:
+        _land_deaths(d)
     for i in range(d.nzones):
         z = d.zones[i]
         if z.closing:
@@ -534,7 +593,7 @@ cdef object _zone_counts(ofi_zone* z):
     if z == NULL:
         return None
     return {"backed": z.active, "backs": z.backs, "released": z.releases, "refused": z.refused,
-            "cap": z.cap}
+            "cap": z.cap, "reclaimed": z.reclaimed}
 
 
 cdef void _zone_free(ofi_zone* z) noexcept nogil:
