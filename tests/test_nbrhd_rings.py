@@ -277,3 +277,81 @@ def test_dead_initiators_ring_reclaimed(tmp_path):
     r = mp_util.run_job(tmp_path, DEAD_WORKER, 3, keep_going=True, launcher_timeout=90,
                         env=landed_env(GEXMK_RING_IDLE="0"))
     assert "OK owner" in r.stdout and "OK survivor" in r.stdout, r.report()
+
+
+# GPU machines: stream-ordered pool memory (not exportable) of rank 0, reached
+# through its landing zone by rank 1 from host memory and from its own device
+# segment (whose kind pins rank 1's side of the ring).  After an idle spell the
+# ring is unpinned on both sides and its data slots punched out; the next put
+# pins it again and lands in device memory -- the pin must follow the pages
+# (a DMA to a page punched out of the memfd would be lost).
+GPU_WORKER = PAGES + r'''
+import cupy
+from cuda.bindings import driver as cu
+c = gexmk.init()
+tm = c.tm
+me = tm.rank
+N = 3 << 20
+mk = c.mk_create(gexmk.CUDA_UVA, 0)
+c.segment_attach(1 << 20)                             # EP 0: host
+with cupy.cuda.Device(0):
+    s = cupy.cuda.Stream(non_blocking=True)
+    pool = cupy.cuda.runtime.mallocAsync(2 * N, s.ptr)
+    s.synchronize()
+ep1, ep2 = c.ep_create(), c.ep_create()
+pseg = c.segment_create(buffer=(pool, 2 * N), kind=mk)   # EP 1: pool memory (the zone)
+dseg = c.segment_create(2 * N, kind=mk)                  # EP 2: a library device segment
+ep1.bind_segment(pseg)
+ep2.bind_segment(dseg)
+tm.publish_bound_segment([ep1, ep2])
+h1, t21 = c.ep(0).pair(1), ep2.pair(1)
+tr = c.transports["local"]
+cu.cuCtxPushCurrent(mk.impl.context)
+
+def dev_read(addr, n):
+    out = np.zeros(n, np.uint8)
+    cu.cuMemcpyDtoH(out.ctypes.data, addr, n)
+    return out
+
+src = pattern(N, 1)
+cu.cuMemcpyHtoD(dseg.address, pattern(N, 2).ctypes.data, N)
+tm.barrier()
+for turn in (1, 2):
+    if me == 1:
+        assert h1.paths(0)["rma"] == "nbrhd-landed", h1.paths(0)
+        h1.put(0, h1.addr(0, 0), pattern(N, 1, turn))
+        t21.put(0, t21.addr(0, N), (dseg.address, N))
+        back = np.zeros(N, np.uint8)
+        h1.get(back, 0, h1.addr(0, N))
+        assert np.array_equal(back, pattern(N, 2)), ("get", turn)
+        st = tr.ring_stats
+        assert st["held"] == 1 and st["released"] == turn - 1, st
+    tm.barrier()
+    if me == 0:
+        assert np.array_equal(dev_read(pool, N), pattern(N, 1, turn)), ("host put", turn)
+        assert np.array_equal(dev_read(pool + N, N), pattern(N, 2)), ("device put", turn)
+        z = tr.zone_rings[0]
+        assert z["state"][1] == "pinned", z
+        if turn == 1:
+            z, secs = wait_zone(tr, lambda z: z["released"] == 1, "no release came")
+            assert z["state"][1] == "idle" and ring_pages(z, 1)[1] == 0, z
+            cu.cuMemsetD8(pool, 0, 2 * N)
+    tm.barrier()
+cu.cuCtxPopCurrent()
+c.finalize()
+with cupy.cuda.Device(0):
+    cupy.cuda.runtime.freeAsync(pool, s.ptr)
+    s.synchronize()
+print("OK", me, flush=True)
+'''
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="no NVIDIA driver or device on this machine")
+def test_pool_zone_ring_released_and_pinned_again(tmp_path):
+    pytest.importorskip("cupy")
+    env = landed_env(GEXMK_NBRHD_STAGE=None, GEXMK_NBRHD_STAGE_CHUNK=None,
+                     GEXMK_NBRHD_STAGE_SLOTS=None, GEXMK_RING_IDLE="0.3")
+    r = mp_util.run_job(tmp_path, GPU_WORKER, 2, launcher_timeout=200, env=env)
+    assert r.returncode == 0, r.report()
+    assert r.stdout.count("OK") == 2, r.report()
