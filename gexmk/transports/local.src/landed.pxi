@@ -552,6 +552,10 @@ cdef class _LandContext:
             self.mem = NULL
             self.c.ring = NULL
 
+    def __dealloc__(self):
+        if self.held:
+            _lz_unhold(&self.c)         # never left on the idle thread's list
+
     @property
     def ring_stats(self):
         """This process's ring in the peer's zone: ``{"held": 1 while in use

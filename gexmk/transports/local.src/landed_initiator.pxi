@@ -100,17 +100,21 @@ cdef void _lz_pin_here(lp_land* L) noexcept nogil:
         L.pinned = 1
 
 
-cdef int _lz_reopen(lp_land* L, gx_target* t) noexcept nogil:
+cdef int _lz_reopen(lp_land* L, gx_target* t, bint pin=True) noexcept nogil:
     """Before an operation (lock held): where the ring was released, its
     answer first -- the lander has punched the data slots by then, so nothing
-    written from here on lands in a page it drops -- then pin it again."""
+    written from here on lands in a page it drops -- then pin it again
+    (not with pin False: a stream's host function may make no CUDA call;
+    its copies are host memcpys, and the next operation from a host thread
+    pins)."""
     cdef int st
     if L.rel:
         st = _lz_wait(L, t, <int>((L.seq - 1) % <uint64_t>L.slots), L.seq)
         if st != LZ_OK:
             return st
         L.rel = 0
-    _lz_pin_here(L)
+    if pin:
+        _lz_pin_here(L)
     return LZ_OK
 
 
@@ -447,7 +451,7 @@ cdef void _lz_hostfn(void* arg) noexcept nogil:
     cdef int st
     cdef gx_val a, zero
     _lz_lock(j.L)
-    st = _lz_reopen(j.L, j.t)
+    st = _lz_reopen(j.L, j.t, False)
     if st != LZ_OK:
         pass
     elif j.op == LZ_PUT:
