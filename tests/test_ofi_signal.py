@@ -275,11 +275,16 @@ c.finalize()
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("thread,expect", [("auto", "transport"), ("spin", "futex")])
-def test_sleeping_waiter_is_woken_by_network_traffic(tmp_path, thread, expect):
+@pytest.mark.parametrize("thread,expect,wobj", [
+    ("auto", "transport", None), ("spin", "futex", None),
+    # a user's FI_OFI_RXM_DEF_WAIT_OBJ=pollfd: rxm then never woke the CQs' wait fds
+    # for incoming traffic, and every wait slept out its nap (gexmk now asks for fd)
+    ("auto", "transport", "pollfd")], ids=["auto-transport", "spin-futex", "auto-rxm-pollfd"])
+def test_sleeping_waiter_is_woken_by_network_traffic(tmp_path, thread, expect, wobj):
     _need_ofi("tcp;ofi_rxm")
     env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm", "FI_PROVIDER": None,
-           "GEXMK_PROGRESS_THREAD": thread, "SIG_EXPECT": expect, "GEXMK_TIMEOUT": 60}
+           "GEXMK_PROGRESS_THREAD": thread, "SIG_EXPECT": expect, "GEXMK_TIMEOUT": 60,
+           "FI_OFI_RXM_DEF_WAIT_OBJ": wobj}
     _run_ok(tmp_path, NETSLEEP, 2, env, "NETSLEEP", 100)
 
 

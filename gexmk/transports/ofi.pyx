@@ -105,6 +105,28 @@ _rxm_setting("GEXMK_OFI_RXM_MSG_RX", 128, "FI_OFI_RXM_MSG_RX_SIZE")
 # endpoint) is 2048 entries by default, two 0.5 MB queues per rxm endpoint.
 _rxm_setting("GEXMK_OFI_RXM_RX", 256, "FI_OFI_RXM_RX_SIZE")
 
+
+# A waiting thread sleeps in poll() on its CQs' wait fds (progress.pxi).  rxm
+# adds its connections' sockets to that wait set only when their wait object
+# is an fd: with FI_OFI_RXM_DEF_WAIT_OBJ (or ..._DEF_TCP_WAIT_OBJ) = pollfd,
+# traffic never woke the fd and each wait slept out its nap (tcp;ofi_rxm, 2-core
+# VM, bench/waiting.py: an 8 B put to a target in tm.barrier() 5.08 ms against
+# 10.9 us, to an idle one 20 ms; test_ofi_signal.py test_sleeping_waiter_is_
+# woken_by_network_traffic[...pollfd]).  So gexmk asks for fd, the default, and
+# says so where the user had asked for something else.
+def _rxm_wait_fd():
+    for fi_name in ("FI_OFI_RXM_DEF_WAIT_OBJ", "FI_OFI_RXM_DEF_TCP_WAIT_OBJ"):
+        text = os.environ.get(fi_name, "").strip()
+        if text and text.lower() != "fd":
+            import warnings
+            warnings.warn(f"{fi_name}={text!r}: gexmk sleeps on its completion queues' wait fds, "
+                          f"which rxm wakes only with fd wait objects; using {fi_name}=fd",
+                          RuntimeWarning, stacklevel=2)
+            os.environ[fi_name] = "fd"
+
+
+_rxm_wait_fd()
+
 cdef enum:
     OP_PENDING = 0
     OP_DONE = 1

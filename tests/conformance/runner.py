@@ -225,8 +225,10 @@ def report(cell, problem):
     dest = os.environ.get("GEXMK_CONFORMANCE_REPORT")
     if dest:
         with open(dest, "a") as f:
-            f.write(f"{cell.id}\t{'ok' if problem is None else 'FAIL'}\t"
-                    f"{(problem or '')[:400]!r}\n")
+            p = problem or ""
+            if len(p) > 2400:        # a crash's message ends with the stderr that says why
+                p = p[:400] + " [...] " + p[-2000:]
+            f.write(f"{cell.id}\t{'ok' if problem is None else 'FAIL'}\t{p!r}\n")
 
 
 def _judge_one(rec, refusal, who):

@@ -8,8 +8,10 @@ runner reads these as it goes: a cell with an ``S`` and no ``R`` when the job di
 signal, an abort) or stopped moving is that cell's crash or hang, and the job is
 restarted after it.
 """
+import faulthandler
 import json
 import os
+import signal
 import sys
 import traceback
 
@@ -669,6 +671,9 @@ def main():
     with open(plan_path) as f:
         plan = json.load(f)
     rank = int(os.environ.get("GEXMK_RANK", "0"))
+    # a rank stopped because another failed (its barrier timed out waiting for this
+    # one) says where it was: every thread's stack on stderr, then the default action
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     fd = os.open(os.path.join(outdir, f"rank{rank}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     job = Job(plan)
     _emit(fd, "U")
