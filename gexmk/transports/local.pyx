@@ -529,6 +529,7 @@ cdef int _nbi_test(void* epv, int categories) except -1 nogil:
 include "local.src/hoststage.pxi"
 include "local.src/landed.pxi"
 include "local.src/landed_initiator.pxi"
+include "local.src/landed_rings.pxi"
 
 cdef gx_tr_ops _SELF, _NBRHD, _PVM, _SELF_DEV, _NBRHD_DEV, _SELF_STAGED, _NBRHD_STAGED, _NBRHD_LANDED
 

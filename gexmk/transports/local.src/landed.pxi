@@ -33,27 +33,8 @@
 # GEXMK_NBRHD_STAGE=all makes library-allocated host segments land the same
 # way (memcpy and CPU atomics), so that CPU-only CI runs every step.
 #
-# Rings per active initiator (issue 23), as ofi's (ofi.src/staged.pxi): the
-# memfd is sized for every ring but only written pages are backed, and the
-# lander pins a ring (device zones) at its first request.  An initiator whose
-# ring sat unused for GEXMK_RING_IDLE seconds, with every request it posted
-# answered, unpins its side and posts LZ_RELEASE as its last request; the
-# lander unpins its side and punches the ring's data slots out of the memfd
-# (fallocate PUNCH_HOLE: madvise DONTNEED on a shared mapping frees no shmem
-# page).  The lander is the one that punches: only it knows the ring is pinned
-# on its side (a pinned page punched out would leave its DMA on a page the
-# mapping no longer shows), and the release's order in the ring says that no
-# request of the initiator's is pending.  The next operation reads the
-# release's answer first, then pins and writes as a first use does.
-#
-# A ring whose initiator the bootstrap reported dead is reclaimed by the lander
-# (LocalTransport.peer_died -> _LandingZone.reclaim): it stops reading the ring
-# *first*, then unpins and punches all of it.  Nothing of the dead process can
-# reach the segment after that, whenever its last stores or its GPU's copies
-# land: a request left in the ring is never served, and a late byte can only
-# re-back a page of that ring (a process killed outright has no thread left
-# by the time its bootstrap connection closes; a pinned page its driver still
-# held is dropped from the memfd and freed when the driver lets go).
+# Rings per active initiator (issue 23): released once idle, reclaimed once
+# their initiator is dead -- landed_rings.pxi.
 # ---------------------------------------------------------------------------
 from libc.stdint cimport uint32_t
 from cpython.exc cimport PyErr_Clear
@@ -266,55 +247,6 @@ cdef long _lz_pass(lz_zone* z) noexcept nogil:
         z.landed += work
         gx_wake_waiters(<gx_wake*>(z.mem + 64))
     return work
-
-
-cdef void _lz_back(lz_zone* z, int r, char* ring) noexcept nogil:
-    """Ring r's first request (or its first since its release): pin it for
-    the kind's copies (device zones; pages are backed as they are written)."""
-    z.ring_state[r] = LR_USED
-    if z.kops != NULL and z.kops.host_register != NULL:
-        if (<_lz_register_fn>z.kops.host_register)(z.kctx, ring, z.ring_bytes, 1) == -1:
-            _lz_swallow()       # served unpinned: the kind's copies go at pageable speed
-        else:
-            z.ring_state[r] = LR_PINNED
-
-
-cdef void _lz_unpin(lz_zone* z, int r, char* ring) noexcept nogil:
-    if z.ring_state[r] == LR_PINNED and (<_lz_register_fn>z.kops.host_register)(
-            z.kctx, ring, z.ring_bytes, 0) == -1:
-        _lz_swallow()
-
-
-cdef void _lz_punch(lz_zone* z, size_t off, size_t n) noexcept nogil:
-    """Give [off, off + n) of the memfd back to the OS; it reads as zeros after."""
-    fallocate(z.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, <long>off, <long>n)
-
-
-cdef void _lz_release(lz_zone* z, int r, char* ring) noexcept nogil:
-    """Ring r's initiator released it (its last request: every one before it
-    answered, nothing after it posted before this answer): unpin the ring and
-    punch its data slots out; its first page (descriptors, done words: the
-    release's answer goes there, and every pass reads it) stays."""
-    _lz_unpin(z, r, ring)
-    _lz_punch(z, <size_t>(ring - z.mem) + z.data_off, z.ring_bytes - z.data_off)
-    z.ring_state[r] = LR_IDLE
-    z.releases += 1
-
-
-cdef void _lz_reclaim_rings(lz_zone* z) noexcept nogil:
-    """The rings whose initiators were reported dead: never read again (the
-    state says so before a page goes), unpinned, punched out whole."""
-    cdef int r
-    cdef char* ring
-    gx_xchg_int(&z.nreclaim, 0)
-    for r in range(z.nrings):
-        if gx_xchg_int(&z.reclaim[r], 0) == 0 or z.ring_state[r] == LR_DEAD:
-            continue
-        ring = z.mem + LZ_HEAD + <size_t>r * z.ring_bytes
-        _lz_unpin(z, r, ring)
-        z.ring_state[r] = LR_DEAD
-        _lz_punch(z, <size_t>(ring - z.mem), z.ring_bytes)
-        z.reclaimed += 1
 
 
 cdef void _lz_run(lz_zone* z) noexcept nogil:
