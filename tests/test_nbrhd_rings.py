@@ -321,8 +321,16 @@ tm.barrier()
 for turn in (1, 2):
     if me == 1:
         assert h1.paths(0)["rma"] == "nbrhd-landed", h1.paths(0)
+        if turn == 1:
+            t21.put(0, t21.addr(0, N), (dseg.address, N))
+        else:
+            # the first operation after the release runs in a host function of
+            # the stream: it reopens the ring without pinning (no CUDA call
+            # there); the host put after it pins again
+            s2 = cupy.cuda.Stream(non_blocking=True)
+            t21.put_on_stream(0, t21.addr(0, N), cupy.asarray(dseg)[:N], s2)
+            s2.synchronize()
         h1.put(0, h1.addr(0, 0), pattern(N, 1, turn))
-        t21.put(0, t21.addr(0, N), (dseg.address, N))
         back = np.zeros(N, np.uint8)
         h1.get(back, 0, h1.addr(0, N))
         assert np.array_equal(back, pattern(N, 2)), ("get", turn)
