@@ -408,7 +408,7 @@ def test_device_zone_ring_released_and_pinned_again(tmp_path):
 # once the bootstrap reports rank 1 dead, rank 0's lander stops reading its
 # ring and gives its place under the cap to rank 2 (without it rank 2 times
 # out naming the cap).  Every byte of rank 2's puts and gets is checked.
-DEAD_WORKER = r'''
+DEAD_WORKER = PAGES + r'''
 flag = os.path.join(os.environ["RINGS_TMP"], "rank2-done")
 c = gexmk.init()
 tm = c.tm
@@ -441,6 +441,9 @@ else:
     log("zone", z)
     assert os.path.exists(flag), ("rank 2 never got the ring", z)
     assert (z["reclaimed"], z["backed"], z["cap"]) == (1, 1, 1), z
+    lo, size, ring = ctx.zone_extent
+    assert present(lo + ring, ring) == 0, "the dead rank's ring is still mapped"
+    assert present(lo + 2 * ring, ring) > 0, "rank 2's ring holds no page"
     assert np.array_equal(mem[:N], pattern(N, 1)), "the dead's put before it died"
     for k in range(5):
         off = 200000 + k * N
