@@ -578,6 +578,42 @@ def test_op_set_error_names_ops(client, seg, b):
     assert untouched(seg)
 
 
+# ---- 9. timeout=: a positive, finite number of seconds, or None ----------------------
+
+#: (value, exception): a non-number (a bool is not a number of seconds) is a TypeError,
+#: a number that is no duration (zero, negative, infinite, NaN) an ArgumentError
+BAD_TIMEOUTS = [("x", TypeError), (b"1", TypeError), (True, TypeError), (False, TypeError),
+                (-1, ArgumentError), (0, ArgumentError), (-0.5, ArgumentError),
+                (float("inf"), ArgumentError), (float("nan"), ArgumentError)]
+BAD_TIMEOUT_IDS = ["str", "bytes", "True", "False", "-1", "0", "-0.5", "inf", "nan"]
+
+#: Every wait that takes timeout=, called so that it would return at once with a valid
+#: one (the timeout is refused before anything is waited for, or looked at)
+TIMEOUT_CALLS = {
+    "wait_some": lambda tm, a, t: gexmk.wait_some([gexmk.EVENT_DONE], timeout=t),
+    "wait_some_none": lambda tm, a, t: gexmk.wait_some([None], timeout=t),
+    "wait_some_empty": lambda tm, a, t: gexmk.wait_some([], timeout=t),
+    "wait_until": lambda tm, a, t: tm.wait_until(a, gexmk.CMP_EQ, 0, timeout=t),
+    "wait_until_any": lambda tm, a, t: tm.wait_until_any([a], gexmk.CMP_EQ, 0, timeout=t),
+    "wait_until_all": lambda tm, a, t: tm.wait_until_all([a], gexmk.CMP_EQ, 0, timeout=t),
+    "wait_until_some": lambda tm, a, t: tm.wait_until_some([a], gexmk.CMP_EQ, 0, timeout=t),
+    "barrier": lambda tm, a, t: tm.barrier(timeout=t),
+}
+
+
+@pytest.mark.parametrize("call", list(TIMEOUT_CALLS))
+@pytest.mark.parametrize("bad, exc", BAD_TIMEOUTS, ids=BAD_TIMEOUT_IDS)
+def test_bad_timeout_names_timeout(client, seg, b, call, bad, exc):
+    with pytest.raises(exc, match="timeout must be a") as e:
+        TIMEOUT_CALLS[call](client.tm, b, bad)
+    assert isinstance(e.value, ArgumentError) == (exc is ArgumentError), repr(e.value)
+    assert call.split("_none")[0].split("_empty")[0] in str(e.value), \
+        f"the message should name the call: {e.value}"
+    # a valid timeout returns at once (so the refusal above was the timeout's)
+    TIMEOUT_CALLS[call](client.tm, b, 5)
+    TIMEOUT_CALLS[call](client.tm, b, None)
+
+
 # ---- the same checks against a peer, over every transport -----------------------------
 
 WORKER = r'''

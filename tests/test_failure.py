@@ -133,6 +133,110 @@ def test_killed_rank_is_reported_dead(tmp_path, n, transport):
     assert_nothing_left(tmp_path, res, shm)
 
 
+# ---- the death grace: a wait on a team with a dead member goes on 1 s ----------------
+#
+# (signal.pxi _DEATH_GRACE.)  What is waited for may still come from the living: the
+# waiter gets it when it comes within the grace, PeerDeadError when it does not.  Not a
+# conformance-matrix row: its jobs run cells in lockstep and restart after a rank ends.
+#
+# Ranks: W (0) waits, V (1) is killed while the team's wait is under way, S (2), slower,
+# delivers what W waits for DELAY s after it killed V.  The barrier is the team's
+# dissemination over 3 (round k: r -> r + 2**k): W needs S's round 0 and V's round 1;
+# V sends that as soon as W and V entered, then waits for S -- killed there, its part
+# for W done, as the victim of the failure this guards against (test_failure[pvm-4]
+# before 879f71f: a survivor's barrier waiting for a slower live partner).
+DEATH_GRACE_SRC = r'''
+import signal as _signal
+W, V, S = 0, 1, 2
+c = gexmk.init()
+tm = c.tm
+me = tm.rank
+seg = c.segment_attach(4096)
+words = np.asarray(seg).view(np.uint64)
+alive = tm.split(None if me == V else 0, key=me)   # the survivors' own team
+pids = np.zeros(3, np.int64)
+tm.allgather(np.array([os.getpid()], np.int64), pids)
+tm.barrier()
+outcome = "-"
+if me == S:
+    # W and V say they are entering; then V's arrivals are sent (microseconds) and V
+    # waits for S's: kill it there
+    tm.wait_until_all([tm.addr(S, 8), tm.addr(S, 16)], gexmk.CMP_EQ, 1, timeout=20)
+    time.sleep(0.3)
+    os.kill(int(pids[V]), _signal.SIGKILL)
+    time.sleep(DELAY)
+    try:
+        if WAIT == "barrier":
+            tm.barrier()
+        else:
+            tm.put_val(W, tm.addr(W, 0), 42)
+        outcome = "ok"
+    except E.PeerDeadError as e:
+        outcome = f"PeerDeadError: {e}"
+else:
+    tm.put_val(S, tm.addr(S, 8 * (me + 1)), 1)         # W: word 1, V: word 2
+    try:
+        if WAIT == "barrier":
+            tm.barrier()
+            outcome = "ok"
+        else:
+            # V waits too (on its own word, never set): it dies in a wait
+            tm.wait_until(tm.addr(me, 0), gexmk.CMP_EQ, 42)
+            outcome = f"ok {int(words[0])}"
+    except E.PeerDeadError as e:
+        outcome = f"PeerDeadError: {e}"
+    if me == V:
+        time.sleep(60)                                  # killed before it gets here
+log("outcome:", outcome)
+with open(f"outcome.{me}", "w") as f:
+    f.write(outcome)
+alive.barrier()
+c.finalize()
+'''
+
+#: (wait, delay of the live member's delivery after the death, W's outcome, S's outcome).
+#: S's own barrier arrives at the dead V in its last round: refused once S knows of the
+#: death (PeerDeadError naming the arrival), a store nobody reads before (ok) -- either
+#: is right for S (``ok|PeerDeadError``); W's outcome is the point.
+DEATH_GRACE_CASES = [
+    pytest.param("barrier", 0.2, "ok", "ok|PeerDeadError", id="barrier-in-time"),
+    pytest.param("barrier", 3.0, "PeerDeadError", "PeerDeadError", id="barrier-late"),
+    pytest.param("wait_until", 0.2, "ok 42", "ok", id="wait_until-in-time"),
+    pytest.param("wait_until", 3.0, "PeerDeadError", "ok", id="wait_until-late"),
+]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("wait, delay, want_w, want_s", DEATH_GRACE_CASES)
+@pytest.mark.parametrize("transport", ["auto", "pvm", "ofi"])
+def test_death_grace(tmp_path, transport, wait, delay, want_w, want_s):
+    if transport == "ofi":
+        try:
+            import gexmk.transports.ofi  # noqa: F401
+        except ImportError:
+            pytest.skip("gexmk was built without the ofi transport")
+        env = {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm",
+               "GEXMK_PROGRESS_THREAD": None, "FI_PROVIDER": None}
+    else:
+        env = {"GEXMK_TRANSPORT": transport}
+    src = DEATH_GRACE_SRC.replace("WAIT", repr(wait)).replace("DELAY", repr(delay))
+    shm = shm_entries()
+    res = mp_util.run_job(tmp_path, src, 3, keep_going=True, launcher_timeout=60,
+                          env=dict(env, GEXMK_TIMEOUT="20"))
+    res.check(rc=128 + signal.SIGKILL)
+    got = {r: (tmp_path / f"outcome.{r}").read_text() if (tmp_path / f"outcome.{r}").exists()
+           else None for r in (0, 1, 2)}
+    assert got[1] is None, f"the victim outlived its kill: {got[1]}\n{res.report()}"
+    assert got[0] is not None and got[2] is not None, f"a survivor did not finish: {got}\n{res.report()}"
+    for who, want, have in (("W", want_w, got[0]), ("S", want_s, got[2])):
+        ok = [w for w in want.split("|") if w != "PeerDeadError"]
+        dead = "PeerDeadError" in want.split("|") and have.startswith("PeerDeadError: ") \
+            and "job rank 1" in have and ("died" in have or "dead" in have)
+        assert have in ok or dead, \
+            f"{who}: {have!r}, want {want!r} (PeerDeadError naming job rank 1's death)\n{res.report()}"
+    assert_nothing_left(tmp_path, res, shm)
+
+
 @pytest.mark.timeout(90)
 @NRANKS
 def test_rank_missing_from_barrier_times_out(tmp_path, n):

@@ -215,11 +215,12 @@ def wait_some(events, timeout=None):
     """Wait until at least one event is complete; return the indices of the
     complete ones (GASNet-EX ``gex_Event_WaitSome``).  Raises TimeoutError
     when none completes within ``timeout`` seconds (None: GEXMK_TIMEOUT)."""
+    # the timeout is checked first: a bad one is refused even where nothing is waited for
+    limit = _as_timeout(timeout, "wait_some(events, timeout=None)") or _timeout_now()
     events = list(events)
     live = _events(events)
     if not live:
         return []
-    limit = _as_timeout(timeout, "wait_some(events, timeout=None)") or _timeout_now()
     deadline = time.monotonic() + limit
     while True:
         done = [i for i, e in enumerate(events) if e is not None and (<Event>e).test()]

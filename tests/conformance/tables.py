@@ -179,6 +179,7 @@ _VAL_SIZES = ("1", "7", "8")
 _VIS_LOCALS = ("numpy", "addr", "clientseg", "devseg")
 _INDEXED_SIZES = ("0", "8", "4095", "chunk")      # sizes with a divisor to cut equal blocks by
 _STRIDED_SIZES = ("8", "4095", "chunk")           # counts are at least 1: no empty shape
+_POLL = dict(sizes=("8", "3chunks+5"), locals=("numpy",))   # polled completion: few cells
 RMA_OPS = [
     Op("put", "put", "blocking put"),
     Op("put_nb_now", "put", "put_nb(lc=LC_NOW), event waited"),
@@ -224,6 +225,22 @@ RMA_OPS = [
        locals=_VIS_LOCALS, vis=True),
     Op("get_strided_nbi", "get", "get_strided_nbi, then nbi_wait(EC_GET)", sizes=_STRIDED_SIZES,
        locals=_VIS_LOCALS, vis=True),
+    # Completion observed only by polling (never nbi_wait, quiet or an event's wait):
+    # over tcp a loop of tests spun for ever (fuzz seed 118).  After it the initiator
+    # reads the bytes back with a get: a completed put is at the target.
+    Op("put_nbi_poll", "put", "put_nbi, then gexmk.nbi_test(EC_PUT) polled until true; the "
+       "bytes read back", **_POLL),
+    Op("put_nbi_region_test", "put", "put_nbi(lc=LC_DEFER) inside an access region, then the "
+       "region event's test() polled", **_POLL),
+    Op("put_nbi_region_wait_some", "put", "put_nbi inside an access region, then "
+       "wait_some([ev], timeout=5)", **_POLL),
+    Op("put_nbi_val_poll", "put", "put_nbi_val, then nbi_test(EC_PUT) polled",
+       sizes=_VAL_SIZES, locals=("value",)),
+    Op("put_nbi_val_region_wait_some", "put", "put_nbi_val inside an access region, then "
+       "wait_some([ev], timeout=5)", sizes=("8",), locals=("value",)),
+    Op("put_signal_region_wait_some", "signal", "a blocking put_signal inside an access region "
+       "(fuzz seed 118), then wait_some([ev], timeout=5)", **_POLL),
+    Op("put_signal_nbi_poll", "signal", "put_signal_nbi, then nbi_test() polled", **_POLL),
     Op("put_on_stream", "put", "put_on_stream on a CuPy stream, then the stream synchronised",
        gpu=True),
     Op("get_on_stream", "get", "get_on_stream on a CuPy stream, then the stream synchronised",
@@ -250,7 +267,18 @@ AMO = {  # name: (operands, fetches)
 }
 BITWISE = {"AND", "FAND", "OR", "FOR", "XOR", "FXOR"}
 #: Other one-word operations, one cell per (path, target).
-WORD_OPS = ["signal_op_set", "signal_op_add", "atomic_nb", "atomic_nbi"]
+WORD_OPS = ["signal_op_set", "signal_op_add", "atomic_nb", "atomic_nbi",
+            # an atomic NBI (FADD, result= buffer) completed only by polling: nbi_test(EC_RMW)
+            # in a loop; inside an access region, its event under wait_some(timeout=5)
+            "atomic_nbi_poll", "atomic_nbi_region_wait_some"]
+
+#: A segment published, then unbound (not republished), destroyed, and a new one made
+#: (bound to the same endpoint, plus anonymous memory mapped at the old address where
+#: the kernel gives it): the initiator's stale put / put_signal to the old address must
+#: never land in either (SegmentError where the address is reserved, else the access
+#: lands in memory the owner no longer uses; fuzz seed 507).  One cell per (path, host
+#: target): the owner's address reservation is the same for every local memory.
+STALE_OPS = ["stale_put", "stale_put_signal"]
 
 #: Collectives x the team kinds they run on; every rank checks its result.  One cell
 #: per (path, collective, team), on the first target's job (the target plays no part).
@@ -325,11 +353,29 @@ def expect(cell, gpus=1):
                        "GASNet-EX has MULT atomics; gexmk keeps OP_MULT for reductions")
     rma_path = expected_path(path, target, cell.local)
     if rma_path == "pvm" and (op in ("put_signal_add", "signal_op_add", "signal_op_set")
-                              or op.startswith("amo_")
-                              or op in ("atomic_nb", "atomic_nbi")):
+                              or op.startswith(("amo_", "atomic_"))):
         return Refusal("UnsupportedError", "pvm", "process_vm_* has no atomics")
+    if op.startswith("stale_"):
+        return _expect_stale(rma_path, target)
     if path.gpu:
         return _expect_gpu(path, op, local, target, rma_path, gpus, cell.size)
+    return None
+
+
+def _expect_stale(route, target):
+    """What a stale put to a published, unbound, destroyed segment does (STALE_OPS);
+    None: it lands where the owner no longer looks (a peer's mapping of the old memory,
+    client memory the owner keeps until finalize, a retired network registration)."""
+    if route == "pvm" and target.name == "hostlib":
+        return Refusal("SegmentError", "no longer mapped",
+                       "the destroyed library segment's address range stays reserved "
+                       "(inaccessible) until finalize: process_vm_writev fails there")
+    if route == "nbrhd-landed":
+        return Refusal("SegmentError", "landing zone is closed",
+                       "the owner closed the segment's landing zone when it unbound it")
+    if route == "ofi-staged":
+        return Refusal("SegmentError", "unbound or destroyed",
+                       "the owner's landing zone refuses a segment unbound since publication")
     return None
 
 
@@ -418,6 +464,10 @@ def cells(full=False, gpu=False):
                             out.append(Cell(p.name, o.name, t, loc, s))
             out += amo_cells(p.name, t)
             out += [Cell(p.name, w, t) for w in WORD_OPS]
+            if TARGET_BY[t].cls != "device" and p.ranks > 1:
+                # (in a job of one no peer holds the address: the process's own
+                # stale access may land in its own new segment, by design)
+                out += [Cell(p.name, w, t) for w in STALE_OPS]
         out += [Cell(p.name, f"coll_{c}_{team}", path_targets(p)[0])
                 for c in COLLECTIVES for team in TEAMS]
     return out

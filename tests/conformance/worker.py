@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -121,6 +122,42 @@ class Target:
             self.gpu.cp.cuda.runtime.deviceSynchronize()
             return self.gpu.to_host(v[off:off + n])
         return np.array(v[off:off + n])
+
+
+def _host_segment(client, tname, size):
+    """(segment, client buffer or None) of a host target memory's kind."""
+    if tname == "hostlib":
+        return client.segment_create(size), None
+    if tname == "hostclient":
+        keep = np.zeros(size, np.uint8)
+        return client.segment_create(buffer=keep), keep
+    raise ValueError(tname)
+
+
+class _Mmap:
+    """Anonymous memory asked for at ``hint`` (the kernel takes another address
+    when the range is in use, as a reserved one is)."""
+
+    def __init__(self, hint, size):
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self.libc, self.size = libc, size
+        p = libc.mmap(hint, size, 3, 0x22, -1, 0)   # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
+        if p in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap failed")
+        self.address = p
+        self._buf = (ctypes.c_char * size).from_address(p)
+
+    def view(self):
+        return np.frombuffer(self._buf, np.uint8)
+
+    def close(self):
+        self._buf = None
+        self.libc.munmap(self.address, self.size)
 
 
 class Local:
@@ -318,6 +355,8 @@ class Job:
             before[T.SIG_OFF:T.SIG_OFF + 8] = 0
         if op.startswith("coll_"):
             return self.collective(op)
+        if op.startswith("stale_"):
+            return self.stale(idx, cell)
         amo = None
         if op.startswith("amo_") or op.startswith("atomic_"):
             dt, name = (op.split("_")[1], op.split("_")[2]) if op.startswith("amo_") else ("U64", "FADD")
@@ -368,6 +407,80 @@ class Job:
                 expected = before
             rec["region"] = _diff(got, expected)
             rec["unchanged"] = _diff(got, before)
+        return rec
+
+    def stale(self, idx, cell):
+        """A stale put / put_signal to a segment published, then unbound (not
+        republished) and destroyed, after the owner made new memory: a new segment of
+        the same kind bound to the same endpoint, and anonymous memory asked for at the
+        old address (fuzz seed 507: a stale put_signal landed in a segment made later at
+        the same place).  Neither may change; the initiator's record says what the
+        access did (tables.expect: SegmentError where the address is reserved)."""
+        op, tname = cell["op"], cell["target"]
+        c = self.client
+        is_init, is_target = self.me == self.init_rank, self.me == self.target_rank
+        peer = self.target_rank
+        size = 1 << 16
+        rec = {}
+        ep = c.ep_create()                  # the same index in every process
+        seg = fresh = new = None
+        if is_target:
+            seg, keep = _host_segment(c, tname, size)
+            ep.bind_segment(seg)
+            del keep                        # client memory: the library holds it now
+        self.tm.publish_bound_segment([ep])
+        tm = c.ep(0).pair(ep.index)
+        if is_init:
+            rec["path"] = tm.paths(peer)["rma"]
+            base = tm.addr(peer, 0)
+        self.tm.barrier()
+        if is_target:
+            old = seg.address
+            ep.unbind_segment()             # peers are not told (no publication)
+            seg.destroy()
+            seg = None
+            canary = P.get(size, idx, 1)
+            new, new_keep = _host_segment(c, tname, size)
+            ep.bind_segment(new)
+            np.asarray(new_keep if new_keep is not None else new).view(np.uint8)[:] = canary
+            fresh = _Mmap(old, size)
+            fresh.view()[:] = canary
+        self.tm.barrier()
+        if is_init:
+            data = P.get(64, idx, 2)
+            try:
+                if op == "stale_put":
+                    tm.put(peer, base + T.DATA_OFF, data)
+                else:
+                    tm.put_signal(peer, base + T.DATA_OFF, data, base + T.SIG_OFF,
+                                  SIG_VALUE + idx, gexmk.SIGNAL_SET)
+                    gexmk.quiet()
+                rec["outcome"] = "ok"
+            except Exception as e:  # noqa: BLE001 - every exception is a cell's outcome
+                rec["outcome"] = "raised"
+                rec["exc"] = [k.__name__ for k in type(e).__mro__]
+                rec["msg"] = str(e)[:500]
+                rec["tb"] = traceback.format_exc()[-1500:]
+        self.tm.barrier()
+        if is_target:
+            problems = []
+            if new.address == old:
+                problems.append(f"the new segment took the destroyed one's address {old:#x}")
+            if fresh.address == old:
+                problems.append(f"an mmap at the destroyed segment's address {old:#x} got it")
+            for what, got in (("new segment", np.asarray(new_keep if new_keep is not None
+                                                         else new).view(np.uint8)),
+                              ("memory mapped later", fresh.view())):
+                d = _diff(got, canary)
+                if d:
+                    problems.append(f"the stale access landed in the {what}: {d}")
+            # judged as a refused cell's target ("unchanged") or a served one's ("region")
+            rec["region"] = rec["unchanged"] = "; ".join(problems) or None
+            ep.unbind_segment()
+            new.destroy()
+            fresh.close()
+        self.tm.publish_bound_segment([ep])     # peers learn; what was held settles
+        self.tm.barrier()
         return rec
 
     def coll_team(self, kind):
@@ -455,6 +568,17 @@ class Job:
             else:
                 tm.put_nb_val(peer, dest, v, n).wait()
             return None
+        if op in ("put_nbi_val_poll", "put_nbi_val_region_wait_some"):
+            v = int.from_bytes(data.tobytes(), "little")
+            if op == "put_nbi_val_poll":
+                tm.put_nbi_val(peer, dest, v, n)
+                poll_nbi(gexmk.EC_PUT)
+            else:
+                with gexmk.nbi_access_region() as ev:
+                    tm.put_nbi_val(peer, dest, v, n)
+                poll_wait_some(ev)
+            rec["local"] = read_back(tm, peer, dest, data)
+            return None
         if op == "get_val":
             want = int.from_bytes(P.get(T.REGION, idx, 1)[T.DATA_OFF:T.DATA_OFF + n].tobytes(), "little")
             got = tm.get_val(peer, dest, n)
@@ -540,8 +664,36 @@ class Job:
         elif op == "put_signal_nbi":
             tm.put_signal_nbi(peer, dest, src, sig, SIG_VALUE + idx, gexmk.SIGNAL_SET)
             gexmk.quiet()
+        elif op == "put_nbi_poll":
+            tm.put_nbi(peer, dest, src)
+            poll_nbi(gexmk.EC_PUT)
+        elif op == "put_nbi_region_test":
+            with gexmk.nbi_access_region() as ev:
+                tm.put_nbi(peer, dest, src, lc=gexmk.LC_DEFER)
+            poll_test(ev)
+        elif op == "put_nbi_region_wait_some":
+            with gexmk.nbi_access_region() as ev:
+                tm.put_nbi(peer, dest, src)
+            poll_wait_some(ev)
+        elif op == "put_signal_region_wait_some":
+            with gexmk.nbi_access_region() as ev:
+                tm.put_signal(peer, dest, src, sig, SIG_VALUE + idx, gexmk.SIGNAL_SET)
+            poll_wait_some(ev)
+        elif op == "put_signal_nbi_poll":
+            tm.put_signal_nbi(peer, dest, src, sig, SIG_VALUE + idx, gexmk.SIGNAL_SET)
+            poll_nbi(gexmk.EC_ALL)
         else:
             raise ValueError(op)
+        if op in POLLED:
+            # completed by polling alone: the bytes (and the signal) are at the target now
+            back = read_back(tm, peer, dest, data)
+            if back is None and T.RMA_OP[op].kind == "signal":
+                got = tm.get_val(peer, sig, 8)
+                if got != SIG_VALUE + idx:
+                    back = f"signal word read back {got:#x}, want {SIG_VALUE + idx:#x}"
+            if back:
+                rec["local"] = back
+                return None
         # the source is the caller's again: nothing may have changed it
         if cell["local"] != "bytes":
             rec["local"] = _diff(loc.contents(), loc.full_expected)
@@ -564,6 +716,17 @@ class Job:
                 ad.op_nbi(peer, addr, code, *operands, result=res)
                 gexmk.nbi_wait(gexmk.EC_RMW)
                 got = res[0]
+            elif op == "atomic_nbi_poll":
+                res = np.zeros(1, t)
+                ad.op_nbi(peer, addr, code, *operands, result=res)
+                poll_nbi(gexmk.EC_RMW)
+                got = res[0]
+            elif op == "atomic_nbi_region_wait_some":
+                res = np.zeros(1, t)
+                with gexmk.nbi_access_region() as ev:
+                    ad.op_nbi(peer, addr, code, *operands, result=res)
+                poll_wait_some(ev)
+                got = res[0]
             else:
                 got = ad.op(peer, addr, code, *operands)
         finally:
@@ -574,6 +737,50 @@ class Job:
             same = np.array([got], t).tobytes() == np.array([fetched], t).tobytes()
             rec["local"] = None if same else f"fetched {got!r}, want {fetched!r}"
         return None
+
+
+# ---- completion by polling alone ---------------------------------------------------
+
+#: RMA cells completed only by polling (tables.py: fuzz seed 118)
+POLLED = ("put_nbi_poll", "put_nbi_region_test", "put_nbi_region_wait_some",
+          "put_signal_region_wait_some", "put_signal_nbi_poll")
+#: Seconds a polling loop goes on before the cell fails (below the job's GEXMK_TIMEOUT, at
+#: which the target's barrier gives up: the cell then says what never completed)
+POLL_FOR = 5.0
+
+
+class PollTimeout(Exception):
+    pass
+
+
+def _poll(done, what):
+    deadline = time.monotonic() + POLL_FOR
+    while not done():
+        if time.monotonic() > deadline:
+            raise PollTimeout(f"{what} never reported completion in {POLL_FOR:g} s")
+
+
+def poll_nbi(category):
+    _poll(lambda: gexmk.nbi_test(category), f"gexmk.nbi_test({category})")
+
+
+def poll_test(ev):
+    _poll(ev.test, "the access region's Event.test()")
+
+
+def poll_wait_some(ev):
+    got = gexmk.wait_some([ev], timeout=POLL_FOR)
+    if got != [0]:
+        raise PollTimeout(f"wait_some([ev]) returned {got!r}, want [0]")
+
+
+def read_back(tm, peer, dest, want):
+    """None when a get of [dest, dest + n) returns ``want``, else how it differs."""
+    got = np.zeros(len(want), np.uint8)
+    if len(want):
+        tm.get(got, peer, dest)
+    d = _diff(got, want)
+    return None if d is None else f"read back after polled completion: {d}"
 
 
 # ---- VIS operations (issue 22): n bytes as scattered, permuted blocks ------------------
