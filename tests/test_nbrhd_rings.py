@@ -316,7 +316,8 @@ def dev_read(addr, n):
     return out
 
 src = pattern(N, 1)
-cu.cuMemcpyHtoD(dseg.address, pattern(N, 2).ctypes.data, N)
+seed2 = pattern(N, 2)          # kept: a temporary's .ctypes.data is freed before the copy reads it
+cu.cuMemcpyHtoD(dseg.address, seed2.ctypes.data, N)
 tm.barrier()
 for turn in (1, 2):
     if me == 1:
