@@ -36,16 +36,20 @@ def _text(env, name):
     return env.get(name, "").strip()
 
 
+def _number(env, name):
+    """(text, value) of a number setting: value nan where the text is not one."""
+    text = _text(env, name)
+    try:
+        return text, float(text) if text else math.nan
+    except ValueError:
+        return text, math.nan
+
+
 def timeout(env=None) -> float:
     """GEXMK_TIMEOUT in seconds (a positive, finite number; default 300)."""
-    env = os.environ if env is None else env
-    text = _text(env, "GEXMK_TIMEOUT")
+    text, value = _number(os.environ if env is None else env, "GEXMK_TIMEOUT")
     if not text:
         return DEFAULT_TIMEOUT
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
     if not (value > 0 and math.isfinite(value)):
         raise ArgumentError(f"GEXMK_TIMEOUT={text!r}: expected a positive number of seconds")
     return value
@@ -251,13 +255,9 @@ def env_int(name, default, lo, hi):
 def env_seconds(name, default):
     """A duration setting of the process environment in seconds (0 or more,
     finite; 0 usually means never); a bad value raises ArgumentError naming it."""
-    text = _text(os.environ, name)
+    text, value = _number(os.environ, name)
     if not text:
         return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
     if not (0 <= value < 1e9):
         raise ArgumentError(f"{name}={text!r}: expected a number of seconds, 0 or more "
                             "(0: never)")

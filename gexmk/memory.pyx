@@ -7,6 +7,7 @@ process of the node can map them at publication; nothing is ever created in a
 file system, so nothing is left behind when a process is killed.
 """
 import enum
+import sys
 import os
 import itertools
 
@@ -204,12 +205,20 @@ def infer_kind(client, object obj):
 _cuda_kind = None      # gexmk.kinds.cuda, imported on the first device array with a stream
 
 
-def cai_sync(dict cai, ptr):
-    """Wait for the producer's stream of a CUDA array interface (v3, its
-    "stream" key) before the array is read or written here: the copies of
-    gexmk run on streams of their own, not ordered after it."""
+def cai_sync(dict cai, ptr, obj=None):
+    """Wait for the producer's stream of a CUDA array interface before the
+    array is read or written here: the copies of gexmk run on streams of their
+    own, not ordered after it.  Version 3 names the stream (its "stream" key);
+    PyTorch exports version 2, with no stream, and its tensors are written on
+    torch's current stream of their device (the legacy default stream unless
+    the program chose another), so that is the one waited for (``obj``: the
+    array)."""
     global _cuda_kind
     st = cai.get("stream") if cai.get("version", 0) >= 3 else None
+    if st is None and obj is not None and type(obj).__module__.startswith("torch"):
+        torch = sys.modules.get("torch")
+        if torch is not None and getattr(obj, "is_cuda", False):
+            st = torch.cuda.current_stream(obj.device).cuda_stream or 1   # 0: the legacy one
     if st and ptr:
         if _cuda_kind is None:
             from gexmk.kinds import cuda as _cuda_kind
@@ -242,7 +251,7 @@ def device_range(object obj, str what):
         ptr = cai["data"][0]
         if cai["data"][1]:
             raise ArgumentError(f"{what}: the device array is read-only")
-        cai_sync(cai, ptr)
+        cai_sync(cai, ptr, obj)
         return ptr, n
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         if not is_cuda_dlpack(obj):

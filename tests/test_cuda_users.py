@@ -252,3 +252,36 @@ def test_cupy_arrays_still_being_written_are_waited_for(client, cupy):
         res = cupy.zeros(1, cupy.uint64)       # zeroed behind the slow kernels
         ad.op_nbi(0, hseg.address + 8192, gexmk.OP_FADD, 2, result=res)
         assert int(res[0]) == 40, "the fetched value was overwritten by the array's own zeroing"
+
+
+@gpu
+@needs_gpu
+def test_torch_tensors_still_being_written_are_waited_for(client):
+    # PyTorch's CUDA array interface is version 2: no stream named.  Its tensors
+    # are written on torch's current stream, which gexmk's own streams are not
+    # ordered after: gexmk waits for that stream.  Slow kernels hold it first, on
+    # the default stream and on a stream the program chose; the tensors are
+    # filled behind them.
+    torch = pytest.importorskip("torch")
+    mk, hseg, ep1, dseg = _host_and_device_eps(client)
+    big = torch.ones(64 * MiB, dtype=torch.float32, device="cuda:0")
+    tm = ep1.pair(0)
+    side = torch.cuda.Stream(device="cuda:0")
+    for stream in (torch.cuda.current_stream("cuda:0"), side):
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                for _ in range(40):
+                    big.mul_(1.0001)              # ~ms of work queued on the stream
+                src = torch.full((4096,), 7, dtype=torch.uint8, device="cuda:0")
+                tm.put(0, hseg.address, src)
+                assert (np.asarray(hseg)[:4096] == 7).all(), \
+                    f"the put read the tensor before it was filled (stream {stream})"
+                np.asarray(hseg)[:4096] = 0
+                for _ in range(40):
+                    big.mul_(1.0001)
+                dst = torch.zeros(4096, dtype=torch.uint8, device="cuda:0")
+                np.asarray(hseg)[8192:8192 + 4096] = 9
+                tm.get(dst, 0, hseg.address + 8192)
+                assert int((dst == 9).sum()) == 4096, \
+                    f"the tensor's own zeroing ran after the get wrote it (stream {stream})"
+    torch.cuda.synchronize()

@@ -102,6 +102,90 @@ raise AssertionError("puts to a dead owner's landing zone all succeeded")
     assert "OK raised" in r.stdout, r.report()
 
 
+VIS_WORKER = r'''
+import numpy as np
+c = gexmk.init()
+tm = c.tm
+me, peer = tm.rank, 1 - tm.rank
+tr = c.transports["local"]
+seg = c.segment_attach(4 << 20)
+mem = np.asarray(seg).view(np.uint8)
+mem[:] = 0
+tm.barrier()
+assert tm.paths(peer)["rma"] == "nbrhd-landed", tm.paths(peer)
+rng = np.random.default_rng(me)
+
+def quiet_served(f):
+    """f(), then the requests this process's lander served for the peer's f()."""
+    tm.barrier()
+    before = tr.landed
+    f()
+    tm.barrier()
+    return tr.landed - before
+
+# 1. a 1-byte-stride view of 300,000 elements, contiguous at the target: each of the
+# core's VIS chunks (GX_VIS_CHUNK = 4096 fragments) gathered and landed as one request,
+# 74 in all, not one per element (the lander counts a request just after answering
+# it: one may fall on either side of a barrier)
+K = 300000
+CHUNKS = -(-K // 4096)
+wide = np.zeros(2 * K, np.uint8)
+wide[::2] = rng.integers(1, 256, K, dtype=np.uint8)
+n = quiet_served(lambda: tm.put(peer, tm.addr(peer, 0), wide[::2]))
+assert CHUNKS - 1 <= n <= CHUNKS + 1, n
+want_from_peer = np.random.default_rng(peer).integers(1, 256, K, dtype=np.uint8)
+assert mem[:K].tobytes() == want_from_peer.tobytes(), "strided put"
+back = np.zeros(2 * K, np.uint8)
+n = quiet_served(lambda: tm.get(back[::2], peer, tm.addr(peer, 0)))
+assert CHUNKS - 1 <= n <= CHUNKS + 1, n
+assert back[::2].tobytes() == wide[::2].tobytes() and not back[1::2].any(), "strided get"
+# 2. indexed blocks scattered at the target: small ones (100 B) and ones over a
+# slot (100 KiB), NB and NBI, every byte and the gaps between them checked
+tm.barrier()
+mem[:] = 0
+tm.barrier()
+base = 1 << 20
+small = [(base + i * 300, 100) for i in range(2000)]
+large = [(base + 700000 + i * 150000, 100000) for i in range(3)]
+blocks = small[:1000] + large[:1] + small[1000:] + large[1:]
+data = rng.integers(1, 256, sum(b[1] for b in blocks), dtype=np.uint8)
+srcs, pos = [], 0
+for off, m in blocks:
+    srcs.append(data[pos:pos + m])
+    pos += m
+dsts = [(tm.addr(peer, off), m) for off, m in blocks]
+tm.put_vector_nb(peer, dsts, srcs).wait()
+tm.barrier()
+pdata = np.random.default_rng(peer)
+pdata.integers(1, 256, K, dtype=np.uint8)
+pdata = pdata.integers(1, 256, len(data), dtype=np.uint8)
+expect = np.zeros(4 << 20, np.uint8)
+pos = 0
+for off, m in blocks:
+    expect[off:off + m] = pdata[pos:pos + m]
+    pos += m
+assert np.array_equal(mem, expect), "vector put: blocks or gaps"
+got = np.zeros(len(data), np.uint8)
+outs, pos = [], 0
+for off, m in blocks:
+    outs.append(got[pos:pos + m])
+    pos += m
+tm.get_vector_nbi(outs, peer, [(tm.addr(peer, off), m) for off, m in blocks])
+gexmk.nbi_wait(gexmk.EC_GET)
+assert np.array_equal(got, data), "vector get"
+tm.barrier()
+print("OK", me, flush=True)
+c.finalize()
+'''
+
+
+def test_landed_vis_gathers_small_blocks(tmp_path):
+    """VIS through a landing zone: a 1-byte-stride view goes as a few landed
+    requests (the run contiguous at the target), not one per element; scattered
+    small and slot-sized blocks, NB and NBI, every byte and gap checked."""
+    _run(tmp_path, 2, VIS_WORKER)
+
+
 POOL_WORKER = r'''
 import numpy as np, time
 import cupy
@@ -161,6 +245,26 @@ assert dev_read(pool, N) == P(N, peer, 9), "case 3: GPU -> remote pool GPU"
 # 4. remote pool GPU -> local GPU (blocking)
 t21.get((dseg.address + N, N), peer, t21.addr(peer, N))
 assert dev_read(dseg.address + N, N) == P(N, peer, 8), "case 4: remote pool GPU -> local GPU"
+tm.barrier()
+# 5. a 1-byte-stride CuPy view of the device segment -> remote pool and back: its
+# blocks gathered by one batched copy, landed as a few runs (one landed transfer
+# per block took seconds), every byte checked, and the interleaved bytes untouched
+K = 196613
+dv = cupy.asarray(dseg)
+dv[:2 * K] = 0
+dv[:2 * K:2] = cupy.asarray(np.frombuffer(P(K, me, 10), np.uint8))
+cupy.cuda.runtime.deviceSynchronize()
+tm.barrier()
+served = c.transports["local"].landed
+t21.put(peer, t21.addr(peer, 0), dv[:2 * K:2])
+tm.barrier()
+assert dev_read(pool, K) == P(K, peer, 10), "case 5: strided CuPy view -> remote pool"
+assert c.transports["local"].landed - served < 64, c.transports["local"].landed - served
+dv[:2 * K] = 0
+cupy.cuda.runtime.deviceSynchronize()
+t21.get(dv[:2 * K:2], peer, t21.addr(peer, 0))
+got = cupy.asnumpy(dv[:2 * K])
+assert got[::2].tobytes() == P(K, me, 10) and not got[1::2].any(), "case 5: remote pool -> view"
 tm.barrier()
 # device atomics run by the owner's lander, exact under contention
 ad = h1.ad_create(gexmk.DT_U64, gexmk.OP_FADD | gexmk.OP_GET | gexmk.OP_SET)

@@ -52,6 +52,15 @@ def run(tmp_path, src, n, provider, *, launcher_timeout=60, args=(), keep_going=
                            launcher_timeout=launcher_timeout, args=args, keep_going=keep_going)
 
 
+def run_ok(tmp_path, src, n, provider, tag, **kw):
+    """run(), then: no rank died by a signal or failed, and every rank printed
+    ``tag``-OK."""
+    res = run(tmp_path, src, n, provider, **kw)
+    no_signal_death(res, range(n))
+    assert res.returncode == 0 and res.stdout.count(f"{tag}-OK") == n, res.report()
+    return res
+
+
 def no_signal_death(res, ranks):
     """Assert none of ``ranks`` died by a signal or exited non-zero, and the
     harness did not have to kill the job."""
@@ -172,10 +181,8 @@ print("STALE-OK", flush=True)
 @pytest.mark.timeout(90)
 def test_stale_injected_write_to_destroyed_endpoint(tmp_path):
     need("tcp;ofi_rxm")
-    res = run(tmp_path, STALE_INJECT, 2, "tcp;ofi_rxm", launcher_timeout=60, GEXMK_TIMEOUT=3,
-              FI_OFI_RXM_CM_PROGRESS_INTERVAL=3000000)
-    no_signal_death(res, [0, 1])
-    assert res.returncode == 0 and res.stdout.count("STALE-OK") == 2, res.report()
+    run_ok(tmp_path, STALE_INJECT, 2, "tcp;ofi_rxm", "STALE", launcher_timeout=60, GEXMK_TIMEOUT=3,
+           FI_OFI_RXM_CM_PROGRESS_INTERVAL=3000000)
 
 
 # ---- 4. an endpoint closed with gets in flight --------------------------------
@@ -237,9 +244,7 @@ print("CLOSED-OK", flush=True)
 @pytest.mark.timeout(120)
 def test_endpoint_closed_with_gets_in_flight(tmp_path):
     need("tcp;ofi_rxm")
-    res = run(tmp_path, CLOSE_IN_FLIGHT, 2, "tcp;ofi_rxm", launcher_timeout=80)
-    no_signal_death(res, [0, 1])
-    assert res.returncode == 0 and res.stdout.count("CLOSED-OK") == 2, res.report()
+    res = run_ok(tmp_path, CLOSE_IN_FLIGHT, 2, "tcp;ofi_rxm", "CLOSED", launcher_timeout=80)
     assert "left open (leaked)" not in res.stderr, res.report()
 
 
@@ -292,9 +297,8 @@ print("ZERO-OK", flush=True)
                          ids=["tcp_rxm", "shm", "tcp_rxm-staged", "shm-delivery_signal"])
 def test_zero_length_transfers(tmp_path, provider, extra):
     need(provider)
-    res = run(tmp_path, ZERO_LENGTH, 2, provider, launcher_timeout=40, GEXMK_TIMEOUT=20, **extra)
-    no_signal_death(res, [0, 1])
-    assert res.returncode == 0 and res.stdout.count("ZERO-OK") == 2, res.report()
+    run_ok(tmp_path, ZERO_LENGTH, 2, provider, "ZERO", launcher_timeout=40, GEXMK_TIMEOUT=20,
+           **extra)
 
 
 # ---- 6. quiet and events mean the target has it -------------------------------
@@ -346,9 +350,7 @@ print("COMPLETE-OK", flush=True)
 @pytest.mark.parametrize("provider", list(PROVIDER_IDS), ids=list(PROVIDER_IDS.values()))
 def test_completion_means_at_target(tmp_path, provider):
     need(provider)
-    res = run(tmp_path, COMPLETE_AT_TARGET, 2, provider, launcher_timeout=80)
-    no_signal_death(res, [0, 1])
-    assert res.returncode == 0 and res.stdout.count("COMPLETE-OK") == 2, res.report()
+    run_ok(tmp_path, COMPLETE_AT_TARGET, 2, provider, "COMPLETE", launcher_timeout=80)
 
 
 # ---- a peer's access to a segment unbound since it was published (issue 19) ----
@@ -444,10 +446,8 @@ print("STALE-UNBOUND-OK", flush=True)
 @pytest.mark.parametrize("extra", [{}, {"GEXMK_OFI_STAGE": "all"}], ids=["plain", "staged"])
 def test_stale_access_to_unbound_segment(tmp_path, extra):
     need("tcp;ofi_rxm")
-    res = run(tmp_path, STALE_UNBOUND, 2, "tcp;ofi_rxm", launcher_timeout=90, GEXMK_TIMEOUT=20,
-              **extra)
-    no_signal_death(res, [0, 1])
-    assert res.returncode == 0 and res.stdout.count("STALE-UNBOUND-OK") == 2, res.report()
+    run_ok(tmp_path, STALE_UNBOUND, 2, "tcp;ofi_rxm", "STALE-UNBOUND", launcher_timeout=90,
+           GEXMK_TIMEOUT=20, **extra)
 
 
 # ---- an endpoint closed since its publication ----------------------------------
@@ -619,9 +619,8 @@ print("RETIRE-GAP-OK", flush=True)
 @pytest.mark.parametrize("provider", ["shm", "tcp;ofi_rxm"], ids=PROVIDER_IDS.get)
 def test_stale_access_during_retirement(tmp_path, provider, extra):
     need(provider)
-    res = run(tmp_path, RETIRE_GAP, 2, provider, launcher_timeout=90, GEXMK_TIMEOUT=20, **extra)
-    no_signal_death(res, [0, 1])
-    assert res.returncode == 0 and res.stdout.count("RETIRE-GAP-OK") == 2, res.report()
+    run_ok(tmp_path, RETIRE_GAP, 2, provider, "RETIRE-GAP", launcher_timeout=90, GEXMK_TIMEOUT=20,
+           **extra)
 
 
 # ---- an endpoint destroyed while its publication is still being applied -------
@@ -676,6 +675,5 @@ print("APPLIED-OK", flush=True)
 @pytest.mark.timeout(120)
 def test_endpoint_destroyed_while_its_publication_is_applied(tmp_path):
     need("shm")
-    res = run(tmp_path, DESTROYED_WHILE_APPLIED, 4, "shm", launcher_timeout=90, GEXMK_TIMEOUT=20)
-    no_signal_death(res, [0, 1, 2, 3])
-    assert res.returncode == 0 and res.stdout.count("APPLIED-OK") == 4, res.report()
+    run_ok(tmp_path, DESTROYED_WHILE_APPLIED, 4, "shm", "APPLIED", launcher_timeout=90,
+           GEXMK_TIMEOUT=20)

@@ -15,7 +15,7 @@ cdef object _cai_strided(object obj, bint writable, str what):
             st *= s
     if writable and cai["data"][1]:
         raise ArgumentError(f"{what}: the device array is read-only")
-    _cai_sync(cai, int(cai["data"][0]))
+    _cai_sync(cai, int(cai["data"][0]), obj)
     return int(cai["data"][0]), shape, tuple(int(s) for s in strides), itemsize
 
 

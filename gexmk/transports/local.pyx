@@ -308,47 +308,102 @@ cdef enum:
 
 
 cdef int _pvm_vis(gx_xfer* x) except -1 nogil:
-    """A chunk of VIS fragments: up to PVM_IOV of them per process_vm call (one
-    iovec each side; neighbours contiguous on both sides merged), so a
-    thousand scattered blocks cost one system call, not a thousand."""
-    cdef const gx_vis* v = x.vis
-    cdef iovec liov[PVM_IOV]
-    cdef iovec riov[PVM_IOV]
-    cdef size_t i = 0, j, k, want
-    cdef ssize_t got
+    """A chunk of VIS fragments: host blocks by _pvm_iov; device blocks of the
+    endpoint's kind a window at a time through a host buffer (_pvm_vis_device)."""
     cdef bint write = x.op != 0
-    cdef gx_xfer one
     if x.stream != NULL:
         return _pvm(x, write)          # raises, naming what pvm cannot do
-    if x.local_kind != GX_MK_HOST:     # device blocks: each through _pvm's device bounce
-        one = x[0]
-        one.vis = NULL
-        one.handle = NULL
-        for i in range(v.nfrags):
-            if v.frags[i].n:
+    if x.local_kind != GX_MK_HOST:
+        return _pvm_vis_device(x, write)
+    _pvm_iov(x, x.vis.frags, x.vis.nfrags, write)
+    _done(x)
+    return 0
+
+
+cdef int _pvm_vis_device(gx_xfer* x, bint write) except -1 nogil:
+    """Device blocks: the small ones gathered into a host window by one batched
+    copy of the endpoint's kind and moved as host blocks (_pvm_iov); one
+    copy and one system call per block took seconds for a 1-byte-stride
+    CuPy view, over GEXMK_TIMEOUT under load (the GPU matrix's devseg-strided
+    cells to client memory).  Blocks of a window or more through _pvm's own
+    bounce, one at a time."""
+    cdef lp_ep* ep = <lp_ep*>x.ep
+    cdef const gx_vis* v = x.vis
+    cdef size_t i = 0, j, k, nbytes, pos
+    cdef gx_frag* hf = NULL
+    cdef uintptr_t* a = NULL
+    cdef char* buf = NULL
+    cdef gx_xfer one = x[0]
+    one.vis = NULL
+    one.handle = NULL
+    if ep == NULL or ep.k.ops == NULL:
+        with gil:
+            raise UnsupportedError("pvm: a device buffer needs the initiating endpoint's device "
+                                   "kind to copy it through host memory")
+    buf = <char*>malloc(VIS_GATHER_WINDOW)
+    hf = <gx_frag*>malloc((v.nfrags or 1) * sizeof(gx_frag))
+    a = <uintptr_t*>malloc(3 * (v.nfrags or 1) * sizeof(uintptr_t))
+    try:
+        if buf == NULL or hf == NULL or a == NULL:
+            with gil:
+                raise MemoryError("pvm VIS: no memory for the gather window")
+        while i < v.nfrags:
+            j = _frag_window(v.frags, i, v.nfrags, VIS_GATHER_WINDOW, VIS_GATHER_WINDOW, &nbytes)
+            if j == i:
                 one.local = v.frags[i].local
                 one.remote = v.frags[i].remote
                 one.n = v.frags[i].n
                 _pvm(&one, write)
-        _done(x)
-        return 0
-    while i < v.nfrags:
+                i += 1
+                continue
+            pos = 0
+            for k in range(i, j):
+                hf[k - i].local = buf + pos
+                hf[k - i].remote = v.frags[k].remote
+                hf[k - i].n = v.frags[k].n
+                pos += v.frags[k].n
+            if write:
+                _frag_gather(ep, v.frags + i, j - i, buf, True, a)
+            one.local_kind = GX_MK_HOST
+            _pvm_iov(&one, hf, j - i, write)
+            one.local_kind = x.local_kind
+            if not write:
+                _frag_gather(ep, v.frags + i, j - i, buf, False, a)
+            i = j
+    finally:
+        free(buf)
+        free(hf)
+        free(a)
+    _done(x)
+    return 0
+
+
+cdef int _pvm_iov(gx_xfer* x, const gx_frag* f, size_t nf, bint write) except -1 nogil:
+    """Host fragments: up to PVM_IOV of them per process_vm call (one iovec
+    each side; neighbours contiguous on both sides merged), so a thousand
+    scattered blocks cost one system call, not a thousand."""
+    cdef iovec liov[PVM_IOV]
+    cdef iovec riov[PVM_IOV]
+    cdef size_t i = 0, j, k, want
+    cdef ssize_t got
+    cdef gx_xfer one
+    while i < nf:
         k = 0
         want = 0
         j = i
-        while j < v.nfrags and k < PVM_IOV:
-            if v.frags[j].n:
-                if k and <char*>liov[k - 1].iov_base + liov[k - 1].iov_len == <char*>v.frags[j].local \
-                        and <uintptr_t>riov[k - 1].iov_base + riov[k - 1].iov_len == v.frags[j].remote:
-                    liov[k - 1].iov_len += v.frags[j].n
-                    riov[k - 1].iov_len += v.frags[j].n
+        while j < nf and k < PVM_IOV:
+            if f[j].n:
+                if k and <char*>liov[k - 1].iov_base + liov[k - 1].iov_len == <char*>f[j].local \
+                        and <uintptr_t>riov[k - 1].iov_base + riov[k - 1].iov_len == f[j].remote:
+                    liov[k - 1].iov_len += f[j].n
+                    riov[k - 1].iov_len += f[j].n
                 else:
-                    liov[k].iov_base = v.frags[j].local
-                    liov[k].iov_len = v.frags[j].n
-                    riov[k].iov_base = <void*>v.frags[j].remote
-                    riov[k].iov_len = v.frags[j].n
+                    liov[k].iov_base = f[j].local
+                    liov[k].iov_len = f[j].n
+                    riov[k].iov_base = <void*>f[j].remote
+                    riov[k].iov_len = f[j].n
                     k += 1
-                want += v.frags[j].n
+                want += f[j].n
             j += 1
         if k:
             if write:
@@ -362,14 +417,13 @@ cdef int _pvm_vis(gx_xfer* x) except -1 nogil:
                 one.vis = NULL
                 one.handle = NULL
                 while i < j:
-                    if v.frags[i].n:
-                        one.local = v.frags[i].local
-                        one.remote = v.frags[i].remote
-                        one.n = v.frags[i].n
+                    if f[i].n:
+                        one.local = f[i].local
+                        one.remote = f[i].remote
+                        one.n = f[i].n
                         _pvm(&one, write)
                     i += 1
         i = j
-    _done(x)
     return 0
 
 
@@ -530,6 +584,7 @@ include "local.src/hoststage.pxi"
 include "local.src/landed.pxi"
 include "local.src/landed_initiator.pxi"
 include "local.src/landed_rings.pxi"
+include "local.src/landed_vis.pxi"
 
 cdef gx_tr_ops _SELF, _NBRHD, _PVM, _SELF_DEV, _NBRHD_DEV, _SELF_STAGED, _NBRHD_STAGED, _NBRHD_LANDED
 
@@ -569,6 +624,8 @@ _fill(&_NBRHD_STAGED, b"nbrhd-staged", _staged_put, _staged_get, _dev_atomic, _s
 _SELF_STAGED.put_vis = _NBRHD_STAGED.put_vis = _staged_put_vis    # packed through the bounce buffers
 _SELF_STAGED.get_vis = _NBRHD_STAGED.get_vis = _staged_get_vis
 _fill(&_NBRHD_LANDED, b"nbrhd-landed", _landed_put, _landed_get, _landed_atomic, _landed_put_signal)
+_NBRHD_LANDED.put_vis = _landed_put_vis            # small blocks gathered, runs landed whole
+_NBRHD_LANDED.get_vis = _landed_get_vis
 
 
 cdef int _set_kind(lp_kind* k, object mk) except -1:

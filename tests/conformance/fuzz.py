@@ -2048,6 +2048,17 @@ class Worker:
             self.fail(f"{what} read wrong data: byte {k} of {n} is {body[k]:#04x}, the model "
                       f"{want[k]:#04x} ({len(bad)} bytes differ)")
 
+    def settle_source(self, rec, op, lc, kw, now):
+        """A put's source (rec["keep"]), once the put is done with it (``now``,
+        or a put_nbi whose leaf event is waited for here): scribbled over and
+        let go."""
+        if op == "put_nbi" and lc == "leaf":
+            kw["lc"].wait()
+            now = True
+        if now:
+            self.scribble(rec["keep"])
+            rec["keep"] = None
+
     def x_rma(self, it, exp):
         a = it.a
         op = a["op"]
@@ -2081,14 +2092,8 @@ class Worker:
             if e is not None:
                 return
             rec.update(keep=keep, src=src, ev=res if op.endswith("_nb") else None, lc=lc, kw=kw)
-            now = op in ("put", "put_signal") or (lc in ("default", "NOW") and op != "put_signal_nb"
-                                                    and op != "put_signal_nbi")
-            if op == "put_nbi" and lc == "leaf":
-                kw["lc"].wait()
-                now = True
-            if now:
-                self.scribble(keep)
-                rec["keep"] = None
+            self.settle_source(rec, op, lc, kw, op in ("put", "put_signal") or (
+                lc in ("default", "NOW") and op not in ("put_signal_nb", "put_signal_nbi")))
         elif op in ("put_val", "put_nb_val", "put_nbi_val"):
             res, e = self.call(exp, what, getattr(tm, op), rank, addr, a["v"], a["n"])
             if e is not None:
@@ -2201,13 +2206,7 @@ class Worker:
                 return False
             lc = a.get("lc", "default")
             rec.update(keep=keep, ev=res if op == "put_nb" else None, lc=lc, kw=kw)
-            now = op == "put" or lc in ("default", "NOW")
-            if op == "put_nbi" and lc == "leaf":
-                kw["lc"].wait()
-                now = True
-            if now:
-                self.scribble(keep)
-                rec["keep"] = None
+            self.settle_source(rec, op, lc, kw, op == "put" or lc in ("default", "NOW"))
             return True
         obj, buf = self.dest(dict(a, dst="numpy") if a.get("dst") == "cuda" else a, n)
         base = buf.ctypes.data + GUARD

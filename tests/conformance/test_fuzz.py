@@ -127,6 +127,13 @@ REGRESSIONS = [
                  marks=_flaky("libfabric shm after a SIGKILL")),
     pytest.param(139, "ofi-shm", KNOWN, id="ofi-shm-139-survivors-cannot-go-on-after-kill",
                  marks=_flaky("libfabric shm after a SIGKILL")),
+    # found (helper-16's soak, 1 job in 185, not reproduced in 16 + 40 replays): with a
+    # zone capped at 2 rings, rank 2's first put_signal_nbi to rank 3 (a client
+    # segment, GEXMK_OFI_STAGE=all) waited over 11 s for a ring while ranks 0 and 3 --
+    # the likely holders, one of them rank 3 itself -- sat in the check's barrier; their
+    # idle release (2 ms) should have freed one.  Not diagnosed.
+    pytest.param(101345, "ofi-tcp-rings", {}, id="ofi-tcp-rings-101345-ring-wait-hang",
+                 marks=_flaky("a staged put_signal_nbi waiting for a ring of a capped zone")),
     # fixed (issue 19): over tcp an access to a peer's closed registration (segment
     # unbound, not republished) took the pair's connection down: the other direction's
     # valid operations in flight failed (OFIError), or waited until GEXMK_TIMEOUT, and

@@ -31,6 +31,14 @@ def _emit(fd, line):
     os.write(fd, (line + "\n").encode())
 
 
+def _raised(rec, e):
+    """A cell's outcome when its operation raised e (inside its except block)."""
+    rec["outcome"] = "raised"
+    rec["exc"] = [c.__name__ for c in type(e).__mro__]
+    rec["msg"] = str(e)[:500]
+    rec["tb"] = traceback.format_exc()[-1500:]
+
+
 class Patterns:
     """Cheap per-cell data: slices of one random block, different for every (cell, tag)."""
 
@@ -376,10 +384,7 @@ class Job:
                 rec["outcome"] = "skip"
                 rec["msg"] = str(e)
             except Exception as e:  # noqa: BLE001 - every exception is a cell's outcome
-                rec["outcome"] = "raised"
-                rec["exc"] = [c.__name__ for c in type(e).__mro__]
-                rec["msg"] = str(e)[:500]
-                rec["tb"] = traceback.format_exc()[-1500:]
+                _raised(rec, e)
         wait_sig = op == "put_signal_wait" and T.expect(_cell(cell), self.gpus) is None
         if is_target and wait_sig:
             tt = self.team(T.TARGET_EP[tname], tname)
@@ -457,10 +462,7 @@ class Job:
                     gexmk.quiet()
                 rec["outcome"] = "ok"
             except Exception as e:  # noqa: BLE001 - every exception is a cell's outcome
-                rec["outcome"] = "raised"
-                rec["exc"] = [k.__name__ for k in type(e).__mro__]
-                rec["msg"] = str(e)[:500]
-                rec["tb"] = traceback.format_exc()[-1500:]
+                _raised(rec, e)
         self.tm.barrier()
         if is_target:
             problems = []
@@ -542,10 +544,7 @@ class Job:
             rec["local"] = None if want is None or np.array_equal(got, want) else \
                 f"rank {r}: got {got.tolist()}, want {np.asarray(want).tolist()}"
         except Exception as e:  # noqa: BLE001 - every exception is a cell's outcome
-            rec["outcome"] = "raised"
-            rec["exc"] = [c.__name__ for c in type(e).__mro__]
-            rec["msg"] = str(e)[:500]
-            rec["tb"] = traceback.format_exc()[-1500:]
+            _raised(rec, e)
         self.tm.barrier()
         return rec
 

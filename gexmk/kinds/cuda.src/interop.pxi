@@ -69,6 +69,22 @@ def cuda_array_interface(addr, nbytes, device, readonly=False) -> dict:
             "strides": None, "stream": None}
 
 
+cdef int _have_driver = 0         # 0: not asked yet, 1: a driver, -1: none
+
+
+cdef bint _driver_present():
+    """Whether an NVIDIA driver is loaded (asked once): without one no memory
+    is another GPU's, and the driver's calls raise rather than answer."""
+    global _have_driver
+    if _have_driver == 0:
+        try:
+            driver_version()
+            _have_driver = 1
+        except UnsupportedError:
+            _have_driver = -1
+    return _have_driver > 0
+
+
 cdef int _check_cai_device(uintptr_t addr, int device) except -1:
     """A view of another GPU's memory mapped for ``device`` (a peer's segment on
     a node of several GPUs): consumers of this interface (CuPy, Numba) take the
@@ -78,6 +94,8 @@ cdef int _check_cai_device(uintptr_t addr, int device) except -1:
     view it instead."""
     cdef int home, cur = -1
     cdef CUdevice dev
+    if not _driver_present():
+        return 0
     with nogil:
         home = _home_device(addr)
         if home >= 0 and home != device and cydriver.cuCtxGetDevice(&dev) == CUDA_SUCCESS:

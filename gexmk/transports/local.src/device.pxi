@@ -300,15 +300,59 @@ cdef int _mapped_get_vis(gx_xfer* x) except -1 nogil:
 
 cdef int _kind_list(lp_kind* k, void* s, uintptr_t* a, size_t N, size_t cnt) except -1 nogil:
     """cnt copies of the list a (destinations, then sources, then sizes, N
-    apart) by kind k on stream s: its copy_batch, else one copy each.
+    apart) by kind k on stream s: its copy_batch, else (or for one) a copy each.
     Stream NULL: complete on return."""
     cdef size_t i
     if cnt == 0:
         return 0
+    if cnt == 1:
+        return k.ops.copy(k.kctx, s, a[0], a[N], a[2 * N])
     if k.ops.copy_batch != NULL:
         return k.ops.copy_batch(k.kctx, s, a, a + N, <size_t*>(a + 2 * N), cnt)
     for i in range(cnt):
         k.ops.copy(k.kctx, s, a[i], a[N + i], a[2 * N + i])
+    return 0
+
+
+cdef enum:
+    VIS_GATHER_WINDOW = 4 << 20      # bytes of small fragments gathered into host memory at a time
+
+
+cdef size_t _frag_window(const gx_frag* f, size_t i, size_t nf, size_t big, size_t cap,
+                           size_t* nbytes) noexcept nogil:
+    """The end of the window of small fragments from i (sizes under big, at
+    most cap bytes in all; empty ones ride along): what the VIS paths that
+    move host memory only (pvm, landing zones) gather at a time."""
+    cdef size_t j = i
+    nbytes[0] = 0
+    while j < nf and f[j].n < big and nbytes[0] + f[j].n <= cap:
+        nbytes[0] += f[j].n
+        j += 1
+    return j
+
+
+cdef int _frag_gather(lp_ep* dev, const gx_frag* f, size_t n, char* buf, bint put,
+                        uintptr_t* a, void* stream=NULL) except -1 nogil:
+    """A window's local blocks into buf, back to back (put), or buf out to
+    them (get): one batched copy by dev's kind (device blocks; a holds 3n
+    words; on the stream, else complete on return), else memcpy."""
+    cdef size_t i, k = 0, pos = 0
+    for i in range(n):
+        if f[i].n == 0:
+            continue
+        if dev == NULL:
+            if put:
+                memcpy(buf + pos, f[i].local, f[i].n)
+            else:
+                memcpy(f[i].local, buf + pos, f[i].n)
+        else:
+            a[k] = <uintptr_t>(buf + pos) if put else <uintptr_t>f[i].local
+            a[n + k] = <uintptr_t>f[i].local if put else <uintptr_t>(buf + pos)
+            a[2 * n + k] = f[i].n
+            k += 1
+        pos += f[i].n
+    if dev != NULL:
+        _kind_list(&dev.k, stream, a, n, k)
     return 0
 
 

@@ -62,75 +62,119 @@ cdef int _fence(lp_kind* ka, void* sa, lp_kind* kb, void* sb) except -1 nogil:
     return 0
 
 
+cdef void* _staged_stream_ready(gx_xfer* x, lp_ep* ep, lp_dev* d) except NULL nogil:
+    """What a stream-ordered host-staged transfer needs (kinds that order
+    streams on each other, no capture): the endpoint's stream in the
+    segment's context it runs the segment's copies on."""
+    cdef lp_kind* lk = &ep.k
+    cdef lp_kind* rk = &d.k
+    cdef void* rs
+    if lk.ops == NULL or lk.ops.stream_wait == NULL or rk.ops.stream_wait == NULL:
+        _staged_unsupported("a stream-ordered put or get (the kind cannot order "
+                            "streams on each other)")
+    if lk.ops.stream_capturing != NULL and lk.ops.stream_capturing(lk.kctx, x.stream):
+        _staged_unsupported("a put or get captured into a CUDA graph (its bounce "
+                            "buffers would be shared with every replay)")
+    rs = _ep_stream(ep, rk, 2)
+    if rs == NULL:
+        _staged_unsupported("a stream-ordered copy with no stream left on the endpoint")
+    return rs
+
+
 cdef int _staged_stream(gx_xfer* x, lp_ep* ep, lp_dev* d, uintptr_t remote, bint put) except -1 nogil:
     """A put or get on the user's stream x.stream (in the endpoint's context)
     over a host-staged path, ordered on the GPUs with no host wait: host
     memory is copied by the segment's GPU between two fences with the user's
-    stream; device memory goes through the bounce slots chunk by chunk, the
-    endpoint's GPU copying on the user's stream and the segment's GPU on a
-    stream of the endpoint in its context, each chunk fenced both ways, a
-    slot reused only after the GPU has emptied it.  The buffers stay the
-    GPUs' until the transfer has run (bb.pend: the next user waits).  Not
-    inside a graph capture (the buffers would be shared with every replay)."""
-    cdef lp_kind* lk = &ep.k
-    cdef lp_kind* rk = &d.k
-    cdef void* us = x.stream
-    cdef void* rs
-    cdef lp_bounce* bb
-    cdef size_t chunk, nslot, pos = 0, m, i = 0
-    cdef int b
-    cdef void* evfree[LP_BOUNCE_MAX]     # each slot's last use, on the stream that reuses it next
-    cdef uintptr_t slot
-    if lk.ops == NULL or lk.ops.stream_wait == NULL or rk.ops.stream_wait == NULL:
-        return _staged_unsupported("a stream-ordered put or get (the kind cannot order "
-                                   "streams on each other)")
-    if lk.ops.stream_capturing != NULL and lk.ops.stream_capturing(lk.kctx, us):
-        return _staged_unsupported("a put or get captured into a CUDA graph (its bounce "
-                                   "buffers would be shared with every replay)")
-    rs = _ep_stream(ep, rk, 2)
-    if rs == NULL:
-        return _staged_unsupported("a stream-ordered copy with no stream left on the endpoint")
+    stream; device memory through the bounce slots (_staged_stream_frags)."""
+    cdef void* rs = _staged_stream_ready(x, ep, d)
+    cdef gx_frag one
     if x.local_kind == GX_MK_HOST:
         # the segment's GPU reaches host memory itself
-        _fence(lk, us, rk, rs)
-        rk.ops.copy(rk.kctx, rs, remote if put else <uintptr_t>x.local,
-                    <uintptr_t>x.local if put else remote, x.n)
-        _fence(rk, rs, lk, us)
+        _fence(&ep.k, x.stream, &d.k, rs)
+        d.k.ops.copy(d.k.kctx, rs, remote if put else <uintptr_t>x.local,
+                     <uintptr_t>x.local if put else remote, x.n)
+        _fence(&d.k, rs, &ep.k, x.stream)
         return 0
-    bb = _staged_bounce(ep)
-    chunk = bb.chunk if bb.chunk < _stage_chunk else _stage_chunk
-    nslot = (bb.chunk * <size_t>bb.nbuf) // chunk
-    if nslot > LP_BOUNCE_MAX:
-        nslot = LP_BOUNCE_MAX
+    one.local = x.local
+    one.remote = remote
+    one.n = x.n
+    return _staged_stream_frags(ep, d, x.stream, rs, &one, 1, 0, put)
+
+
+cdef int _staged_stream_frags(lp_ep* ep, lp_dev* d, void* us, void* rs, const gx_frag* f,
+                              size_t nf, uintptr_t delta, bint put) except -1 nogil:
+    """Device blocks f (remote + delta: the segment's address here) on the
+    user's stream us through the bounce slots, a slot's worth at a time: the
+    endpoint's GPU copies the slot's blocks in (one batched copy where a slot
+    holds several: a strided view's blocks, not a transfer each) on us, the
+    segment's GPU out on rs, each slot fenced both ways and reused only after
+    the GPU has emptied it.  The buffers stay the GPUs' until the transfer
+    has run (bb.pend: the next user waits)."""
+    cdef lp_kind* lk = &ep.k
+    cdef lp_kind* rk = &d.k
+    cdef lp_bounce* bb
+    cdef size_t chunk, nslot, pos, m, i = 0, fi = 0, fo = 0, cnt, N = nf + 1
+    cdef int b
+    cdef void* evfree[LP_BOUNCE_MAX]     # each slot's last use, on the stream that reuses it next
+    cdef uintptr_t slot, loc, rem
+    cdef uintptr_t* la = <uintptr_t*>malloc(6 * N * sizeof(uintptr_t))
+    cdef uintptr_t* ra = la + 3 * N
+    if la == NULL:
+        with gil:
+            raise MemoryError("host-staged stream copy: no memory for the copy lists")
     for b in range(LP_BOUNCE_MAX):
         evfree[b] = NULL
+    bb = NULL
     try:
+        bb = _staged_bounce(ep)
+        chunk = bb.chunk if bb.chunk < _stage_chunk else _stage_chunk
+        nslot = (bb.chunk * <size_t>bb.nbuf) // chunk
+        if nslot > LP_BOUNCE_MAX:
+            nslot = LP_BOUNCE_MAX
         _bounce_drain_all(bb, rk)          # earlier synchronous users of the slots
         if not put:
             _fence(lk, us, rk, rs)         # the get reads after what the stream did before
-        while pos < x.n:
+        while True:
             b = <int>(i % nslot)
-            m = x.n - pos if x.n - pos < chunk else chunk
             slot = <uintptr_t>(bb.buf + <size_t>b * chunk)
+            cnt = pos = 0
+            while fi < nf and pos < chunk:         # the slot's pieces of blocks
+                if fo == f[fi].n:
+                    fi += 1
+                    fo = 0
+                    continue
+                m = f[fi].n - fo if f[fi].n - fo < chunk - pos else chunk - pos
+                loc = <uintptr_t>f[fi].local + fo
+                rem = f[fi].remote + delta + fo
+                la[cnt] = slot + pos if put else loc
+                la[N + cnt] = loc if put else slot + pos
+                la[2 * N + cnt] = m
+                ra[cnt] = rem if put else slot + pos
+                ra[N + cnt] = slot + pos if put else rem
+                ra[2 * N + cnt] = m
+                cnt += 1
+                pos += m
+                fo += m
+            if cnt == 0:
+                break
             if put:
                 if evfree[b] != NULL:      # the segment's GPU has copied the slot out
                     lk.ops.stream_wait(lk.kctx, us, evfree[b])
                     rk.ops.event_destroy(rk.kctx, evfree[b])
                     evfree[b] = NULL
-                lk.ops.copy(lk.kctx, us, slot, <uintptr_t>x.local + pos, m)
+                _kind_list(lk, us, la, N, cnt)
                 _fence(lk, us, rk, rs)
-                rk.ops.copy(rk.kctx, rs, remote + pos, slot, m)
+                _kind_list(rk, rs, ra, N, cnt)
                 rk.ops.event_record(rk.kctx, rs, &evfree[b])
             else:
                 if evfree[b] != NULL:      # this GPU has copied the slot in
                     rk.ops.stream_wait(rk.kctx, rs, evfree[b])
                     lk.ops.event_destroy(lk.kctx, evfree[b])
                     evfree[b] = NULL
-                rk.ops.copy(rk.kctx, rs, slot, remote + pos, m)
+                _kind_list(rk, rs, ra, N, cnt)
                 _fence(rk, rs, lk, us)
-                lk.ops.copy(lk.kctx, us, <uintptr_t>x.local + pos, slot, m)
+                _kind_list(lk, us, la, N, cnt)
                 lk.ops.event_record(lk.kctx, us, &evfree[b])
-            pos += m
             i += 1
         if put:
             _fence(rk, rs, lk, us)         # later work on the user's stream sees the data landed
@@ -139,7 +183,9 @@ cdef int _staged_stream(gx_xfer* x, lp_ep* ep, lp_dev* d, uintptr_t remote, bint
         for b in range(LP_BOUNCE_MAX):
             if evfree[b] != NULL:
                 (rk if put else lk).ops.event_destroy((rk if put else lk).kctx, evfree[b])
-        gx_xchg_int(&bb.busy, 0)
+        if bb != NULL:
+            gx_xchg_int(&bb.busy, 0)
+        free(la)
     return 0
 
 
@@ -348,8 +394,10 @@ cdef int _staged_vis(gx_xfer* x, bint put) except -1 nogil:
     The endpoint's device blocks: the small ones packed through the bounce
     buffers a window at a time (_staged_vis_small: a strided 1-byte view is
     a few 2-D copies, not a staged transfer per byte), each larger one
-    staged on its own (_staged_copy).  A stream: a staged transfer per
-    block, enqueued on it.  Complete on return unless _dev_vis says not."""
+    staged on its own (_staged_copy).  A stream: the endpoint's device
+    blocks a bounce slot's worth at a time (_staged_stream_frags), host
+    blocks a staged transfer each.  Complete on return unless _dev_vis says
+    not."""
     cdef lp_dev* d = <lp_dev*>x.peer
     cdef lp_ep* ep = <lp_ep*>x.ep
     cdef const gx_vis* v = x.vis
@@ -358,20 +406,26 @@ cdef int _staged_vis(gx_xfer* x, bint put) except -1 nogil:
     cdef size_t i, big
     if x.stream == NULL and (x.local_kind == GX_MK_HOST or ep == NULL or ep.k.ops == NULL):
         return _dev_vis(x, put)
-    if x.stream != NULL:
-        one = x[0]
-        one.vis = NULL
-        one.handle = NULL
-        for i in range(v.nfrags):
-            if v.frags[i].n:
-                one.remote = v.frags[i].remote
-                one.local = v.frags[i].local
-                one.n = v.frags[i].n
-                _staged_xfer(&one, put)
-        _done(x)
-        return 0
     if d.local_base != NULL:
         delta = <uintptr_t>d.local_base - x.t.remote_base     # wraps: added back below
+    if x.stream != NULL:
+        if ep == NULL:
+            return _staged_unsupported("a stream-ordered put or get without an endpoint context")
+        if x.local_kind == GX_MK_HOST:  # the segment's GPU reaches host memory: a transfer each
+            one = x[0]
+            one.vis = NULL
+            one.handle = NULL
+            for i in range(v.nfrags):
+                if v.frags[i].n:
+                    one.remote = v.frags[i].remote
+                    one.local = v.frags[i].local
+                    one.n = v.frags[i].n
+                    _staged_xfer(&one, put)
+        else:
+            _staged_stream_frags(ep, d, x.stream, _staged_stream_ready(x, ep, d), v.frags,
+                                 v.nfrags, delta, put)
+        _done(x)
+        return 0
     big = _stage_chunk // 4
     _staged_vis_small(ep, d, v.frags, v.nfrags, delta, &big, put)
     for i in range(v.nfrags):

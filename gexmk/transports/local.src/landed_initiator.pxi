@@ -127,6 +127,13 @@ cdef int _lz_put(lp_land* L, gx_target* t, uint64_t off, const char* local, size
                  lp_ep* dev) noexcept nogil:
     """local into the owner's segment at off, chunk by chunk, slots ahead:
     landed on return (status)."""
+    cdef int st = _lz_send(L, t, off, local, n, dev)
+    return _lz_drain(L, t) if st == LZ_OK else st
+
+
+cdef int _lz_send(lp_land* L, gx_target* t, uint64_t off, const char* local, size_t n,
+                  lp_ep* dev) noexcept nogil:
+    """_lz_put's requests, posted, not waited for (_lz_drain): status."""
     cdef size_t pos = 0, m
     cdef int s, st
     while pos < n:
@@ -138,6 +145,12 @@ cdef int _lz_put(lp_land* L, gx_target* t, uint64_t off, const char* local, size
             return st
         _lz_post(L, LZ_PUT, off + pos, m)
         pos += m
+    return LZ_OK
+
+
+cdef int _lz_drain(lp_land* L, gx_target* t) noexcept nogil:
+    """Every request posted so far answered (status)."""
+    cdef int s, st
     for s in range(L.slots):
         if L.last[s] > L.ok[s]:
             st = _lz_wait(L, t, s, L.last[s])
@@ -364,14 +377,9 @@ cdef int _lz_launch(lp_ep* ep, void* stream, lp_land* L, gx_target* t, int op, u
     return 0
 
 
-cdef int _landed_on_stream(gx_xfer* x, bint put) except -1 nogil:
-    cdef lp_ep* ep = <lp_ep*>x.ep
-    cdef lp_land* L = <lp_land*>x.peer
-    cdef uint64_t off = x.remote - x.t.remote_base
-    cdef lp_bounce* bb
-    cdef size_t pos = 0, m, piece
-    cdef int b = 0
-    cdef char* slot
+cdef int _lz_stream_ready(lp_ep* ep, lp_land* L, gx_xfer* x) except -1 nogil:
+    """What a stream-ordered transfer to a landing zone needs: host functions
+    on the stream, no capture; and an earlier one's failure raised."""
     if ep == NULL or ep.k.ops == NULL or ep.k.ops.launch_host == NULL:
         with gil:
             raise UnsupportedError("nbrhd-landed: a stream-ordered put or get needs the initiating "
@@ -384,6 +392,38 @@ cdef int _landed_on_stream(gx_xfer* x, bint put) except -1 nogil:
     if gx_load_int(&L.async_err) != LZ_OK:
         _lz_enter(L, x.t)           # raises it
         gx_xchg_int(&L.lock, 0)
+    return 0
+
+
+cdef int _lz_stream_dev(lp_ep* ep, lp_bounce* bb, int* b, void* stream, lp_land* L,
+                        gx_target* t, bint put, uint64_t off, char* local,
+                        size_t n) except -1 nogil:
+    """n bytes of device memory at local, a bounce slot at a time (slot *b on,
+    the caller holds bb): the kind's copy and a host function per slot, on
+    the stream."""
+    cdef size_t pos = 0, m, piece = bb.chunk
+    cdef char* slot
+    while pos < n:
+        m = n - pos if n - pos < piece else piece
+        slot = bb.buf + <size_t>(b[0] % bb.nbuf) * piece
+        if put:
+            ep.k.ops.copy(ep.k.kctx, stream, <uintptr_t>slot, <uintptr_t>local + pos, m)
+            _lz_launch(ep, stream, L, t, LZ_PUT, off + pos, slot, m)
+        else:
+            _lz_launch(ep, stream, L, t, LZ_GET, off + pos, slot, m)
+            ep.k.ops.copy(ep.k.kctx, stream, <uintptr_t>local + pos, <uintptr_t>slot, m)
+        pos += m
+        b[0] += 1
+    return 0
+
+
+cdef int _landed_on_stream(gx_xfer* x, bint put) except -1 nogil:
+    cdef lp_ep* ep = <lp_ep*>x.ep
+    cdef lp_land* L = <lp_land*>x.peer
+    cdef uint64_t off = x.remote - x.t.remote_base
+    cdef lp_bounce* bb
+    cdef int b = 0
+    _lz_stream_ready(ep, L, x)
     if x.n == 0:
         return 0
     if x.local_kind == GX_MK_HOST:
@@ -391,18 +431,7 @@ cdef int _landed_on_stream(gx_xfer* x, bint put) except -1 nogil:
     bb = _staged_bounce(ep)
     try:
         _bounce_drain_all(bb, &ep.k)        # earlier synchronous users of the buffers
-        piece = bb.chunk
-        while pos < x.n:
-            m = x.n - pos if x.n - pos < piece else piece
-            slot = bb.buf + <size_t>(b % bb.nbuf) * piece
-            if put:
-                ep.k.ops.copy(ep.k.kctx, x.stream, <uintptr_t>slot, <uintptr_t>x.local + pos, m)
-                _lz_launch(ep, x.stream, L, x.t, LZ_PUT, off + pos, slot, m)
-            else:
-                _lz_launch(ep, x.stream, L, x.t, LZ_GET, off + pos, slot, m)
-                ep.k.ops.copy(ep.k.kctx, x.stream, <uintptr_t>x.local + pos, <uintptr_t>slot, m)
-            pos += m
-            b += 1
+        _lz_stream_dev(ep, bb, &b, x.stream, L, x.t, put, off, <char*>x.local, x.n)
         ep.k.ops.event_record(ep.k.kctx, x.stream, &bb.pend)   # the buffers are the stream's until then
     finally:
         gx_xchg_int(&bb.busy, 0)

@@ -545,7 +545,6 @@ cdef class OfiEndpoint:
         self._retired = []
 
 
-
 cdef void _close_seg_mr(ofi_ep* e) noexcept nogil:
     """Unregister e's bound segment (or zone)."""
     if e.seg_mr != NULL:
