@@ -19,8 +19,10 @@ import pytest
 
 try:
     from . import fuzz
+    from .test_matrix import HAVE_GPU
 except ImportError:             # run as a plain directory of tests
     import fuzz
+    from test_matrix import HAVE_GPU
 
 #: (transport, seed): a few seeds per transport; seeds 2, 8 and 9 SIGKILL a peer
 #: (except over ofi shm, where fuzz.KNOWN_BUGS leaves kills out)
@@ -217,3 +219,21 @@ def test_regression(seed, transport, opts, tmp_path):
     # the plans as they failed: made without the VIS forms added later (vis=False)
     # unless the entry says otherwise
     _run(transport, seed, tmpdir=str(tmp_path), **{"vis": False, **opts})
+
+
+#: GPU seeds (marker ``gpu``; the device machine runs them)
+GPU_REGRESSIONS = [
+    # open: rank 0's get_nb (item #45) raised CUDA_ERROR_LAUNCH_FAILED from its ev.wait
+    # (cuEventDestroy) in two runs on 2 x H200 while matrix slices loaded both GPUs;
+    # alone, on main and on a branch, it passed.  Not diagnosed: a sticky error of
+    # the context, so some copy or kernel before it faulted
+    pytest.param(3409, "gpu-nbrhd", {"n": 3}, id="gpu-nbrhd-3409-launch-failed-under-load"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="no NVIDIA driver, GPU or CuPy here")
+@pytest.mark.timeout(ITEM_TIMEOUT)
+@pytest.mark.parametrize("seed,transport,opts", GPU_REGRESSIONS)
+def test_gpu_regression(seed, transport, opts, tmp_path):
+    _run(transport, seed, tmpdir=str(tmp_path), **opts)
