@@ -1576,6 +1576,11 @@ class Gen:
             a["off"] = R.choice([size - max(1, n_eff // 2), size, size + 4096, -8])
             if a["off"] == -8 and op.endswith("_val"):
                 a["off"] = size
+            if a["off"] == size - 1 and n_eff == 1:
+                # "across the end" needs two bytes: one byte at size - 1 is in the
+                # segment, in the last rank's slice, where it raced that rank's own
+                # writes (seed 9137, nbrhd-rings: a FOR fetched a byte of it)
+                a["off"] = size
         if s is not None and 0 <= a["off"] < s.size:
             self.flush_overlap(r, s.sid, a["off"], a["off"] + n_eff)
             if "sig_off" in a:
