@@ -13,29 +13,79 @@
 # On a stream the same, through the endpoint's bounce slots: a slot's worth
 # gathered by one batched copy on the stream, a host function per run.
 
+cdef size_t _lz_run_end(const gx_frag* f, size_t i, size_t n, size_t* m) noexcept nogil:
+    """The end of the run of fragments from i contiguous at the target; m: its bytes."""
+    cdef size_t j = i + 1
+    m[0] = f[i].n
+    while j < n and f[j].remote == f[j - 1].remote + f[j - 1].n:
+        m[0] += f[j].n
+        j += 1
+    return j
+
+
 cdef int _lz_vis_runs(lp_land* L, gx_target* t, const gx_frag* f, size_t n, char* buf,
                       bint put) noexcept nogil:
-    """The window's target side: each run of fragments contiguous there as one
-    request stream (puts posted back to back, then waited for together;
-    gets one run at a time).  Status."""
+    """The window's target side, each run of fragments contiguous there as one
+    request stream: puts posted back to back, then waited for together; gets
+    by _lz_get_runs.  Status."""
     cdef size_t i = 0, j, pos = 0, m
     cdef int st = LZ_OK
+    if not put:
+        return _lz_get_runs(L, t, f, n, buf)
     while i < n and st == LZ_OK:
-        m = f[i].n
-        j = i + 1
-        while j < n and f[j].remote == f[j - 1].remote + f[j - 1].n:
-            m += f[j].n
-            j += 1
+        j = _lz_run_end(f, i, n, &m)
         if m:
-            if put:
-                st = _lz_send(L, t, f[i].remote - t.remote_base, buf + pos, m, NULL)
-            else:
-                st = _lz_get(L, t, f[i].remote - t.remote_base, buf + pos, m, NULL)
+            st = _lz_send(L, t, f[i].remote - t.remote_base, buf + pos, m, NULL)
         pos += m
         i = j
-    if put and st == LZ_OK:
+    if st == LZ_OK:
         st = _lz_drain(L, t)
     return st
+
+
+cdef int _lz_get_runs(lp_land* L, gx_target* t, const gx_frag* f, size_t n,
+                      char* buf) noexcept nogil:
+    """The window's runs read into buf, back to back: every run cut into
+    chunks, requested up to the ring's slots ahead across runs (one run at a
+    time cost a round trip per scattered block), each answer copied out in
+    order (status)."""
+    cdef char* pdst[LZ_MAX_SLOTS]
+    cdef size_t pm[LZ_MAX_SLOTS]
+    cdef uint64_t qs[LZ_MAX_SLOTS]
+    cdef size_t i = 0, pos = 0, runm = 0, runpos = 0, posted = 0, got = 0, m, k
+    cdef uint64_t runoff = 0
+    cdef int s, st
+    while True:
+        while posted - got < <size_t>L.slots:
+            if runpos == runm:                  # the next run
+                if i >= n:
+                    break
+                runoff = f[i].remote - t.remote_base
+                i = _lz_run_end(f, i, n, &runm)
+                runpos = 0
+                continue
+            m = runm - runpos if runm - runpos < L.chunk else L.chunk
+            st = _lz_claim(L, t, &s)
+            if st != LZ_OK:
+                return st
+            _lz_post(L, LZ_GET, runoff + runpos, m)
+            k = posted % <size_t>L.slots
+            qs[k] = L.seq
+            pdst[k] = buf + pos
+            pm[k] = m
+            pos += m
+            runpos += m
+            posted += 1
+        if got == posted:
+            return LZ_OK
+        k = got % <size_t>L.slots
+        s = <int>((qs[k] - 1) % <uint64_t>L.slots)
+        st = _lz_wait(L, t, s, qs[k])
+        if st == LZ_OK:
+            st = _lz_move(NULL, pdst[k], L.ring + L.data_off + <size_t>s * L.chunk, pm[k])
+        if st != LZ_OK:
+            return st
+        got += 1
 
 
 cdef int _lz_vis_launch_runs(lp_ep* ep, void* stream, lp_land* L, gx_target* t,
@@ -43,11 +93,7 @@ cdef int _lz_vis_launch_runs(lp_ep* ep, void* stream, lp_land* L, gx_target* t,
     """_lz_vis_runs on a stream: a host function per run contiguous at the target."""
     cdef size_t i = 0, j, pos = 0, m
     while i < n:
-        m = f[i].n
-        j = i + 1
-        while j < n and f[j].remote == f[j - 1].remote + f[j - 1].n:
-            m += f[j].n
-            j += 1
+        j = _lz_run_end(f, i, n, &m)
         if m:
             _lz_launch(ep, stream, L, t, LZ_PUT if put else LZ_GET, f[i].remote - t.remote_base,
                        slot + pos, m)
@@ -85,12 +131,12 @@ cdef int _lz_vis_stream(gx_xfer* x, bint put) except -1 nogil:
                 one.n = f[i].n
                 _landed_on_stream(&one, put)
         return 0
-    a = <uintptr_t*>malloc(3 * (v.nfrags or 1) * sizeof(uintptr_t))
-    if a == NULL:
-        with gil:
-            raise MemoryError("nbrhd-landed VIS: no memory for the copy list")
     bb = _staged_bounce(ep)
+    a = <uintptr_t*>malloc(3 * (v.nfrags or 1) * sizeof(uintptr_t))
     try:
+        if a == NULL:
+            with gil:
+                raise MemoryError("nbrhd-landed VIS: no memory for the copy list")
         _bounce_drain_all(bb, &ep.k)        # earlier synchronous users of the buffers
         while i < v.nfrags:
             j = _frag_window(f, i, v.nfrags, bb.chunk, bb.chunk, &nbytes)
