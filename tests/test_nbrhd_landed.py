@@ -266,6 +266,20 @@ t21.get(dv[:2 * K:2], peer, t21.addr(peer, 0))
 got = cupy.asnumpy(dv[:2 * K])
 assert got[::2].tobytes() == P(K, me, 10) and not got[1::2].any(), "case 5: remote pool -> view"
 tm.barrier()
+# ... and a numpy view of the same shape on a stream: each window gathered (scattered)
+# by a host function when the stream reaches it, not a host function per byte
+s5 = cupy.cuda.Stream(non_blocking=True)
+hv = np.zeros(2 * K, np.uint8)
+hv[::2] = np.frombuffer(P(K, me, 11), np.uint8)
+t21.put_on_stream(peer, t21.addr(peer, 0), hv[::2], s5)
+s5.synchronize()
+tm.barrier()
+assert dev_read(pool, K) == P(K, peer, 11), "case 5: numpy view on a stream -> remote pool"
+hb = np.zeros(2 * K, np.uint8)
+t21.get_on_stream(hb[::2], peer, t21.addr(peer, 0), s5)
+s5.synchronize()
+assert hb[::2].tobytes() == P(K, me, 11) and not hb[1::2].any(), "case 5: remote pool -> numpy view"
+tm.barrier()
 # device atomics run by the owner's lander, exact under contention
 ad = h1.ad_create(gexmk.DT_U64, gexmk.OP_FADD | gexmk.OP_GET | gexmk.OP_SET)
 if me == 0:

@@ -101,6 +101,34 @@ cdef int _staged_stream(gx_xfer* x, lp_ep* ep, lp_dev* d, uintptr_t remote, bint
     return _staged_stream_frags(ep, d, x.stream, rs, &one, 1, 0, put)
 
 
+cdef int _staged_stream_host(gx_xfer* x, lp_ep* ep, lp_dev* d, uintptr_t delta,
+                             bint put) except -1 nogil:
+    """Host blocks of a VIS chunk on the user's stream: the segment's GPU
+    reaches host memory itself, so one batched copy of them all between the
+    two fences with the user's stream (as _staged_stream does for one block;
+    a fenced transfer per block took seconds for a strided view)."""
+    cdef const gx_vis* v = x.vis
+    cdef void* rs = _staged_stream_ready(x, ep, d)
+    cdef size_t i, k = 0, N = v.nfrags + 1
+    cdef uintptr_t* a = <uintptr_t*>malloc(3 * N * sizeof(uintptr_t))
+    if a == NULL:
+        with gil:
+            raise MemoryError("host-staged stream copy: no memory for the copy list")
+    try:
+        for i in range(v.nfrags):
+            if v.frags[i].n:
+                a[k] = v.frags[i].remote + delta if put else <uintptr_t>v.frags[i].local
+                a[N + k] = <uintptr_t>v.frags[i].local if put else v.frags[i].remote + delta
+                a[2 * N + k] = v.frags[i].n
+                k += 1
+        _fence(&ep.k, x.stream, &d.k, rs)
+        _kind_list(&d.k, rs, a, N, k)
+        _fence(&d.k, rs, &ep.k, x.stream)
+    finally:
+        free(a)
+    return 0
+
+
 cdef int _staged_stream_frags(lp_ep* ep, lp_dev* d, void* us, void* rs, const gx_frag* f,
                               size_t nf, uintptr_t delta, bint put) except -1 nogil:
     """Device blocks f (remote + delta: the segment's address here) on the
@@ -396,12 +424,11 @@ cdef int _staged_vis(gx_xfer* x, bint put) except -1 nogil:
     a few 2-D copies, not a staged transfer per byte), each larger one
     staged on its own (_staged_copy).  A stream: the endpoint's device
     blocks a bounce slot's worth at a time (_staged_stream_frags), host
-    blocks a staged transfer each.  Complete on return unless _dev_vis says
-    not."""
+    blocks by one batched copy of the segment's GPU (_staged_stream_host).
+    Complete on return unless _dev_vis says not."""
     cdef lp_dev* d = <lp_dev*>x.peer
     cdef lp_ep* ep = <lp_ep*>x.ep
     cdef const gx_vis* v = x.vis
-    cdef gx_xfer one
     cdef uintptr_t delta = 0
     cdef size_t i, big
     if x.stream == NULL and (x.local_kind == GX_MK_HOST or ep == NULL or ep.k.ops == NULL):
@@ -411,16 +438,8 @@ cdef int _staged_vis(gx_xfer* x, bint put) except -1 nogil:
     if x.stream != NULL:
         if ep == NULL:
             return _staged_unsupported("a stream-ordered put or get without an endpoint context")
-        if x.local_kind == GX_MK_HOST:  # the segment's GPU reaches host memory: a transfer each
-            one = x[0]
-            one.vis = NULL
-            one.handle = NULL
-            for i in range(v.nfrags):
-                if v.frags[i].n:
-                    one.remote = v.frags[i].remote
-                    one.local = v.frags[i].local
-                    one.n = v.frags[i].n
-                    _staged_xfer(&one, put)
+        if x.local_kind == GX_MK_HOST:
+            _staged_stream_host(x, ep, d, delta, put)
         else:
             _staged_stream_frags(ep, d, x.stream, _staged_stream_ready(x, ep, d), v.frags,
                                  v.nfrags, delta, put)

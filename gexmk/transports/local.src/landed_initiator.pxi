@@ -324,7 +324,8 @@ cdef int _landed_put_signal(gx_xfer* x) except -1 nogil:
 cdef struct lz_job:            # one host function's piece of a stream-ordered transfer
     lp_land* L
     gx_target* t
-    int op                     # LZ_PUT, LZ_GET, or LZ_AMO (a signal: n is its value, aop its op)
+    int op                     # LZ_PUT, LZ_GET, or LZ_AMO (a signal: n is its value, aop its op),
+                               # or LZ_HOST_VIS (buf: _lz_vis_hostjob's block, n fragments, aop put)
     uint64_t off
     char* buf                  # host memory
     size_t n
@@ -343,6 +344,8 @@ cdef void _lz_hostfn(void* arg) noexcept nogil:
         st = _lz_put(j.L, j.t, j.off, j.buf, j.n, NULL)
     elif j.op == LZ_GET:
         st = _lz_get(j.L, j.t, j.off, j.buf, j.n, NULL)
+    elif j.op == LZ_HOST_VIS:
+        st = _lz_vis_hostjob(j.L, j.t, j.buf, j.n, j.aop)
     else:
         a.u64 = j.n
         zero.u64 = 0

@@ -13,6 +13,10 @@
 # On a stream the same, through the endpoint's bounce slots: a slot's worth
 # gathered by one batched copy on the stream, a host function per run.
 
+cdef enum:
+    LZ_HOST_VIS = 64           # a host function's job only (never posted): _lz_vis_hostjob
+
+
 cdef size_t _lz_run_end(const gx_frag* f, size_t i, size_t n, size_t* m) noexcept nogil:
     """The end of the run of fragments from i contiguous at the target; m: its bytes."""
     cdef size_t j = i + 1
@@ -102,18 +106,79 @@ cdef int _lz_vis_launch_runs(lp_ep* ep, void* stream, lp_land* L, gx_target* t,
     return 0
 
 
+cdef int _lz_vis_hostjob(lp_land* L, gx_target* t, char* block, size_t n, int put) noexcept nogil:
+    """A host function's window of host blocks (the caller holds L's lock):
+    block holds the n fragments, then room for their bytes back to back;
+    gathered and landed (put), or read and scattered (get), here in stream
+    order.  Frees block.  Status."""
+    cdef gx_frag* f = <gx_frag*>block
+    cdef char* buf = block + n * sizeof(gx_frag)
+    cdef size_t i, pos = 0
+    cdef int st
+    if put:
+        for i in range(n):
+            memcpy(buf + pos, f[i].local, f[i].n)
+            pos += f[i].n
+    st = _lz_vis_runs(L, t, f, n, buf, put)
+    if not put and st == LZ_OK:
+        for i in range(n):
+            memcpy(f[i].local, buf + pos, f[i].n)
+            pos += f[i].n
+    free(block)
+    return st
+
+
+cdef int _lz_vis_host_stream(gx_xfer* x, bint put) except -1 nogil:
+    """Host blocks on a stream: a window of small ones per host function, which
+    gathers (or scatters) them itself when the stream reaches it -- packing
+    them now would read them before the stream's earlier work wrote them (one
+    host function per block took seconds for a strided view); a block of a
+    window or more as its own stream-ordered transfer."""
+    cdef lp_ep* ep = <lp_ep*>x.ep
+    cdef lp_land* L = <lp_land*>x.peer
+    cdef const gx_vis* v = x.vis
+    cdef const gx_frag* f = v.frags
+    cdef gx_xfer one = x[0]
+    cdef size_t i = 0, j, nbytes
+    cdef char* block
+    cdef bint launched
+    one.vis = NULL
+    one.handle = NULL
+    while i < v.nfrags:
+        j = _frag_window(f, i, v.nfrags, VIS_GATHER_WINDOW, VIS_GATHER_WINDOW, &nbytes)
+        if j == i:
+            one.remote = f[i].remote
+            one.local = f[i].local
+            one.n = f[i].n
+            _landed_on_stream(&one, put)
+            i += 1
+            continue
+        block = <char*>malloc((j - i) * sizeof(gx_frag) + (nbytes or 1))
+        if block == NULL:
+            with gil:
+                raise MemoryError("nbrhd-landed VIS: no memory for a host function's window")
+        memcpy(block, f + i, (j - i) * sizeof(gx_frag))
+        launched = False
+        try:
+            _lz_launch(ep, x.stream, L, x.t, LZ_HOST_VIS, 0, block, j - i, put)
+            launched = True
+        finally:
+            if not launched:
+                free(block)         # the host function frees it once it has run
+        i = j
+    return 0
+
+
 cdef int _lz_vis_stream(gx_xfer* x, bint put) except -1 nogil:
     """A chunk of fragments on a stream.  Device blocks: a window of small ones
     (a bounce slot's worth) gathered into a slot by one batched copy on the
     stream, each run of them contiguous at the target landed by one host
     function (one per block took seconds for a strided view); larger blocks a
-    slot at a time (_lz_stream_dev).  Host blocks: a stream-ordered transfer
-    each (packing them would read them before the stream reaches the put)."""
+    slot at a time (_lz_stream_dev).  Host blocks: _lz_vis_host_stream."""
     cdef lp_ep* ep = <lp_ep*>x.ep
     cdef lp_land* L = <lp_land*>x.peer
     cdef const gx_vis* v = x.vis
     cdef const gx_frag* f = v.frags
-    cdef gx_xfer one
     cdef lp_bounce* bb
     cdef uintptr_t* a
     cdef size_t i = 0, j, nbytes
@@ -121,16 +186,7 @@ cdef int _lz_vis_stream(gx_xfer* x, bint put) except -1 nogil:
     cdef int b = 0
     _lz_stream_ready(ep, L, x)
     if x.local_kind == GX_MK_HOST:
-        one = x[0]
-        one.vis = NULL
-        one.handle = NULL
-        for i in range(v.nfrags):
-            if f[i].n:
-                one.remote = f[i].remote
-                one.local = f[i].local
-                one.n = f[i].n
-                _landed_on_stream(&one, put)
-        return 0
+        return _lz_vis_host_stream(x, put)
     bb = _staged_bounce(ep)
     a = <uintptr_t*>malloc(3 * (v.nfrags or 1) * sizeof(uintptr_t))
     try:
