@@ -339,7 +339,8 @@ cdef void _lz_hostfn(void* arg) noexcept nogil:
     _lz_lock(j.L)
     st = _lz_reopen(j.L, j.t, False)
     if st != LZ_OK:
-        pass
+        if j.op == LZ_HOST_VIS:
+            free(j.buf)             # _lz_vis_hostjob's block, which it would have freed
     elif j.op == LZ_PUT:
         st = _lz_put(j.L, j.t, j.off, j.buf, j.n, NULL)
     elif j.op == LZ_GET:
