@@ -461,3 +461,71 @@ def test_dead_holders_ring_goes_to_the_next_initiator(tmp_path):
                         env=rings_env(GEXMK_OFI_ZONE_RINGS="1", GEXMK_OFI_RING_IDLE="0",
                                       GEXMK_TIMEOUT="30", RINGS_TMP=str(tmp_path)))
     assert "OK owner" in r.stdout and "OK survivor" in r.stdout, r.report()
+
+
+# Fuzz seed 101345's shape, over and over (issue 23): a third initiator's first
+# staged operations to a capped zone while the other ranks -- the holders, and
+# the zone's owner -- sit in a bootstrap collective, where only their threads
+# serve (the owner's progress and lander threads) and release (the holders'
+# lander threads).  Rank 0 holds a ring of rank 3's zone (a signal_op and a
+# put); rank 2 puts with a signal to rank 1 (which waits for it) and then to
+# rank 3; rank 3 only ever waits in the exchange.  Each round starts a few ms
+# apart on each rank, so releases (2 ms idle), refusals (cap 1) and first
+# requests of rings not backed (cap 2) meet in every order.  Every operation
+# must complete (a hang is a GexmkTimeoutError, GEXMK_TIMEOUT below), every
+# signal and byte must land, and the zone's counts must add up.
+CHURN_WORKER = r'''
+import random
+ROUNDS = int(os.environ["CHURN_ROUNDS"])
+with gexmk.init() as c:
+    tm = c.tm
+    me = tm.rank
+    seg = c.segment_attach(1 << 15)
+    mem = seg.view(np.uint8)
+    words = seg.view(np.uint64)
+    dom = c.transports["ofi"].domain
+    base = [tm.addr(r, 0) for r in range(4)]
+    rnd = random.Random(me)
+    for i in range(ROUNDS):
+        time.sleep(rnd.random() * 0.004)
+        src = pattern(399, me, i)
+        if me == 0:
+            tm.signal_op(3, base[3], 1, gexmk.SIGNAL_ADD)          # word 0 of rank 3
+            tm.put_nbi(3, base[3] + 2048, src)
+        elif me == 2:
+            tm.put_signal_nbi(1, base[1] + 4096, src, base[1] + 8, 1, gexmk.SIGNAL_ADD)
+            tm.put_signal_nbi(3, base[3] + 4096, src, base[3] + 16, 1, gexmk.SIGNAL_ADD)
+        elif me == 1:
+            tm.wait_until(base[1] + 8, gexmk.CMP_GE, i + 1)
+            assert np.array_equal(mem[4096:4096 + 399], pattern(399, 2, i)), i
+        if me != 3:
+            tm.quiet()
+        # the holders and rank 3 leave gexmk alone here (no release from them)
+        c.bootstrap.exchange(f"churn{i}", [0, 1, 2, 3], me, b"")
+        if me == 3:
+            assert words[0] == i + 1 and words[2] == i + 1, (i, words[0], words[2])
+            assert np.array_equal(mem[2048:2048 + 399], pattern(399, 0, i)), i
+            assert np.array_equal(mem[4096:4096 + 399], pattern(399, 2, i)), i
+        c.bootstrap.exchange(f"checked{i}", [0, 1, 2, 3], me, b"")
+    tm.barrier()
+    z = c.ep(0).contexts["ofi"].zone_rings["zone"]
+    st = dom.ring_stats
+    log("zone", z, "rings", st)
+    assert z["backs"] == z["released"] + z["backed"] and z["backed"] <= z["cap"], z
+    assert st["opened"] == st["released"] + st["held"], st
+    if me == 3:
+        assert z["backs"] >= ROUNDS, z              # every round opened a ring again
+print("OK")
+'''
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("cap", ["1", "2"])
+def test_first_requests_while_holders_sit_in_a_bootstrap_collective(tmp_path, cap):
+    need(PROVIDER)
+    r = mp_util.run_job(tmp_path, CHURN_WORKER, 4, launcher_timeout=200,
+                        env=rings_env(GEXMK_OFI_ZONE_RINGS=cap, GEXMK_OFI_RING_IDLE="0.002",
+                                      GEXMK_OFI_STAGE_CHUNK="4096", GEXMK_OFI_STAGE_SLOTS="2",
+                                      GEXMK_TIMEOUT="15", CHURN_ROUNDS="150"))
+    assert r.returncode == 0, r.report()
+    assert r.stdout.count("OK") == 4, r.report()

@@ -931,6 +931,33 @@ cdef class OfiTransport:
             gx_mem_fence()
             gx_add_long(&self.domain.d.dead_pend, 1)
 
+    def _rings_debug(self):
+        """A hang report's view of this process's rings (a diagnostic, read
+        without locks): its rings in peers' zones (staged.pxi _peer_debug),
+        its own zones (_zone_debug), and what decides whether its progress
+        and lander threads serve peers now."""
+        cdef OfiPeer p
+        cdef ofi_dom* d = &self.domain.d
+        peers = {}
+        for key, p in self._peers.items():
+            if p.c.stg or p.c.vzone or p.c.hmem:
+                peers[key] = _peer_debug(d, &p.c)
+        zones = []
+        for e in self.domain._eps:
+            if not (<OfiEndpoint>e).closed and ((<OfiEndpoint>e).e.zone != NULL
+                                                 or (<OfiEndpoint>e).e.vzone != NULL):
+                zones.append(e._zone_debug())
+        now = _now()
+        return {"peers": peers, "zones": zones, "waiters": d.waiters,
+                "app_idle": _now_coarse() - d.last_app, "driven_in": d.driven_until - now,
+                "quiesce": d.quiesce, "neps": d.neps, "readers": d.readers, "nheld": d.nheld,
+                "held_lock": d.held_lock, "zlock": d.zlock, "backed": d.backed,
+                "nzones": d.nzones, "landed": d.landed, "idle_in": d.idle_next - _now_coarse(),
+                "cq_gate": _cq_gate, "cq_in": _cq_in,
+                "progress": self.domain.progress_running,
+                "lander": self.domain._lander is not None and self.domain._lander.is_alive(),
+                "ring_stats": self.domain.ring_stats}
+
     def close(self):
         self.domain.close()
 

@@ -59,7 +59,12 @@ has every rank log its items.  Over ofi, plans avoid peers' segments unbound
 or destroyed since publication (``STALE_UNSAFE``; ``--stale`` keeps them) and
 what trips known bugs (``KNOWN_BUGS``; ``--known-bugs`` keeps it).  Debugging:
 ``FUZZ_GDB=1`` runs the ranks under gdb (a crash prints its C stack),
-``FUZZ_GDB_HANG=1`` has a hung rank print its C stacks.
+``FUZZ_GDB_HANG=1`` has a hung rank print its C stacks.  Over ofi a hung rank also
+prints ``FUZZ-RINGS`` (its landing rings and zones, ``OfiTransport._rings_debug``) and
+asks the job's other ranks for theirs (SIGUSR1).  ``FUZZ_SLOW=S`` reports an item
+(or ``gexmk.init()``) still running after S seconds the same way, once, and lets it
+go on -- a stall that ends shows too; ``FUZZ_SLOW_DIR`` keeps those reports in files
+(a soak drops the output of jobs that pass).
 
 Each job runs in a temporary folder; what libfabric's shm provider leaves in
 /dev/shm for a rank that did not finalize (the victim; a rank that failed) is
@@ -1735,6 +1740,7 @@ class Worker:
         self.trace = trace
         self.cur = None             # (index, item, start time) of the item running
         self.recent = []
+        self.seed = None            # for the FUZZ_SLOW_DIR file names
 
     # -- plumbing --
 
@@ -1774,12 +1780,23 @@ class Worker:
 
     def watchdog(self):
         import faulthandler
+        # FUZZ_SLOW=S: an item still running after S s (below the hang limits) is
+        # reported once -- its ring states here and at the other ranks, and with
+        # FUZZ_GDB_HANG this process's C stacks -- and goes on: a stall that ends
+        # (a wait that times out into an error the model allows) shows too.
+        # FUZZ_SLOW_DIR: those reports also go to files there (a soak drops
+        # the output of jobs that pass).
+        slow = float(os.environ.get("FUZZ_SLOW") or 0)
+        told = None
         while True:
             time.sleep(1.0)
             cur = self.cur
             if cur is None:
                 continue
             i, it, t0 = cur
+            if slow and told is not cur and time.monotonic() - t0 > slow:
+                told = cur
+                self.slow_report(it, time.monotonic() - t0)
             # a local item never waits for a collective: it must end well before
             # a peer's collective gives up on this rank (GEXMK_TIMEOUT)
             limit = ITEM_LIMIT if it.kind in COLLECTIVES else \
@@ -1790,12 +1807,65 @@ class Worker:
                 self.dump_recent()
                 faulthandler.dump_traceback(all_threads=True)
                 sys.stderr.flush()
+                self.rings_report("hung")
+                self.ask_rings_reports()
                 if os.environ.get("FUZZ_GDB_HANG"):
-                    # debugging a hang: the C stacks of every thread
-                    subprocess.run(["gdb", "-q", "-batch", "-p", str(os.getpid()), "-ex",
-                                    "thread apply all bt 25"], stdout=sys.stderr, stderr=sys.stderr,
-                                   timeout=60)
+                    self.gdb_stacks()       # debugging a hang: the C stacks of every thread
                 os._exit(4)
+
+    def slow_report(self, it, secs):
+        self.note(f"FUZZ-SLOW rank {self.me} item #{it.idx} ({it.kind}) running for {secs:.1f} s: "
+                  f"{it.text()}")
+        self.rings_report(f"slow item #{it.idx}")
+        self.ask_rings_reports()
+        if os.environ.get("FUZZ_GDB_HANG"):
+            self.gdb_stacks()
+
+    def gdb_stacks(self):
+        """The C stacks of every thread of this process (FUZZ_GDB_HANG)."""
+        out = subprocess.run(["gdb", "-q", "-batch", "-p", str(os.getpid()), "-ex",
+                              "thread apply all bt 25"], capture_output=True, text=True,
+                             timeout=60).stdout
+        self.note(out)
+
+    def note(self, text):
+        """To stderr, and with FUZZ_SLOW_DIR to this rank's file there."""
+        print(text, file=sys.stderr, flush=True)
+        d = os.environ.get("FUZZ_SLOW_DIR")
+        if d:
+            with open(os.path.join(d, f"slow-{self.seed}-r{self.me}.txt"),
+                      "a") as f:
+                f.write(text + "\n")
+
+    def rings_report(self, why):
+        """Over ofi: this process's landing rings -- its own in peers' zones
+        and its zones' -- as one FUZZ-RINGS line (OfiTransport._rings_debug;
+        a hang's diagnostic, read without locks)."""
+        tr = getattr(getattr(self, "c", None), "transports", {}).get("ofi")
+        if tr is None or not hasattr(tr, "_rings_debug"):
+            return
+        try:
+            rep = tr._rings_debug()
+        except Exception as e:      # a diagnostic: never the cause of a failure
+            rep = f"unavailable: {type(e).__name__}: {e}"
+        self.note(f"FUZZ-RINGS rank {self.me} ({why}): {rep}")
+
+    def ask_rings_reports(self):
+        """Ask every other rank of the job for its rings_report, and give them
+        a moment to print it."""
+        asked = 0
+        for name in os.listdir("."):
+            m = re.fullmatch(r"fuzz-pid-(\d+)", name)
+            if not m or int(m.group(1)) == self.me:
+                continue
+            try:
+                with open(name) as f:
+                    os.kill(int(f.read()), signal.SIGUSR1)
+                asked += 1
+            except (OSError, ValueError):
+                pass
+        if asked:
+            time.sleep(1.5)
 
     def dump_recent(self):
         for i, it in self.recent[-25:]:
@@ -1811,7 +1881,16 @@ class Worker:
         print(f"FUZZ-PID rank {self.me} pid {os.getpid()}", flush=True)   # for the clean-up
         self.g = gexmk
         threading.Thread(target=self.watchdog, daemon=True).start()
+        t_init = time.monotonic()
         self.c = gexmk.init()
+        t_init = time.monotonic() - t_init
+        if float(os.environ.get("FUZZ_SLOW") or 0) and t_init > float(os.environ["FUZZ_SLOW"]):
+            self.note(f"FUZZ-SLOW rank {self.me}: gexmk.init() took {t_init:.1f} s")
+        # a hung rank asks the others (SIGUSR1, through these files in the job's
+        # folder) for their landing rings' state: see rings_report
+        signal.signal(signal.SIGUSR1, lambda *_: self.rings_report("asked by a hung rank"))
+        with open(f"fuzz-pid-{self.me}", "w") as f:
+            f.write(str(os.getpid()))
         self.mk = None
         if os.environ.get("FUZZ_GPU"):
             # device segments on GPU rank % 2 (two GPUs: cross-GPU mappings too)
@@ -2499,7 +2578,9 @@ def worker_main(args):
                              not args.no_vis)
     plan = keep_items(plan, args.keep)
     exps = simulate(plan, n, args.transport, victim)
-    Worker(plan, exps, me, n, trace=args.trace).run()
+    w = Worker(plan, exps, me, n, trace=args.trace)
+    w.seed = args.seed
+    w.run()
     sys.stdout.flush()
     sys.stderr.flush()
 

@@ -129,13 +129,27 @@ REGRESSIONS = [
                  marks=_flaky("libfabric shm after a SIGKILL")),
     pytest.param(139, "ofi-shm", KNOWN, id="ofi-shm-139-survivors-cannot-go-on-after-kill",
                  marks=_flaky("libfabric shm after a SIGKILL")),
-    # found (helper-16's soak, 1 job in 185, not reproduced in 16 + 40 replays): with a
-    # zone capped at 2 rings, rank 2's first put_signal_nbi to rank 3 (a client
-    # segment, GEXMK_OFI_STAGE=all) waited over 11 s for a ring while ranks 0 and 3 --
-    # the likely holders, one of them rank 3 itself -- sat in the check's barrier; their
-    # idle release (2 ms) should have freed one.  Not diagnosed.
+    # found (helper-16's soak, 1 job in 185, not reproduced in 16 + 40 replays): rank
+    # 2's first put_signal_nbi to rank 3 (a client segment, GEXMK_OFI_STAGE=all) ran
+    # over 11 s (the watchdog) while ranks 0, 1 and 3 sat in the check's barrier --
+    # the team's first, a bootstrap exchange.  Not a wait for a ring of the capped
+    # zone: only rank 0 could hold one then (rank 3 reaches itself through "self"),
+    # so rank 2's first request could not be refused at a cap of 2.  Where it waited
+    # is not known: helper-18 (this session) found no lost wake-up in the ring
+    # protocol and did not reproduce it (~400 replays, ~1,700 soak jobs, 15,000
+    # rounds of its shape in test_ofi_rings and stress runs).  A rerun of a hang now
+    # prints FUZZ-RINGS (both ends' ring states) and, with FUZZ_GDB_HANG=1, the C
+    # stacks; FUZZ_SLOW=4 reports stalls that end.  Not diagnosed.
     pytest.param(101345, "ofi-tcp-rings", {}, id="ofi-tcp-rings-101345-ring-wait-hang",
-                 marks=_flaky("a staged put_signal_nbi waiting for a ring of a capped zone")),
+                 marks=_flaky("a staged put_signal_nbi stuck over 11 s, its target in a bootstrap exchange")),
+    # found (helper-18's soak, 1 job in 448, 4 replays passed): after the victim's kill,
+    # rank 0's ops to rank 1 (staged, GEXMK_OFI_STAGE=all) raced rank 1's finalize --
+    # the model allows them to fail -- and finalize's nbi_wait then raised OFIError
+    # "Transport endpoint is not connected" (-107) instead of completing: likely a staged
+    # operation's injected requests (implicit ops whose failure nbi_wait reports) to the
+    # finalized peer.  Not diagnosed.
+    pytest.param(101413, "ofi-tcp-rings", {}, id="ofi-tcp-rings-101413-finalize-enotconn",
+                 marks=_flaky("nbi_wait in finalize raising a staged op's failure to a finalized peer")),
     # fixed (issue 19): over tcp an access to a peer's closed registration (segment
     # unbound, not republished) took the pair's connection down: the other direction's
     # valid operations in flight failed (OFIError), or waited until GEXMK_TIMEOUT, and

@@ -596,6 +596,53 @@ cdef object _zone_counts(ofi_zone* z):
             "cap": z.cap, "reclaimed": z.reclaimed}
 
 
+cdef object _zone_debug(ofi_zone* z):
+    """What a zone's lander knows of its rings, read without its lock (a
+    diagnostic of a stuck ring: fuzz.py prints it when a rank hangs): the
+    counts, the backed list, and per ring touched so far its state, the slot
+    an STG_OPEN is looked for in, its doorbell, and per slot the descriptor's
+    first and last words and op, the last sequence served and the done word."""
+    cdef char* ring
+    cdef uint64_t* desc
+    cdef uint64_t* words
+    cdef int r, s
+    if z == NULL:
+        return None
+    bell = <unsigned char*>(z.mem + z.bell_off)
+    bell2 = <unsigned char*>(z.mem + z.bell2_off)
+    rings = {}
+    for r in range(z.nrings):
+        ring = z.mem + <size_t>r * z.ring_bytes
+        words = <uint64_t*>(ring + _stg_words_off(z.slots))
+        if z.ring_state[r] == RING_NEW and bell[r] == 0 and z.handled[r * z.slots] == 0:
+            continue
+        slots = []
+        for s in range(z.slots):
+            desc = <uint64_t*>(ring + <size_t>s * STG_DESC)
+            slots.append((desc[0], desc[1], desc[15], z.handled[r * z.slots + s],
+                          hex(words[s])))
+        rings[r] = {"state": z.ring_state[r], "open_slot": z.open_slot[r], "bell": bell[r],
+                    "slots": slots}
+    return {"active": z.active, "act": [z.act[r] for r in range(z.active)], "cap": z.cap,
+            "backs": z.backs, "releases": z.releases, "refused": z.refused,
+            "reclaimed": z.reclaimed, "want_in": z.want_until - _now() if z.want_until else 0,
+            "passes": z.passes, "closing": z.closing, "bell2": bell2[0], "rings": rings}
+
+
+cdef object _peer_debug(ofi_dom* d, ofi_peer* t):
+    """What an initiator knows of its ring in t's zone (fuzz.py's hang
+    report; read without t.stg_lock)."""
+    cdef int s
+    S = t.stg_slots
+    return {"stg": t.stg, "vzone": t.vzone, "hmem": t.hmem, "open": t.stg_open,
+            "seq": t.stg_seq, "lock": t.stg_lock, "held": t.stg_held, "wanted": t.stg_wanted,
+            "idle_for": _now_coarse() - t.stg_used if t.stg_used else None,
+            "ep_live": _ep_live(d, t.stg_ep) if t.stg_ep != NULL else None,
+            "last": [t.stg_last[s] for s in range(S)], "ok": [t.stg_ok[s] for s in range(S)],
+            "rb": [hex(t.stg_rb[s]) for s in range(2 * S)], "out": t.out, "dead": t.g.dead,
+            "gone": t.gone}
+
+
 cdef void _zone_free(ofi_zone* z) noexcept nogil:
     cdef int r
     if z.pinned:
