@@ -38,7 +38,7 @@ from gexmk.transports import fdpass
 
 from libc.errno cimport errno, EPERM, ESRCH, EFAULT
 from libc.stdint cimport uintptr_t, uint64_t
-from libc.stdlib cimport calloc, malloc, free
+from libc.stdlib cimport calloc, malloc, free, realloc
 from libc.string cimport memcpy, memset
 from posix.stdlib cimport posix_memalign
 from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAILED
@@ -56,6 +56,12 @@ from gexmk.memory cimport Segment
 
 from gexmk.errors import PeerDeadError, SegmentError, UnsupportedError
 from gexmk.transports import Reach
+from gexmk.config import env_seconds
+
+# GEXMK_RING_IDLE: seconds a ring of this process in a peer's landing zone
+# may sit unused before it is given back (landed.pxi); ofi's
+# GEXMK_OFI_RING_IDLE takes it as its default
+RING_IDLE_DEFAULT = 3.0
 
 # Scores (the core takes the highest reach for each target): an endpoint of
 # this process first, then a shared mapping, then process_vm.
@@ -577,6 +583,7 @@ cdef int _nbi_test(void* epv, int categories) except -1 nogil:
 include "local.src/hoststage.pxi"
 include "local.src/landed.pxi"
 include "local.src/landed_initiator.pxi"
+include "local.src/landed_rings.pxi"
 include "local.src/landed_vis.pxi"
 
 cdef gx_tr_ops _SELF, _NBRHD, _PVM, _SELF_DEV, _NBRHD_DEV, _SELF_STAGED, _NBRHD_STAGED, _NBRHD_LANDED

@@ -47,6 +47,7 @@ Commands (from the repository root, against the installed gexmk)::
     python tests/conformance/fuzz.py --soak 600 --transport all          # random seeds for 10 min
 
 ``--transport``: nbrhd (default), pvm, nbrhd-staged (``GEXMK_NBRHD_STAGE=all``),
+nbrhd-rings (nbrhd-staged, rings released after 2 ms unused),
 ofi-tcp, ofi-shm, ofi-tcp-staged and ofi-shm-staged (``GEXMK_OFI_STAGE=all``),
 ofi-tcp-rings (staged, two rings per landing zone released after 2 ms unused),
 or ``all``; on a GPU machine gpu-nbrhd, gpu-ofi-tcp and gpu-ofi-tcp-staged (the same
@@ -91,6 +92,10 @@ TRANSPORTS = {
     "pvm": {"GEXMK_TRANSPORT": "pvm"},
     "nbrhd-staged": {"GEXMK_NBRHD_STAGE": "all", "GEXMK_NBRHD_STAGE_CHUNK": "4096",
                      "GEXMK_NBRHD_STAGE_SLOTS": "2"},
+    # issue 23: nbrhd-staged with rings released after 2 ms unused (their data
+    # slots punched out of the zone's memfd, opened again by the next operation)
+    "nbrhd-rings": {"GEXMK_NBRHD_STAGE": "all", "GEXMK_NBRHD_STAGE_CHUNK": "4096",
+                    "GEXMK_NBRHD_STAGE_SLOTS": "2", "GEXMK_RING_IDLE": "0.002"},
     "ofi-tcp": {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm"},
     "ofi-shm": {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "shm"},
     "ofi-tcp-staged": {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm",

@@ -70,6 +70,10 @@ PATHS = [
     Path("nbrhd-landed", 2, dict(_STAGE, GEXMK_NBRHD_STAGE="all"),
          {"host": "nbrhd-landed", "client": "nbrhd-landed", "device": "nbrhd-landed"},
          doc="same node through the owner's landing zone (forced for host segments)"),
+    Path("nbrhd-rings", 2, dict(_STAGE, GEXMK_NBRHD_STAGE="all", GEXMK_RING_IDLE="0.001"),
+         {"host": "nbrhd-landed", "client": "nbrhd-landed", "device": "nbrhd-landed"},
+         doc="nbrhd-landed with rings released after 1 ms unused: many operations open "
+             "their ring again after its pages were punched out (issue 23)"),
     Path("ofi-tcp", 2, dict(_STAGE, **_TCP), {"host": "ofi", "client": "ofi", "device": "ofi-staged"},
          doc="libfabric tcp;ofi_rxm"),
     Path("ofi-shm", 2, dict(_STAGE, **_SHM), {"host": "ofi", "client": "ofi", "device": "ofi-staged"},

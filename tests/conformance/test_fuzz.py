@@ -30,6 +30,7 @@ CI_SEEDS = [
     ("nbrhd", 1), ("nbrhd", 2), ("nbrhd", 3), ("nbrhd", 4), ("nbrhd", 8), ("nbrhd", 9),
     ("pvm", 1), ("pvm", 2), ("pvm", 5), ("pvm", 9),
     ("nbrhd-staged", 2), ("nbrhd-staged", 4), ("nbrhd-staged", 6), ("nbrhd-staged", 8),
+    ("nbrhd-rings", 2), ("nbrhd-rings", 5), ("nbrhd-rings", 8),
     ("ofi-tcp", 2), ("ofi-tcp", 4), ("ofi-tcp", 9),
     ("ofi-shm", 2), ("ofi-shm", 4), ("ofi-shm", 7),
     ("ofi-tcp-staged", 2), ("ofi-tcp-staged", 5), ("ofi-tcp-staged", 9),

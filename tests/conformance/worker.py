@@ -889,8 +889,11 @@ def main():
         rec = job.run(idx, cell)
         _emit(fd, f"R {idx} {json.dumps(rec)}")
     ofi = job.client.transports.get("ofi")
+    local = job.client.transports.get("local")
     if ofi is not None:
         _emit(fd, "K " + json.dumps({"ring_stats": ofi.domain.ring_stats}))
+    elif local is not None and hasattr(local, "ring_stats"):
+        _emit(fd, "K " + json.dumps({"ring_stats": local.ring_stats}))
     job.client.finalize()
     _emit(fd, "F")
 

@@ -160,6 +160,9 @@ cdef class LocalTransport:
     cdef size_t stage_chunk
     cdef int node_size             # processes of this node: an nbrhd-landed zone's rings
     cdef int node_index            # this process's ring in a zone of its node
+    cdef readonly double ring_idle # GEXMK_RING_IDLE: a ring in a peer's zone released once unused
+    cdef int _idle_stop            # ... this long, by the idle thread (landed_initiator.pxi)
+    cdef object _idle_thread
     cdef readonly bint closed
 
     def __init__(self, job):
@@ -184,7 +187,45 @@ cdef class LocalTransport:
         self.node_size = sum(1 for nd in job.nodes if nd == mine) if job.nodes else job.size
         self.node_index = sum(1 for nd in job.nodes[:job.rank] if nd == mine) if job.nodes \
             else job.rank
+        # a ring this process uses in a peer's zone goes back (its pages to
+        # the OS) once unused this long; 0: never
+        self.ring_idle = env_seconds("GEXMK_RING_IDLE", RING_IDLE_DEFAULT)
         _configure(job.config)
+
+    def _node_index_of(self, int jobrank):
+        """The ring of job rank jobrank in this node's zones, or -1 (another node)."""
+        nodes = self.job.nodes
+        if not nodes:
+            return jobrank
+        if nodes[jobrank] != nodes[self.job.rank]:
+            return -1
+        return sum(1 for nd in nodes[:jobrank] if nd == nodes[jobrank])
+
+    def _idle_start(self):
+        import threading
+        if self._idle_thread is not None or self.ring_idle <= 0:
+            return
+        self._idle_stop = 0
+        self._idle_thread = threading.Thread(target=self._idle_run, name="gexmk-nbrhd-rings",
+                                             daemon=True)
+        self._idle_thread.start()
+
+    def _idle_run(self):
+        cdef double idle = self.ring_idle
+        with nogil:
+            _lz_idle_run(&self._idle_stop, idle)
+
+    @property
+    def ring_stats(self):
+        """This process's rings in peers' landing zones (nbrhd-landed):
+        ``{"held": in use now, "released": releases so far}``."""
+        held = released = 0
+        for p in list(self._peers.values()) + self._retired:
+            if isinstance(p, _LandContext):
+                st = (<_LandContext>p).ring_stats
+                held += st["held"]
+                released += st["released"]
+        return {"held": held, "released": released}
 
     def open_endpoint(self, int index):
         cdef _EndpointContext ctx = _EndpointContext()
@@ -350,6 +391,8 @@ cdef class LocalTransport:
             for d in self._devsegs.values():        # copies from this process's GPU: DMA
                 lc.pin_with((<_DeviceContext>d).kind)
                 break
+            lc.hold()
+            self._idle_start()
         self._peers[key] = lc
         return lc
 
@@ -467,7 +510,22 @@ cdef class LocalTransport:
         return Reach("pvm", PVM_SCORE, 1, <uintptr_t>&_PVM, pc.handle, 0)
 
     def peer_died(self, int jobrank):
-        pass
+        """A process of the job died: its ring in this process's landing zones
+        is reclaimed (landed.pxi: never read again, its pages punched out)."""
+        r = self._node_index_of(jobrank) if 0 <= jobrank < self.job.size else -1
+        if r < 0:
+            return
+        for z in self._zones:
+            (<_LandingZone>z).reclaim(r)
+
+    @property
+    def zone_rings(self):
+        """Per landing zone this process serves now: its ring states and counts
+        (_LandingZone.rings), with the memfd's descriptor and ``extent``, the
+        first ring's (offset, bytes, data offset): ring r starts r rings on."""
+        return [dict((<_LandingZone>z).rings, fd=(<_LandingZone>z).fd,
+                     extent=(<_LandingZone>z).ring_extent(0))
+                for z in self._zones if (<_LandingZone>z).thread is not None]
 
     def close(self):
         """Unmap every peer segment (teardown: no route uses them any more),
@@ -476,6 +534,10 @@ cdef class LocalTransport:
         if self.closed:
             return
         self.closed = True
+        if self._idle_thread is not None:
+            gx_xchg_int(&self._idle_stop, 1)
+            self._idle_thread.join(5)
+            self._idle_thread = None
         if _pool != NULL:
             with nogil:
                 gx_cpool_destroy(_pool)

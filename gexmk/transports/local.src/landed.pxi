@@ -32,6 +32,9 @@
 #
 # GEXMK_NBRHD_STAGE=all makes library-allocated host segments land the same
 # way (memcpy and CPU atomics), so that CPU-only CI runs every step.
+#
+# Rings per active initiator (issue 23): released once idle, reclaimed once
+# their initiator is dead -- landed_rings.pxi.
 # ---------------------------------------------------------------------------
 from libc.stdint cimport uint32_t
 from cpython.exc cimport PyErr_Clear
@@ -47,6 +50,11 @@ cdef extern from *:
     uint64_t gx_lz_load(const uint64_t* p) nogil
     void gx_lz_publish(uint64_t* p, uint64_t v) nogil
 
+cdef extern from "<fcntl.h>" nogil:
+    int fallocate(int fd, int mode, long offset, long length)
+    enum: FALLOC_FL_KEEP_SIZE
+    enum: FALLOC_FL_PUNCH_HOLE
+
 cdef extern from "<time.h>" nogil:
     ctypedef long time_t
     cdef struct timespec:
@@ -60,6 +68,7 @@ ctypedef int (*_lz_copy_fn)(void* kctx, void* stream, uintptr_t dst, uintptr_t s
                             size_t n) noexcept nogil
 ctypedef int (*_lz_atomic_fn)(void* kctx, void* stream, uintptr_t addr, int dt, int op,
                               gx_val a, gx_val b, void* result) noexcept nogil
+ctypedef int (*_lz_register_fn)(void* kctx, void* p, size_t n, int on) noexcept nogil
 
 cdef enum:
     LZ_MAX_SLOTS = 16
@@ -69,6 +78,8 @@ cdef enum:
     LZ_PUT = 1
     LZ_GET = 2
     LZ_AMO = 3
+    LZ_RELEASE = 4             # the initiator's last request: nothing of it pending, its ring's
+                               # pages go back to the OS (an idle ring)
     LZ_OK = 0
     LZ_EBOUNDS = 1
     LZ_ECOPY = 2
@@ -79,6 +90,11 @@ cdef enum:
     LZ_EASYNC = 7              # ... an earlier stream-ordered transfer failed
     LZ_ECLOSED = 8             # ... the owner closed the zone (unbound its segment) first
     LZ_CLOSED_OFF = 128        # the zone's first page: set to 1 once its lander has stopped
+    LR_NEW = 0                 # ring_state: no request served yet (nothing pinned)
+    LR_USED = 1                # served, unpinned (host zones, or the pin failed)
+    LR_PINNED = 2              # served, page-locked with the segment's kind
+    LR_IDLE = 3                # released by its initiator: its data slots punched out
+    LR_DEAD = 4                # its initiator died: never read again, all of it punched out
 
 
 cdef struct lz_zone:           # the owner's side of a landing zone
@@ -97,6 +113,12 @@ cdef struct lz_zone:           # the owner's side of a landing zone
     uint64_t* handled          # nrings * slots: the last sequence number served per slot
     int stop
     long landed
+    int fd                     # the memfd (the lander punches released rings out of it)
+    unsigned char* ring_state  # nrings: LR_*
+    int* reclaim               # nrings: 1 once the ring's initiator was reported dead
+    int nreclaim               # set with it: the lander looks at reclaim[] next pass
+    long releases              # rings released by their initiators (LZ_RELEASE)
+    long reclaimed             # rings of dead initiators reclaimed
 
 
 cdef struct lp_land:           # an initiator's view of a peer's landing zone
@@ -113,6 +135,13 @@ cdef struct lp_land:           # an initiator's view of a peer's landing zone
     int amo                    # the owner's kind runs atomics on the segment
     int async_err              # the first failure of a stream-ordered transfer, not yet raised
     double timeout
+    double used                # when an operation through the ring last ended (_lz_now)
+    int touched                # requests posted since the ring was (re)opened
+    int rel                    # LZ_RELEASE posted, its answer not read yet (_lz_reopen)
+    long releases              # times this process released the ring
+    const gx_kind_ops* pops    # the kind that pins the ring here (pin_with), or NULL
+    void* pkctx
+    int pinned                 # the ring is page-locked here now
 
 
 cdef inline size_t _lz_words_off(int slots) noexcept nogil:
@@ -192,7 +221,11 @@ cdef long _lz_pass(lz_zone* z) noexcept nogil:
     cdef uint64_t* desc
     cdef uint64_t* words
     cdef uint64_t q, st
+    if gx_load_int(&z.nreclaim):
+        _lz_reclaim_rings(z)
     for r in range(z.nrings):
+        if z.ring_state[r] == LR_DEAD:
+            continue
         ring = z.mem + LZ_HEAD + <size_t>r * z.ring_bytes
         words = <uint64_t*>(ring + _lz_words_off(z.slots))
         for s in range(z.slots):
@@ -200,7 +233,13 @@ cdef long _lz_pass(lz_zone* z) noexcept nogil:
             q = gx_lz_load(&desc[0])
             if q == 0 or q <= z.handled[r * z.slots + s] or gx_lz_load(&desc[15]) != q:
                 continue
-            st = <uint64_t>_lz_serve(z, ring, s, desc, words)
+            if desc[1] == LZ_RELEASE:
+                _lz_release(z, r, ring)
+                st = LZ_OK
+            else:
+                if z.ring_state[r] != LR_USED and z.ring_state[r] != LR_PINNED:
+                    _lz_back(z, r, ring)
+                st = <uint64_t>_lz_serve(z, ring, s, desc, words)
             z.handled[r * z.slots + s] = q
             gx_lz_publish(&words[s], q | (st << LZ_SEQ_BITS))
             work += 1
@@ -237,10 +276,10 @@ cdef class _LandingZone:
     cdef lz_zone z
     cdef int fd
     cdef object thread
-    cdef bint pinned
 
     def __cinit__(self):
         self.fd = -1
+        self.z.fd = -1
 
     def open(self, Segment seg, int nrings, int slots, size_t chunk):
         cdef void* p
@@ -253,25 +292,27 @@ cdef class _LandingZone:
         self.z.bytes = LZ_HEAD + <size_t>nrings * self.z.ring_bytes
         self.z.seg_base = <uintptr_t>seg.addr
         self.z.seg_size = seg.size
+        # sized for every ring, backed only where written (a ring once its
+        # initiator uses it; its data slots punched out again on release)
         self.fd = os.memfd_create("gexmk-landing", os.MFD_CLOEXEC)
+        self.z.fd = self.fd
         os.ftruncate(self.fd, self.z.bytes)
         p = mmap(NULL, self.z.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, self.fd, 0)
         if p == MAP_FAILED:
             raise OSError(errno, f"mapping a landing zone of {self.z.bytes} bytes")
         self.z.mem = <char*>p
         self.z.handled = <uint64_t*>calloc(<size_t>nrings * slots, sizeof(uint64_t))
-        if self.z.handled == NULL:
+        self.z.ring_state = <unsigned char*>calloc(<size_t>nrings, 1)
+        self.z.reclaim = <int*>calloc(<size_t>nrings, sizeof(int))
+        if self.z.handled == NULL or self.z.ring_state == NULL or self.z.reclaim == NULL:
             raise MemoryError()
         impl = seg.kind.impl
         if impl is not None:
+            # each ring pinned by the lander at its first request (_lz_back):
+            # its copies run at DMA speed
             self.z.kops = <const gx_kind_ops*>PyCapsule_GetPointer(impl.ops_capsule(),
                                                                    b"gexmk.kind_ops")
             self.z.kctx = <void*><uintptr_t>impl.handle
-            try:        # pinned: the lander's copies run at DMA speed
-                self.z.kops.host_register(self.z.kctx, self.z.mem, self.z.bytes, 1)
-                self.pinned = True
-            except Exception:   # noqa: BLE001 - pinning is an optimisation
-                pass
         else:
             self.z.seg_wake = <gx_wake*><uintptr_t>seg._wake_address
         import threading
@@ -295,8 +336,34 @@ cdef class _LandingZone:
     def landed(self):
         return self.z.landed
 
+    @property
+    def rings(self):
+        """Ring states and counts: ``{"backed": rings in use now, "released":
+        releases served, "reclaimed": rings of dead initiators reclaimed,
+        "state": one of "new", "used", "pinned", "idle", "dead" per ring}``."""
+        names = ("new", "used", "pinned", "idle", "dead")
+        if self.z.ring_state == NULL:
+            return None
+        state = [names[self.z.ring_state[r]] for r in range(self.z.nrings)]
+        return {"backed": sum(1 for x in state if x in ("used", "pinned")),
+                "released": self.z.releases, "reclaimed": self.z.reclaimed, "state": state}
+
+    def ring_extent(self, int r):
+        """(offset, bytes, data offset) of ring r in the memfd."""
+        return (LZ_HEAD + <size_t>r * self.z.ring_bytes, self.z.ring_bytes, self.z.data_off)
+
+    def reclaim(self, int r):
+        """Ring r's initiator was reported dead: have the lander reclaim it
+        (its next pass; it alone reads and pins the rings)."""
+        if self.thread is None or self.z.reclaim == NULL or not 0 <= r < self.z.nrings:
+            return
+        gx_xchg_int(&self.z.reclaim[r], 1)
+        gx_xchg_int(&self.z.nreclaim, 1)
+        gx_wake_waiters(<gx_wake*>self.z.mem)
+
     def close(self):
         """Stop the lander (it finishes its pass), unpin and unmap the zone."""
+        cdef int r
         if self.thread is not None:
             gx_xchg_int(&self.z.stop, 1)            # seq_cst: the lander sees it or sleeps
             gx_wake_waiters(<gx_wake*>self.z.mem)
@@ -308,17 +375,24 @@ cdef class _LandingZone:
             # that have not seen a new publication) give up with an error
             gx_xchg_int(<int*>(self.z.mem + LZ_CLOSED_OFF), 1)
             gx_wake_waiters(<gx_wake*>(self.z.mem + 64))
-        if self.pinned:
-            try:
-                self.z.kops.host_register(self.z.kctx, self.z.mem, self.z.bytes, 0)
-            except Exception:   # noqa: BLE001 - the kind's context is gone with its client
-                pass
-            self.pinned = False
+        for r in range(self.z.nrings if self.z.ring_state != NULL and self.z.mem != NULL else 0):
+            if self.z.ring_state[r] == LR_PINNED:
+                try:
+                    self.z.kops.host_register(self.z.kctx, self.z.mem + LZ_HEAD
+                                              + <size_t>r * self.z.ring_bytes, self.z.ring_bytes, 0)
+                except Exception:   # noqa: BLE001 - the kind's context is gone with its client
+                    pass
+                self.z.ring_state[r] = LR_USED
         if self.z.mem != NULL:
             munmap(self.z.mem, self.z.bytes)
             self.z.mem = NULL
         free(self.z.handled)
         self.z.handled = NULL
+        free(self.z.ring_state)
+        self.z.ring_state = NULL
+        free(self.z.reclaim)
+        self.z.reclaim = NULL
+        self.z.fd = -1
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -327,6 +401,8 @@ cdef class _LandingZone:
         if self.z.mem != NULL and self.thread is None:
             munmap(self.z.mem, self.z.bytes)
         free(self.z.handled)
+        free(self.z.ring_state)
+        free(self.z.reclaim)
         if self.fd >= 0:
             close(self.fd)
 
@@ -337,9 +413,8 @@ cdef class _LandContext:
     cdef char* mem
     cdef size_t bytes
     cdef object key                # (fd server address, key) it came from
-    cdef object pin                # (ops capsule owner, kctx) that pinned the ring, or None
-    cdef const gx_kind_ops* pops
-    cdef void* pkctx
+    cdef object pin                # the kind that pins the ring here (kept alive), or None
+    cdef bint held                 # listed for idle release (_lz_hold)
 
     def map(self, int fd, tuple layout, int myrank, double timeout):
         cdef int nrings = layout[0]
@@ -375,27 +450,50 @@ cdef class _LandContext:
         that its copies between its device segment and the slots run at DMA speed."""
         if self.pin is not None or mk is None or mk.impl is None:
             return
-        self.pops = <const gx_kind_ops*>PyCapsule_GetPointer(mk.impl.ops_capsule(), b"gexmk.kind_ops")
-        self.pkctx = <void*><uintptr_t>mk.impl.handle
-        try:
-            self.pops.host_register(self.pkctx, self.c.ring,
-                                    self.c.data_off + <size_t>self.c.slots * self.c.chunk, 1)
-        except Exception:   # noqa: BLE001 - pinning is an optimisation
-            return
+        self.c.pops = <const gx_kind_ops*>PyCapsule_GetPointer(mk.impl.ops_capsule(),
+                                                               b"gexmk.kind_ops")
+        self.c.pkctx = <void*><uintptr_t>mk.impl.handle
         self.pin = mk
+        # pinned now where the ring is in use, else at its first use (and
+        # again after each release: _lz_reopen)
+        if self.c.touched:
+            _lz_lock(&self.c)
+            _lz_pin_here(&self.c)
+            gx_xchg_int(&self.c.lock, 0)
+
+    def hold(self):
+        """List the ring for release once idle (GEXMK_RING_IDLE)."""
+        if not self.held and self.mem != NULL:
+            _lz_hold(&self.c)
+            self.held = True
 
     def unmap(self):
-        if self.pin is not None:
+        if self.held:
+            _lz_unhold(&self.c)         # the idle thread no longer looks at it
+            self.held = False
+        if self.c.pinned:
             try:
-                self.pops.host_register(self.pkctx, self.c.ring,
-                                        self.c.data_off + <size_t>self.c.slots * self.c.chunk, 0)
+                self.c.pops.host_register(self.c.pkctx, self.c.ring, _lz_pin_bytes(&self.c), 0)
             except Exception:   # noqa: BLE001 - the kind may be closed
                 pass
-            self.pin = None
+            self.c.pinned = 0
+        self.c.pops = NULL
+        self.pin = None
         if self.mem != NULL:
             munmap(self.mem, self.bytes)
             self.mem = NULL
             self.c.ring = NULL
+
+    def __dealloc__(self):
+        if self.held:
+            _lz_unhold(&self.c)         # never left on the idle thread's list
+
+    @property
+    def ring_stats(self):
+        """This process's ring in the peer's zone: ``{"held": 1 while in use
+        (touched, not released), "released": times released, "pinned": 0/1}``."""
+        return {"held": int(self.c.touched != 0 and not self.c.rel),
+                "released": self.c.releases, "pinned": self.c.pinned}
 
     @property
     def handle(self):

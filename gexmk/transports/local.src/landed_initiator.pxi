@@ -104,6 +104,7 @@ cdef void _lz_post(lp_land* L, uint64_t op, uint64_t off, uint64_t n, int dt=0, 
     gx_lz_publish(&d[0], q)
     L.seq = q
     L.last[s] = q
+    L.touched = 1
     gx_wake_waiters(L.bell)
 
 
@@ -211,10 +212,15 @@ cdef int _lz_enter(lp_land* L, gx_target* t) except -1 nogil:
     if st != LZ_OK:
         gx_xchg_int(&L.lock, 0)
         return _lz_raise(L, t, LZ_EASYNC)
+    st = _lz_reopen(L, t)
+    if st != LZ_OK:
+        gx_xchg_int(&L.lock, 0)
+        return _lz_raise(L, t, st)
     return 0
 
 
 cdef int _lz_leave(lp_land* L, gx_target* t, int st) except -1 nogil:
+    L.used = _lz_now()
     gx_xchg_int(&L.lock, 0)
     if st != LZ_OK:
         return _lz_raise(L, t, st)
@@ -331,7 +337,11 @@ cdef void _lz_hostfn(void* arg) noexcept nogil:
     cdef int st
     cdef gx_val a, zero
     _lz_lock(j.L)
-    if j.op == LZ_PUT:
+    st = _lz_reopen(j.L, j.t, False)
+    if st != LZ_OK:
+        if j.op == LZ_HOST_VIS:
+            free(j.buf)             # _lz_vis_hostjob's block, which it would have freed
+    elif j.op == LZ_PUT:
         st = _lz_put(j.L, j.t, j.off, j.buf, j.n, NULL)
     elif j.op == LZ_GET:
         st = _lz_get(j.L, j.t, j.off, j.buf, j.n, NULL)
@@ -341,6 +351,7 @@ cdef void _lz_hostfn(void* arg) noexcept nogil:
         a.u64 = j.n
         zero.u64 = 0
         st = _lz_amo(j.L, j.t, j.off, GX_DT_U64, j.aop, a, zero, NULL)
+    j.L.used = _lz_now()
     gx_xchg_int(&j.L.lock, 0)
     if st != LZ_OK:
         gx_xchg_int(&j.L.async_err, st)

@@ -72,7 +72,8 @@ cdef class Domain:
         self.d.zone_rings = env_int("GEXMK_OFI_ZONE_RINGS", ZONE_RINGS_DEFAULT, 0, 1 << 20)
         # an initiator gives its ring in a peer's zone back after this long
         # unused (staged.pxi _ring_idle_check); 0: never
-        self.d.ring_idle = env_seconds("GEXMK_OFI_RING_IDLE", RING_IDLE_DEFAULT)
+        self.d.ring_idle = env_seconds("GEXMK_OFI_RING_IDLE",
+                                       env_seconds("GEXMK_RING_IDLE", RING_IDLE_DEFAULT))
         self.d.vis_land = env_int("GEXMK_OFI_VIS_LAND", VIS_LAND_DEFAULT, 0, 1 << 30)
         self.d.vis_zone = self.d.vis_land > 0
         split_wanted = config.ofi_split
