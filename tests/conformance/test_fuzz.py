@@ -135,7 +135,7 @@ REGRESSIONS = [
     # zone: only rank 0 could hold one then (rank 3 reaches itself through "self"),
     # so rank 2's first request could not be refused at a cap of 2.  Where it waited
     # is not known: helper-18 (this session) found no lost wake-up in the ring
-    # protocol and did not reproduce it (~430 replays, ~1,900 soak jobs, ~23,000
+    # protocol and did not reproduce it (~570 replays, ~2,080 soak jobs, ~23,000
     # rounds of its shape in test_ofi_rings and stress runs).  A rerun of a hang now
     # prints FUZZ-RINGS (both ends' ring states) and, with FUZZ_GDB_HANG=1, the C
     # stacks; FUZZ_SLOW=4 reports stalls that end.  Not diagnosed.
