@@ -938,15 +938,21 @@ cdef class OfiTransport:
         and lander threads serve peers now."""
         cdef OfiPeer p
         cdef ofi_dom* d = &self.domain.d
+        cdef int i
         peers = {}
         for key, p in self._peers.items():
             if p.c.stg or p.c.vzone or p.c.hmem:
                 peers[key] = _peer_debug(d, &p.c)
+        # the zones the lander serves, read under its lock: one being
+        # unbound leaves d.zones under it before it is freed (_zone_unserve)
         zones = []
-        for e in self.domain._eps:
-            if not (<OfiEndpoint>e).closed and ((<OfiEndpoint>e).e.zone != NULL
-                                                 or (<OfiEndpoint>e).e.vzone != NULL):
-                zones.append(e._zone_debug())
+        while gx_xchg_int(&d.zlock, 1) != 0:
+            sched_yield()
+        try:
+            for i in range(d.nzones):
+                zones.append(_zone_debug(d.zones[i]))
+        finally:
+            gx_xchg_int(&d.zlock, 0)
         now = _now()
         return {"peers": peers, "zones": zones, "waiters": d.waiters,
                 "app_idle": _now_coarse() - d.last_app, "driven_in": d.driven_until - now,

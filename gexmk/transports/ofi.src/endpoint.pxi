@@ -201,11 +201,6 @@ cdef class OfiEndpoint:
         ``cap`` (GEXMK_OFI_ZONE_RINGS; 0: none)."""
         return {"zone": _zone_counts(self.e.zone), "vis": _zone_counts(self.e.vzone)}
 
-    def _zone_debug(self):
-        """This endpoint's landing zones as their lander sees them (staged.pxi
-        _zone_debug; a diagnostic, read without the lander's lock)."""
-        return {"zone": _zone_debug(self.e.zone), "vis": _zone_debug(self.e.vzone)}
-
     @property
     def lander_work(self):
         """``{"zone": (passes, rings read), "vis": (...)}`` for this endpoint's

@@ -628,8 +628,9 @@ cdef object _zone_counts(ofi_zone* z):
 
 
 cdef object _zone_debug(ofi_zone* z):
-    """What a zone's lander knows of its rings, read without its lock (a
-    diagnostic of a stuck ring: fuzz.py prints it when a rank hangs): the
+    """What a zone's lander knows of its rings, read racing the lander (a
+    diagnostic of a stuck ring: fuzz.py prints it when a rank hangs; the
+    caller keeps z from being freed meanwhile): the
     counts, the backed list, and per ring touched so far its state, the slot
     an STG_OPEN is looked for in, its doorbell, and per slot the descriptor's
     first and last words and op, the last sequence served and the done word."""
@@ -670,7 +671,8 @@ cdef object _peer_debug(ofi_dom* d, ofi_peer* t):
             "idle_for": _now_coarse() - t.stg_used if t.stg_used else None,
             "ep_live": _ep_live(d, t.stg_ep) if t.stg_ep != NULL else None,
             "last": [t.stg_last[s] for s in range(S)], "ok": [t.stg_ok[s] for s in range(S)],
-            "rb": [hex(t.stg_rb[s]) for s in range(2 * S)], "out": t.out, "dead": t.g.dead,
+            "rb": [hex(t.stg_rb[s]) for s in range(2 * S)], "out": t.out,
+            "dead": t.g.dead if t.g != NULL else None,
             "gone": t.gone}
 
 
