@@ -142,18 +142,16 @@ REGRESSIONS = [
     # stacks; FUZZ_SLOW=4 reports stalls that end.  Not diagnosed.
     pytest.param(101345, "ofi-tcp-rings", {}, id="ofi-tcp-rings-101345-ring-wait-hang",
                  marks=_flaky("a staged put_signal_nbi stuck over 11 s, its target in a bootstrap exchange")),
-    # found (helper-18's soak, 1 job in 448; about 1 replay in 6 fails): after the
-    # victim's kill, rank 0's staged ops to rank 1 (GEXMK_OFI_STAGE=all) raced rank 1's
-    # finalize -- the model allows them to fail, and they did (#119 amo: OFIError
-    # ENOTCONN; #121 put_nb_val: CommunicationError, endpoint closed) -- then
-    # finalize's nbi_wait raised OFIError "Transport endpoint is not connected" (-107)
-    # instead of completing.  Likely cause (traced, not yet fixed): the staged path's
-    # injected requests (_stg_send_desc, _stg_ring_bell -> _inject_write) are implicit
-    # ops of the application's endpoint, so their asynchronous failure lands in
-    # ep.nbi_err and is raised again by a later nbi_wait, although the staged op
-    # already reported it; they could be orphaned like a ring's release.
-    pytest.param(101413, "ofi-tcp-rings", {}, id="ofi-tcp-rings-101413-finalize-enotconn",
-                 marks=_flaky("nbi_wait in finalize raising a staged op's failure to a finalized peer")),
+    # fixed (helper-18's soak, 1 job in 448): after the victim's kill, rank 0's
+    # staged ops to rank 1 (GEXMK_OFI_STAGE=all) raced rank 1's finalize -- the model
+    # allows them to fail, and they did (#119 amo: OFIError ENOTCONN; #121
+    # put_nb_val: CommunicationError, endpoint closed) -- then finalize's nbi_wait
+    # raised OFIError "Transport endpoint is not connected" (-107) instead of
+    # completing.  The staged path's injected requests (a descriptor, a doorbell)
+    # were implicit ops of the application's endpoint, so their late failure was
+    # raised again by the next nbi_wait; they are orphaned now, as a ring's release
+    # is.  Replays before the fix: 4 of 12 failed; after: 0 of 24.
+    pytest.param(101413, "ofi-tcp-rings", {}, id="ofi-tcp-rings-101413-finalize-enotconn"),
     # fixed (issue 19): over tcp an access to a peer's closed registration (segment
     # unbound, not republished) took the pair's connection down: the other direction's
     # valid operations in flight failed (OFIError), or waited until GEXMK_TIMEOUT, and

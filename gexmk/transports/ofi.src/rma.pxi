@@ -470,15 +470,21 @@ cdef int net_put(void* epv, ofi_peer* t, uintptr_t remote, void* local, size_t n
 
 cdef int _inject_write(ofi_ep* ep, fid_ep* fep, ofi_peer* t, const void* local, size_t n,
                        uint64_t raddr, uint64_t key, bint with_data, uint64_t data,
-                       const char* what) except -1 nogil:
+                       const char* what, bint internal=False) except -1 nogil:
     """An injected write (at most the inject size; the source is reusable on
     return; nothing to wait for).  Over tcp;ofi_rxm (dom.inject_ctx) it
-    carries an implicit op as its context: tcp reports the failure of an
+    carries an op as its context: tcp reports the failure of an
     injected RMA write (its peer died, its endpoint closed) without a
     context, and rxm dereferences that NULL (SIGSEGV in the next CQ read,
     libfabric 1.17 and later).  With FI_COMPLETION rxm copies the data into
-    a buffer of its own whose failure names our op, which records it for
-    nbi_wait (ep.nbi_err) like any implicit op."""
+    a buffer of its own whose failure names our op.  The application's
+    write (internal False) is an implicit op: its failure is recorded for
+    nbi_wait (ep.nbi_err).  A write of the library's own (internal: a staged
+    request's descriptor, a doorbell) is orphaned at once, as a ring's
+    release is: the staged operation it serves reports what goes wrong by
+    its own wait, and a late failure (the peer finalized meanwhile) must
+    not be raised again by a later nbi_wait, finalize's included (fuzz seed
+    101413)."""
     cdef gx_op* op
     cdef iovec iov
     cdef fi_rma_iov riov
@@ -499,7 +505,7 @@ cdef int _inject_write(ofi_ep* ep, fid_ep* fep, ofi_peer* t, const void* local, 
         if rc < 0:
             return _issue_failed(t, rc, what)
         return 0
-    op = _new_op(ep, t, GX_NBI, GX_CAT_PUT)
+    op = _new_op(ep, t, GX_NB if internal else GX_NBI, GX_CAT_PUT)
     iov.iov_base = <void*>local
     iov.iov_len = n
     riov.addr = raddr
@@ -520,6 +526,12 @@ cdef int _inject_write(ofi_ep* ep, fid_ep* fep, ofi_peer* t, const void* local, 
         rc = _retry(ep, t, &deadline)
         if rc:
             break
+    if internal:
+        if rc < 0:
+            _drop_new(op)
+            return _issue_failed(t, rc, what)
+        _orphan(op)
+        return 0
     return _posted(op, t, rc, GX_NBI, NULL, what, "put")
 
 

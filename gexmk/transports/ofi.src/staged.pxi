@@ -787,7 +787,7 @@ cdef int _stg_send_desc(ofi_ep* ep, ofi_peer* t, int s, uint64_t q, uint64_t op,
     if STG_DESC > ep.dom.inject_size:
         return _stg_post(ep, t, True, naddr, d, STG_DESC, NULL)
     return _inject_write(ep, ep.ep, t, d, STG_DESC, naddr, t.stg_key, False, 0,
-                         "fi_inject_write (staged request)")
+                         "fi_inject_write (staged request)", True)
 
 
 cdef int _stg_failed(ofi_peer* t, int s, uint64_t status) except -1 with gil:
@@ -880,9 +880,9 @@ cdef int _stg_ring_bell(ofi_ep* ep, ofi_peer* t) except -1 nogil:
     clears a group's byte before reading its rings, and the two writes may
     land in either order, or before the request itself."""
     _inject_write(ep, ep.ep, t, &_BELL, 1, t.stg_bell, t.stg_key, False, 0,
-                  "fi_inject_write (landing zone doorbell)")
+                  "fi_inject_write (landing zone doorbell)", True)
     return _inject_write(ep, ep.ep, t, &_BELL, 1, t.stg_bell2, t.stg_key, False, 0,
-                         "fi_inject_write (landing zone doorbell)")
+                         "fi_inject_write (landing zone doorbell)", True)
 
 
 cdef int _stg_open(ofi_ep* ep, ofi_peer* t, bint wait=True) except -1 nogil:
