@@ -381,3 +381,67 @@ def test_pool_memory_reached_on_the_node(tmp_path):
     print(r.stdout)
     assert r.returncode == 0, r.report()
     assert r.stdout.count("OK") == 2, r.stdout
+
+
+SWITCH_WORKER = r'''
+import numpy as np
+import cupy
+P = lambda *a: pattern(*a).tobytes()
+c = gexmk.init()
+tm = c.tm
+me, peer = tm.rank, 1 - tm.rank
+N = 1 << 20
+mk = c.mk_create(gexmk.CUDA_UVA, 0)
+c.segment_attach(N)                                   # EP 0: host, the reader's side
+ep1 = c.ep_create()
+with cupy.cuda.Device(0):
+    s = cupy.cuda.Stream(non_blocking=True)
+    pool = cupy.cuda.runtime.mallocAsync(2 * N, s.ptr)   # a half for each pool segment
+    s.synchronize()
+# EP 1's segment changes sort at each publication: the peer must drop what it
+# held of the old one (a mapping, an import, a zone) and reach the new one
+segs = [("host", "nbrhd", lambda: c.segment_create(N)),
+        ("vmm", "nbrhd", lambda: c.segment_create(N, kind=mk)),
+        ("pool", "nbrhd-landed", lambda: c.segment_create(buffer=(pool, N), kind=mk)),
+        ("host", "nbrhd", lambda: c.segment_create(N)),
+        ("pool", "nbrhd-landed", lambda: c.segment_create(buffer=(pool + N, N), kind=mk)),
+        ("vmm", "nbrhd", lambda: c.segment_create(N, kind=mk))]
+h = c.ep(0).pair(1)
+seg = None
+for i, (what, path, make) in enumerate(segs):
+    if seg is not None:
+        seg.destroy()
+    seg = make()
+    ep1.bind_segment(seg)
+    tm.publish_bound_segment([ep1])
+    assert h.paths(peer)["rma"] == path, (i, what, h.paths(peer))
+    data = P(64 << 10, me, i)
+    h.put(peer, h.addr(peer, 4096), data)
+    tm.barrier()
+    back = np.zeros(64 << 10, np.uint8)
+    h.get(back, peer, h.addr(peer, 4096))
+    assert back.tobytes() == data, (i, what, "the bytes put to the peer's new segment")
+    tm.barrier()
+    ep1.unbind_segment()
+c.finalize()
+with cupy.cuda.Device(0):
+    cupy.cuda.runtime.freeAsync(pool, s.ptr)
+    s.synchronize()
+print("OK", me, flush=True)
+'''
+
+
+@gpu
+@needs_gpu
+def test_peer_segment_changes_sort_between_publications(tmp_path):
+    """Fuzz seed 5019 (gpu-nbrhd): an endpoint whose segment was host memory
+    published a device segment; the peer's publish raised TypeError (its
+    host mapping taken for a device import).  The endpoint cycles through
+    host, VMM device and pool memory; every publication is reached by the
+    right path and the bytes arrive."""
+    pytest.importorskip("cupy")
+    env = landed_env(GEXMK_NBRHD_STAGE=None, GEXMK_NBRHD_STAGE_CHUNK=None,
+                     GEXMK_NBRHD_STAGE_SLOTS=None)
+    r = mp_util.run_job(tmp_path, SWITCH_WORKER, 2, launcher_timeout=150, env=env)
+    assert r.returncode == 0, r.report()
+    assert r.stdout.count("OK") == 2, r.stdout

@@ -1833,6 +1833,7 @@ class Worker:
         print(text, file=sys.stderr, flush=True)
         d = os.environ.get("FUZZ_SLOW_DIR")
         if d:
+            os.makedirs(d, exist_ok=True)       # a missing folder killed the watchdog thread
             with open(os.path.join(d, f"slow-{self.seed}-r{self.me}.txt"),
                       "a") as f:
                 f.write(text + "\n")

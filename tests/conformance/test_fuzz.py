@@ -239,11 +239,15 @@ def test_regression(seed, transport, opts, tmp_path):
 
 #: GPU seeds (marker ``gpu``; the device machine runs them)
 GPU_REGRESSIONS = [
-    # open: rank 0's get_nb (item #45) raised CUDA_ERROR_LAUNCH_FAILED from its ev.wait
-    # (cuEventDestroy) in two runs on 2 x H200 while matrix slices loaded both GPUs;
-    # alone, on main and on a branch, it passed.  Not diagnosed: a sticky error of
-    # the context, so some copy or kernel before it faulted
-    pytest.param(3409, "gpu-nbrhd", {"n": 3}, id="gpu-nbrhd-3409-launch-failed-under-load"),
+    # fixed: item #48 destroyed the device segment that rank 0's get_nb (#45) was still
+    # reading; its VMM memory was unmapped under the queued copy, which faulted
+    # (CUDA_ERROR_LAUNCH_FAILED from the ev.wait) and lost the context.  Failed every
+    # time on 2 x H200 in visit 38; releasing device memory now waits for the context's
+    # work, as cuMemFree does
+    pytest.param(3409, "gpu-nbrhd", {"n": 3}, id="gpu-nbrhd-3409-destroyed-under-its-get"),
+    # fixed: rank 1's endpoint 0 had a host segment, then bound a device one; rank 0's
+    # publish took its host mapping for a device import (TypeError out of publish)
+    pytest.param(5019, "gpu-nbrhd", {"n": 2}, id="gpu-nbrhd-5019-segment-changes-sort"),
 ]
 
 

@@ -295,9 +295,22 @@ cdef class LocalTransport:
         memfd (nbrhd) where allowed and possible, else reach it by address (pvm)."""
         key = (peer.jobrank, peer.ep_index)
         desc = pickle.loads(blob) if blob is not None else None
-        if (desc is not None and desc[0] == "zone") or isinstance(self._peers.get(key), _LandContext):
+        old = self._peers.get(key)
+        if desc is not None and desc[0] == "zone":
+            want = _LandContext
+        elif peer.kind != GX_MK_HOST:
+            want = _DeviceContext
+        else:
+            want = _PeerContext
+        if old is not None and type(old) is not want:
+            # the peer's endpoint now has another sort of segment (a host one
+            # after a device one, pool memory after VMM...): what this process
+            # held of the old one goes first (fuzz seed 5019: a device segment
+            # published where a host one had been raised TypeError)
+            self._drop_peer(key)
+        if want is _LandContext:
             return self._apply_zone(key, peer, desc)
-        if peer.kind != GX_MK_HOST or isinstance(self._peers.get(key), _DeviceContext):
+        if want is _DeviceContext:
             return self._apply_device(key, peer, desc)
         cdef _PeerContext pc = self._peers.pop(key, None)
         wanted = (peer.size != 0 and not peer.same_process and peer.same_node
@@ -565,6 +578,21 @@ cdef class LocalTransport:
         m[2] += 1
         pc.map_key = key
         pc.c.local_base = <char*><uintptr_t>m[0]
+
+    def _drop_peer(self, key):
+        """Give up what this process holds of a peer segment: a host mapping
+        is unmapped; a device import or a landing zone is unmapped and kept
+        (retired) until finalize, as routes may still point at it until they
+        are chosen again."""
+        old = self._peers.pop(key, None)
+        if isinstance(old, _PeerContext):
+            self._unmap(old)
+        elif isinstance(old, _DeviceContext):
+            (<_DeviceContext>old).unmap()
+            self._retired.append(old)
+        elif isinstance(old, _LandContext):
+            (<_LandContext>old).unmap()
+            self._retired.append(old)
 
     def _unmap(self, _PeerContext pc):
         pc.c.local_base = NULL
