@@ -50,8 +50,9 @@ Commands (from the repository root, against the installed gexmk)::
 nbrhd-rings (nbrhd-staged, rings released after 2 ms unused),
 ofi-tcp, ofi-shm, ofi-tcp-staged and ofi-shm-staged (``GEXMK_OFI_STAGE=all``),
 ofi-tcp-rings (staged, two rings per landing zone released after 2 ms unused),
-or ``all``; on a GPU machine gpu-nbrhd, gpu-ofi-tcp and gpu-ofi-tcp-staged (the same
-with device segments and device-memory buffers: ``GPU_OF``).  ``--ranks`` 2-4 (default: chosen by the seed).  ``--soak`` prints
+or ``all``; on a GPU machine gpu-nbrhd, gpu-host-staged, gpu-nbrhd-staged, gpu-ofi-tcp,
+gpu-ofi-tcp-staged and gpu-ofi-tcp-rings (the same with device segments and device-memory
+buffers: ``GPU_OF``).  ``--ranks`` 2-4 (default: chosen by the seed).  ``--soak`` prints
 every failing seed with the command that replays it (``--out DIR`` keeps each
 failing job's report); keep those in ``test_fuzz.py``'s ``REGRESSIONS``.
 ``--keep 0-40,52`` runs part of a plan (what ``--minimise`` finds), ``--trace``
@@ -115,9 +116,15 @@ TRANSPORTS = {
 #: two kinds; puts' sources and gets' destinations may be device memory too (``cuda``:
 #: torch CUDA tensors).  The model is the CPU transport's (what the kinds change must
 #: not show).  Never part of ``--transport all``.
-GPU_OF = {"gpu-nbrhd": "nbrhd", "gpu-ofi-tcp": "ofi-tcp", "gpu-ofi-tcp-staged": "ofi-tcp-staged"}
+GPU_OF = {"gpu-nbrhd": "nbrhd", "gpu-ofi-tcp": "ofi-tcp", "gpu-ofi-tcp-staged": "ofi-tcp-staged",
+          # device segments of the node reached through pinned host memory (no peer
+          # access: the owner's GPU copies), host segments through landing zones, and
+          # staged rings released after 2 ms unused
+          "gpu-host-staged": "nbrhd", "gpu-nbrhd-staged": "nbrhd-staged",
+          "gpu-ofi-tcp-rings": "ofi-tcp-rings"}
+GPU_EXTRA = {"gpu-host-staged": {"GEXMK_CUDA_PEER_ACCESS": "off"}}
 for _g, _b in GPU_OF.items():
-    TRANSPORTS[_g] = dict(TRANSPORTS[_b], FUZZ_GPU="1")
+    TRANSPORTS[_g] = dict(TRANSPORTS[_b], FUZZ_GPU="1", **GPU_EXTRA.get(_g, {}))
 
 
 def base_transport(transport):

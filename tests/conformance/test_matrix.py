@@ -104,5 +104,5 @@ def test_finalize(path, results):
     if (path.env.get("GEXMK_OFI_RING_IDLE") or path.env.get("GEXMK_RING_IDLE")) \
             and results.selected.get(path.name):
         # the path exists to release rings between operations: it did
-        released = sum(c.get("ring_stats", {}).get("released", 0) for c in g.counters.values())
-        assert released > 0, f"no ring released in path {path.name}: {g.counters}"
+        released = sum((c.get("ring_stats") or {}).get("released", 0) for c in g.counters.values())
+        assert released > 0, f"no ring released in path {path.name}: {g.counters}; jobs: {g.log}"
