@@ -160,6 +160,35 @@ def test_one_process_two_device_endpoints_host_staged(monkeypatch, gpus):
         a.get((segs[0].address + 1, n - 1), 0, segs[1].address + 1)
         h0.get(back, 0, segs[0].address)
         assert back[0] == 0 and (back[1:] == data[1:]).all()
+        # VIS with host blocks on the staged path, blocking, NB and NBI: the target's
+        # GPU copies them, complete at issue (fuzz seed 7502: the NB forms' wait, and
+        # a blocking call's chunks, raised UnsupportedError -- no op to wait for)
+        k = 64
+        dsts = [(segs[1].address + i * 4096 + 7, 100) for i in range(k)]
+        want = np.concatenate([data[i * 100:(i + 1) * 100] for i in range(k)])
+        for form in ("blocking", "nb", "nbi"):
+            h1.put(0, segs[1].address, np.zeros(k * 4096, np.uint8))
+            srcs = [data[i * 100:(i + 1) * 100] for i in range(k)]
+            if form == "blocking":
+                a.put_vector(0, dsts, srcs)
+            elif form == "nb":
+                a.put_vector_nb(0, dsts, srcs).wait()
+            else:
+                a.put_vector_nbi(0, dsts, srcs)
+                gexmk.nbi_wait()
+            got = np.zeros(k * 4096, np.uint8)
+            h1.get(got, 0, segs[1].address)
+            assert np.array_equal(np.concatenate([got[i * 4096 + 7:i * 4096 + 107]
+                                                  for i in range(k)]), want), form
+            outs = [np.zeros(100, np.uint8) for _ in range(k)]
+            if form == "blocking":
+                a.get_vector(outs, 0, dsts)
+            elif form == "nb":
+                a.get_vector_nb(outs, 0, dsts).wait()
+            else:
+                a.get_vector_nbi(outs, 0, dsts)
+                gexmk.nbi_wait()
+            assert np.array_equal(np.concatenate(outs), want), form
 
 
 STREAM_STAGED_WORKER = r'''

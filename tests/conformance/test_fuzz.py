@@ -248,6 +248,11 @@ GPU_REGRESSIONS = [
     # fixed: rank 1's endpoint 0 had a host segment, then bound a device one; rank 0's
     # publish took its host mapping for a device import (TypeError out of publish)
     pytest.param(5019, "gpu-nbrhd", {"n": 2}, id="gpu-nbrhd-5019-segment-changes-sort"),
+    # fixed: host blocks of a VIS call to a device segment reached host-staged (peer
+    # access off) were copied by the segment's GPU, which handed an event back for NB
+    # forms and for a blocking call's chunks; the staged table has no op to wait for
+    # (UnsupportedError).  7 of 43 jobs of the first gpu-host-staged soak failed so
+    pytest.param(7502, "gpu-host-staged", {"n": 4}, id="gpu-host-staged-7502-vis-op-handed-out"),
 ]
 
 

@@ -425,14 +425,24 @@ cdef int _staged_vis(gx_xfer* x, bint put) except -1 nogil:
     staged on its own (_staged_copy).  A stream: the endpoint's device
     blocks a bounce slot's worth at a time (_staged_stream_frags), host
     blocks by one batched copy of the segment's GPU (_staged_stream_host).
-    Complete on return unless _dev_vis says not."""
+    Complete on return whatever the mode (x.handle: NULL): this table's
+    test and wait have no op to look at (fuzz seed 7502: an NB or chunked
+    VIS call got _dev_vis's event back, and its wait raised)."""
     cdef lp_dev* d = <lp_dev*>x.peer
     cdef lp_ep* ep = <lp_ep*>x.ep
     cdef const gx_vis* v = x.vis
     cdef uintptr_t delta = 0
     cdef size_t i, big
+    cdef int mode
     if x.stream == NULL and (x.local_kind == GX_MK_HOST or ep == NULL or ep.k.ops == NULL):
-        return _dev_vis(x, put)
+        mode = x.mode
+        x.mode = GX_BLOCKING
+        try:
+            _dev_vis(x, put)
+        finally:
+            x.mode = mode
+        _done(x)
+        return 0
     if d.local_base != NULL:
         delta = <uintptr_t>d.local_base - x.t.remote_base     # wraps: added back below
     if x.stream != NULL:
