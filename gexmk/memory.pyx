@@ -522,7 +522,11 @@ cdef class Segment:
         that reaches it by address gets SegmentError; peers that mapped it
         keep their mapping until their own finalize (their writes land in
         memory this process no longer sees), and network registrations are
-        closed (their accesses fail).
+        closed (their accesses fail).  Device memory is unmapped once the
+        work queued in its context has run (copies or kernels still reaching
+        it would fault), as ``cudaFree`` waits; work still queued after
+        GEXMK_TIMEOUT (a stream waiting for a signal nobody sends) leaves the
+        memory mapped until the process exits, with a RuntimeWarning.
         """
         if self.destroyed:
             return

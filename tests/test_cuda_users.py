@@ -293,6 +293,59 @@ def test_segment_destroyed_behind_its_own_nb_ops(client, cupy):
     assert (back == 5).all()
 
 
+_BLOCKED_STREAM = r"""
+import time, warnings
+import numpy as np, cupy
+import gexmk
+c = gexmk.init()
+mk = c.mk_create(gexmk.CUDA_UVA, 0)
+ep1 = c.ep_create()
+words = c.segment_create(1 << 20, kind=mk)
+ep1.bind_segment(words)
+c.tm.publish_bound_segment([ep1])
+tm = ep1.pair(ep1.index)
+spare = c.segment_create(1 << 20, kind=mk)
+t0 = time.monotonic()
+spare.destroy()                              # nothing queued: at once
+idle = time.monotonic() - t0
+again = c.segment_create(1 << 20, kind=mk)
+s = cupy.cuda.Stream(non_blocking=True)
+tm.signal_wait_until_on_stream(words.address, gexmk.CMP_GE, 1, s.ptr)
+view = cupy.ndarray(1 << 20, cupy.uint8, cupy.cuda.MemoryPointer(
+    cupy.cuda.UnownedMemory(again.address, 1 << 20, again), 0))
+with s:
+    view.fill(7)                             # queued behind the wait, into `again`
+t0 = time.monotonic()
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    again.destroy()                          # the stream waits for a signal nobody sends
+blocked = time.monotonic() - t0
+tm.signal_op(0, words.address, 1)           # now it comes: the queued fill runs
+s.synchronize()                              # into memory left mapped: no fault
+assert idle < 1.0, idle
+assert 1.5 < blocked < 20, blocked
+assert any("left mapped" in str(x.message) for x in w), [str(x.message) for x in w]
+c.finalize()
+print("OK", round(idle, 3), round(blocked, 2))
+"""
+
+
+@gpu
+@needs_gpu
+def test_release_behind_a_stream_that_never_runs_is_bounded(cupy, tmp_path):
+    # Releasing device memory waits for the context's queued work (as cuMemFree);
+    # a stream blocked in signal_wait_until_on_stream for a signal that does not
+    # come must not hold destroy() (or finalize) for ever: after GEXMK_TIMEOUT the
+    # memory is left mapped, with a warning, and the stream runs on later.
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, GEXMK_TIMEOUT="2")
+    r = subprocess.run([sys.executable, "-c", _BLOCKED_STREAM], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "OK" in r.stdout, (r.stdout, r.stderr[-3000:])
+
+
 @gpu
 @needs_gpu
 def test_torch_tensors_still_being_written_are_waited_for(client):

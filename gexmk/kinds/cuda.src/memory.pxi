@@ -237,6 +237,101 @@ cdef int _cu_grow(void* kctx, gx_mem* mem, size_t new_size) except -1 nogil:
     return 0
 
 
+# ---- waiting, bounded, for the context's queued work before memory is unmapped ----------
+#
+# cuMemUnmap does not wait for copies or kernels still queued against the range: a
+# segment destroyed behind its own get_nb was unmapped under the copy, which faulted
+# and lost the context (fuzz seed 3409).  cuMemFree waits (cuCtxSynchronize); so does
+# a release here, but not for ever: a stream blocked in wait_until_on_stream for a
+# signal that never comes (its writer died) would hold cuCtxSynchronize, and with it
+# destroy() or finalize, indefinitely.  The synchronize runs on a thread of its own;
+# the release waits for it at most GEXMK_TIMEOUT, and past that leaves the memory
+# mapped (leaked until the process exits, with a warning) rather than fault the
+# work still queued on it.
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef unsigned long pthread_t
+    int pthread_create(pthread_t* th, const void* attr, void* (*start)(void*) noexcept nogil,
+                       void* arg)
+    int pthread_detach(pthread_t th)
+
+cdef extern from *:
+    """
+    static inline int gx_cu_refs_drop(int *p) { return __atomic_sub_fetch(p, 1, __ATOMIC_ACQ_REL); }
+    static inline int gx_cu_flag(int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline void gx_cu_flag_set(int *p) { __atomic_store_n(p, 1, __ATOMIC_RELEASE); }
+    """
+    int gx_cu_refs_drop(int* p) nogil
+    int gx_cu_flag(int* p) nogil
+    void gx_cu_flag_set(int* p) nogil
+
+from posix.time cimport clock_gettime, nanosleep, timespec, CLOCK_MONOTONIC
+from gexmk.config import timeout as _config_timeout
+
+cdef double _release_wait = 300.0
+try:
+    _release_wait = _config_timeout()
+except Exception:                   # noqa: BLE001 - a bad GEXMK_TIMEOUT is reported by gexmk.init
+    pass
+cdef long _release_leaks = 0        # releases that left their memory mapped (work still queued)
+
+
+cdef struct _SyncJob:
+    CUcontext ctx
+    int done                        # set by the thread once cuCtxSynchronize returned
+    int refs                        # the caller's and the thread's: the last one frees
+
+
+cdef void* _sync_main(void* arg) noexcept nogil:
+    cdef _SyncJob* j = <_SyncJob*>arg
+    cdef CUcontext c
+    if cydriver.cuCtxPushCurrent(j.ctx) == CUDA_SUCCESS:
+        cydriver.cuCtxSynchronize()     # a context already in error answers at once
+        cydriver.cuCtxPopCurrent(&c)
+    gx_cu_flag_set(&j.done)
+    if gx_cu_refs_drop(&j.refs) == 0:
+        free(j)
+    return NULL
+
+
+cdef inline double _mono_s() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef bint _ctx_idle_within(CUcontext ctx, double secs) noexcept nogil:
+    """True once every stream of ctx has run what was queued on it; False
+    when work is still queued after secs."""
+    cdef _SyncJob* j = <_SyncJob*>calloc(1, sizeof(_SyncJob))
+    cdef pthread_t th
+    cdef timespec nap
+    cdef long ns = 20000
+    cdef double t0
+    cdef bint done
+    if j == NULL:
+        cydriver.cuCtxSynchronize()     # no memory for the job: as cuMemFree would
+        return True
+    j.ctx = ctx
+    j.refs = 2
+    if pthread_create(&th, NULL, _sync_main, j) != 0:
+        free(j)
+        cydriver.cuCtxSynchronize()     # no thread: as cuMemFree would
+        return True
+    pthread_detach(th)
+    t0 = _mono_s()
+    while not gx_cu_flag(&j.done) and _mono_s() - t0 < secs:
+        nap.tv_sec = 0
+        nap.tv_nsec = ns
+        nanosleep(&nap, NULL)
+        if ns < 1000000:
+            ns *= 2
+    done = gx_cu_flag(&j.done) != 0
+    if gx_cu_refs_drop(&j.refs) == 0:
+        free(j)
+    return done
+
+
 cdef CUresult _free_mem(CudaCtx* k, gx_mem* mem, const char** call) noexcept nogil:
     """Give back whatever mem holds, by its type (see _cu_release/_cu_unmap);
     every step is tried and the first failure returned (its call in *call).
@@ -250,12 +345,16 @@ cdef CUresult _free_mem(CudaCtx* k, gx_mem* mem, const char** call) noexcept nog
     if m == NULL:
         return CUDA_SUCCESS
     pushed = cydriver.cuCtxPushCurrent(k.ctx) == CUDA_SUCCESS
-    if pushed and m.type in (CU_MEM_VMM, CU_MEM_VMM_IMPORT, CU_MEM_IPC_IMPORT):
-        # As cuMemFree does: a copy or kernel still reaching the range must end
-        # before it is unmapped, or it faults and the context is lost (fuzz
-        # seed 3409: a segment destroyed behind its own get_nb).  A context
-        # already in error answers at once; its error is reported elsewhere.
-        cydriver.cuCtxSynchronize()
+    if pushed and m.type in (CU_MEM_VMM, CU_MEM_VMM_IMPORT, CU_MEM_IPC_IMPORT) \
+            and not _ctx_idle_within(k.ctx, _release_wait):
+        # work still queued after GEXMK_TIMEOUT: left mapped (see above)
+        global _release_leaks
+        _release_leaks += 1
+        cydriver.cuCtxPopCurrent(&c)
+        free(m)
+        memset(mem, 0, sizeof(gx_mem))
+        mem.device = -1
+        return CUDA_SUCCESS
     if m.type == CU_MEM_IPC_IMPORT:
         rc = cydriver.cuIpcCloseMemHandle(<CUdeviceptr>m.base)
         if rc != CUDA_SUCCESS:
@@ -294,9 +393,21 @@ cdef int _cu_release(void* kctx, gx_mem* mem) except -1 nogil:
         return 0
     if k == NULL or k.closed:
         return _closed(k)
+    cdef long leaks = _release_leaks
     rc = _free_mem(k, mem, &call)
+    if _release_leaks != leaks:
+        _warn_leak()
     if rc != CUDA_SUCCESS:
         return check(call, rc)
+    return 0
+
+
+cdef int _warn_leak() except -1 with gil:
+    import warnings
+    warnings.warn(f"cuda_uva: device memory released while work was still queued in its "
+                  f"context after {_release_wait:g} s (GEXMK_TIMEOUT; a stream waiting for a "
+                  "signal that does not come?) was left mapped, so that the work does not "
+                  "fault: it is given back when the process exits", RuntimeWarning, stacklevel=2)
     return 0
 
 

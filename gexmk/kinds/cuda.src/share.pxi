@@ -237,7 +237,10 @@ cdef int _cu_unmap(void* kctx, gx_mem* mem) except -1 nogil:
                                 "allocations and adopted memory")
     if k == NULL or k.closed:
         return _closed(k)
+    cdef long leaks = _release_leaks
     rc = _free_mem(k, mem, &call)
+    if _release_leaks != leaks:
+        _warn_leak()
     if rc != CUDA_SUCCESS:
         return check(call, rc)
     return 0
