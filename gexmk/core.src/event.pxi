@@ -221,15 +221,55 @@ def wait_some(events, timeout=None):
     live = _events(events)
     if not live:
         return []
-    deadline = time.monotonic() + limit
+    cdef double t0 = time.monotonic(), now, waited
+    cdef long nap = _nap_min
+    cdef bint naps = _naps_safe()
+    deadline = t0 + limit
     while True:
         done = [i for i, e in enumerate(events) if e is not None and (<Event>e).test()]
         if done:
             return done
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise TimeoutError_(f"wait_some: none of {len(live)} events completed within "
                                 f"{limit:g} s (timeout=, default GEXMK_TIMEOUT)")
-        _yield_cpu()
+        waited = now - t0
+        if not naps or waited < _yield_for:
+            _yield_cpu()
+            continue
+        # Past the yields, sleep between passes as a word wait does (issue 21: a
+        # waiting rank must not burn a core): naps doubling from _nap_min, up to
+        # _nap_max, or to 1/_NAP_SHARE of the time waited so far (at most
+        # _nap_long): a completion is seen at most that late.
+        _nap(nap)
+        if nap < _nap_max or nap < waited * 1e9 / _NAP_SHARE:
+            nap = min(2 * nap, max(<long>_nap_max, <long>(waited * 1e9 / _NAP_SHARE)),
+                      _nap_long)
+
+
+cdef bint _naps_safe() except -1:
+    """Whether a wait may sleep between its passes over events: every
+    transport of the client that needs its operations driven (manual
+    progress: ofi over tcp) has its progress thread running to drive them.
+    Where one does not, the waiter's own passes are all that moves its
+    transfers, and a nap would stall them (the waiter yields instead)."""
+    c = _client
+    if c is None:
+        return False
+    for tr in (<Client>c).transports.values():
+        dom = getattr(tr, "domain", None)
+        if dom is not None and getattr(dom, "manual_progress", True) \
+                and not getattr(dom, "progress_running", False):
+            return False
+    return True
+
+
+cdef void _nap(long ns) noexcept:
+    cdef timespec ts
+    ts.tv_sec = ns // 1000000000
+    ts.tv_nsec = ns % 1000000000
+    with nogil:
+        nanosleep(&ts, NULL)
 
 
 def test_all(events):
