@@ -242,9 +242,7 @@ def wait_some(events, timeout=None):
         # _nap_max, or to 1/_NAP_SHARE of the time waited so far (at most
         # _nap_long): a completion is seen at most that late.
         _nap(nap)
-        if nap < _nap_max or nap < waited * 1e9 / _NAP_SHARE:
-            nap = min(2 * nap, max(<long>_nap_max, <long>(waited * 1e9 / _NAP_SHARE)),
-                      _nap_long)
+        nap = min(2 * nap, max(<long>_nap_max, <long>(waited * 1e9 / _NAP_SHARE)), _nap_long)
 
 
 cdef bint _naps_safe() except -1:
