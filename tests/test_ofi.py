@@ -1245,3 +1245,44 @@ def test_polled_implicit_puts_complete(tmp_path):
 def test_wait_some_times_out(tmp_path):
     need("tcp;ofi_rxm")
     run(tmp_path, WAIT_SOME_TIMEOUT_WORKER, 2, "tcp;ofi_rxm", launcher_timeout=90).check()
+
+
+WAIT_SOME_SOURCE = r'''
+c = gexmk.init()
+tm = c.tm
+t = c.transports["ofi"]
+want = os.environ["GX_TEST_NEEDS_DRIVING"] == "1"
+assert t.needs_driving == want, (t.needs_driving, t.domain.manual_progress, t.domain.progress_running)
+seg = c.segment_attach(1 << 20)
+tm.barrier()
+# rank 1 waits in wait_some for rank 0, which sleeps; with no progress thread the
+# waiter's passes move its transfers, so it polls; else it naps between passes
+if tm.rank == 1:
+    t0 = time.monotonic()
+    assert gexmk.wait_some([tm.barrier_nb()], timeout=30) == [0]
+    assert time.monotonic() - t0 > 0.2
+    # a get_nb whose completion needs this process's progress completes all the same
+    got = np.zeros(1 << 20, np.uint8)
+    ev = tm.get_nb(got, 0, tm.addr(0, 0))
+    assert gexmk.wait_some([ev], timeout=30) == [0]
+    assert (got == 5).all()
+else:
+    np.asarray(seg)[:] = 5
+    time.sleep(0.3)
+    tm.barrier_nb().wait()
+tm.barrier()
+c.finalize()
+print("OK", tm.rank, flush=True)
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("thread,driving", [("auto", "0"), ("0", "1")], ids=["thread", "no_thread"])
+def test_wait_some_naps_only_where_no_transport_needs_driving(tmp_path, thread, driving):
+    # wait_some sleeps between passes (issue 21: a waiting rank must not burn a
+    # core) unless a transport moves its operations only while a waiter drives
+    # them: ofi over tcp with GEXMK_PROGRESS_THREAD=0 (its needs_driving)
+    need("tcp;ofi_rxm")
+    r = run(tmp_path, WAIT_SOME_SOURCE, 2, "tcp;ofi_rxm", launcher_timeout=90,
+            env={"GEXMK_PROGRESS_THREAD": thread, "GX_TEST_NEEDS_DRIVING": driving})
+    r.check()

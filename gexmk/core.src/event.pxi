@@ -246,18 +246,16 @@ def wait_some(events, timeout=None):
 
 
 cdef bint _naps_safe() except -1:
-    """Whether a wait may sleep between its passes over events: every
-    transport of the client that needs its operations driven (manual
-    progress: ofi over tcp) has its progress thread running to drive them.
-    Where one does not, the waiter's own passes are all that moves its
+    """Whether a wait may sleep between its passes over events: no transport
+    of the client says its operations move only while a waiter drives them
+    (its ``needs_driving``: manual progress without a progress thread).
+    Where one does, the waiter's own passes are all that moves its
     transfers, and a nap would stall them (the waiter yields instead)."""
     c = _client
     if c is None:
         return False
     for tr in (<Client>c).transports.values():
-        dom = getattr(tr, "domain", None)
-        if dom is not None and getattr(dom, "manual_progress", True) \
-                and not getattr(dom, "progress_running", False):
+        if getattr(tr, "needs_driving", False):
             return False
     return True
 

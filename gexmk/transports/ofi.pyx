@@ -694,6 +694,14 @@ cdef class OfiTransport:
                                                      and self.domain.manual_progress):
             self.domain.start_progress(spin=(cfg.progress_thread == "spin"))
 
+    @property
+    def needs_driving(self):
+        """True when this transport's operations move only while a waiting
+        thread drives them: a manual-progress provider with no progress
+        thread (GEXMK_PROGRESS_THREAD=0).  An event wait then polls without
+        napping (core wait_some)."""
+        return bool(self.domain.manual_progress and not self.domain.progress_running)
+
     # the Domain's attributes, for users and tests (client.transports["ofi"].provider)
     def __getattr__(self, name):
         return getattr(self.domain, name)
