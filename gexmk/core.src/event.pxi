@@ -221,7 +221,7 @@ def wait_some(events, timeout=None):
     live = _events(events)
     if not live:
         return []
-    cdef double t0 = time.monotonic(), now, waited
+    cdef double t0 = _mono(), now, waited
     cdef long nap = _nap_min
     cdef bint naps = _naps_safe()
     deadline = t0 + limit
@@ -229,7 +229,7 @@ def wait_some(events, timeout=None):
         done = [i for i, e in enumerate(events) if e is not None and (<Event>e).test()]
         if done:
             return done
-        now = time.monotonic()
+        now = _mono()
         if now > deadline:
             raise TimeoutError_(f"wait_some: none of {len(live)} events completed within "
                                 f"{limit:g} s (timeout=, default GEXMK_TIMEOUT)")
@@ -238,11 +238,11 @@ def wait_some(events, timeout=None):
             _yield_cpu()
             continue
         # Past the yields, sleep between passes as a word wait does (issue 21: a
-        # waiting rank must not burn a core): naps doubling from _nap_min, up to
-        # _nap_max, or to 1/_NAP_SHARE of the time waited so far (at most
-        # _nap_long): a completion is seen at most that late.
-        _nap(nap)
-        nap = min(2 * nap, max(<long>_nap_max, <long>(waited * 1e9 / _NAP_SHARE)), _nap_long)
+        # waiting rank must not burn a core; _nap_next): a completion is seen at
+        # most one nap late.
+        with nogil:
+            _nap_ns(nap)
+        nap = _nap_next(nap, waited)
 
 
 cdef bint _naps_safe() except -1:
@@ -259,13 +259,6 @@ cdef bint _naps_safe() except -1:
             return False
     return True
 
-
-cdef void _nap(long ns) noexcept:
-    cdef timespec ts
-    ts.tv_sec = ns // 1000000000
-    ts.tv_nsec = ns % 1000000000
-    with nogil:
-        nanosleep(&ts, NULL)
 
 
 def test_all(events):

@@ -155,6 +155,24 @@ cdef inline double _mono() noexcept nogil:
     return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
+cdef inline void _nap_ns(long ns) noexcept nogil:
+    cdef timespec ts
+    ts.tv_sec = ns // 1000000000
+    ts.tv_nsec = ns % 1000000000
+    nanosleep(&ts, NULL)
+
+
+cdef inline long _nap_next(long nap, double waited) noexcept nogil:
+    """The nap after ``nap`` in a wait that has lasted ``waited`` s: doubling up
+    to _nap_max, or to 1/_NAP_SHARE of the time waited (at most _nap_long)."""
+    cdef long cap = _nap_max
+    if _nap_long > cap and waited * (1e9 / _NAP_SHARE) > cap:
+        cap = <long>(waited * (1e9 / _NAP_SHARE))
+        if cap > _nap_long:
+            cap = _nap_long
+    return nap * 2 if nap < cap // 2 else cap
+
+
 cdef str _val_text(int dt, gx_val v):
     return repr(_from_val(dt, &v))
 
@@ -306,9 +324,8 @@ cdef Py_ssize_t wait_words_as(const gx_team* tm, const uintptr_t* addrs, Py_ssiz
     cdef bint net_sleep = False     # sleeping in the transports (_wait_sleep_pass)
     cdef int slept = 0              # the last pass slept in a transport (1), could not (-1)
     cdef double t0 = 0, deadline = 0, now, dead_at = 0
-    cdef long nap = _nap_min, cap
+    cdef long nap = _nap_min
     cdef int rc, why = 0, h = -2
-    cdef timespec ts
     cdef gx_wake* w = NULL          # counted in as a waiter on this wake word
     cdef uint32_t wseq = 0
     global _n_sleeps, _n_woken, _n_net_sleeps
@@ -435,15 +452,8 @@ cdef Py_ssize_t wait_words_as(const gx_team* tm, const uintptr_t* addrs, Py_ssiz
                     gx_wake_leave(w)
                     w = NULL
                 else:
-                    ts.tv_sec = nap // 1000000000
-                    ts.tv_nsec = nap % 1000000000
-                    nanosleep(&ts, NULL)
-                cap = _nap_max
-                if _nap_long > cap and (now - t0) * (1e9 / _NAP_SHARE) > cap:
-                    cap = <long>((now - t0) * (1e9 / _NAP_SHARE))
-                    if cap > _nap_long:
-                        cap = _nap_long
-                nap = nap * 2 if nap < cap // 2 else cap
+                    _nap_ns(nap)
+                nap = _nap_next(nap, now - t0)
     finally:
         if w != NULL:
             gx_wake_leave(w)
