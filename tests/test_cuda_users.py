@@ -293,10 +293,13 @@ def test_segment_destroyed_behind_its_own_nb_ops(client, cupy):
     assert (back == 5).all()
 
 
-_BLOCKED_STREAM = r"""
-import time, warnings
+_PRELUDE = r"""
+import faulthandler, sys, time, warnings
 import numpy as np, cupy
 import gexmk
+faulthandler.dump_traceback_later(60, exit=True)   # a hang shows where, then exits
+def step(what):
+    print("step", what, file=sys.stderr, flush=True)
 c = gexmk.init()
 mk = c.mk_create(gexmk.CUDA_UVA, 0)
 ep1 = c.ep_create()
@@ -304,24 +307,34 @@ words = c.segment_create(1 << 20, kind=mk)
 ep1.bind_segment(words)
 c.tm.publish_bound_segment([ep1])
 tm = ep1.pair(ep1.index)
+s = cupy.cuda.Stream(non_blocking=True)
+"""
+
+_BLOCKED_STREAM = _PRELUDE + r"""
 spare = c.segment_create(1 << 20, kind=mk)
 t0 = time.monotonic()
 spare.destroy()                              # nothing queued: at once
 idle = time.monotonic() - t0
 again = c.segment_create(1 << 20, kind=mk)
-s = cupy.cuda.Stream(non_blocking=True)
-tm.signal_wait_until_on_stream(words.address, gexmk.CMP_GE, 1, s.ptr)
 view = cupy.ndarray(1 << 20, cupy.uint8, cupy.cuda.MemoryPointer(
     cupy.cuda.UnownedMemory(again.address, 1 << 20, again), 0))
+view.fill(3)                                 # CuPy's fill kernel (fill(0) is a memset) is
+cupy.cuda.Device().synchronize()             # loaded now: loading it behind the wait hangs
+step("wait posted")
+tm.signal_wait_until_on_stream(words.address, gexmk.CMP_GE, 1, s.ptr)
 with s:
     view.fill(7)                             # queued behind the wait, into `again`
+step("fill queued")
 t0 = time.monotonic()
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter("always")
     again.destroy()                          # the stream waits for a signal nobody sends
 blocked = time.monotonic() - t0
+step("destroyed")
 tm.signal_op(0, words.address, 1)           # now it comes: the queued fill runs
+step("signalled")
 s.synchronize()                              # into memory left mapped: no fault
+step("stream ran")
 assert idle < 1.0, idle
 assert 1.5 < blocked < 20, blocked
 assert any("left mapped" in str(x.message) for x in w), [str(x.message) for x in w]
@@ -329,21 +342,50 @@ c.finalize()
 print("OK", round(idle, 3), round(blocked, 2))
 """
 
+_OWN_SIGNAL = _PRELUDE + r"""
+out = cupy.zeros(8, cupy.uint64)
+cupy.cuda.Device().synchronize()
+step("wait posted")
+tm.signal_wait_until_on_stream(words.address, gexmk.CMP_GE, 1, s.ptr)
+tm.put_on_stream(0, words.address + 64, out, s.ptr)   # behind the wait
+step("signalling")
+tm.signal_op(0, words.address, 1)           # the first kernel gexmk launches here
+step("signalled")
+s.synchronize()
+step("stream ran")
+c.finalize()
+print("OK")
+"""
+
+
+def _run_child(script, **env):
+    import os
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, **env),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "OK" in r.stdout, (r.stdout, r.stderr[-3000:])
+
 
 @gpu
 @needs_gpu
-def test_release_behind_a_stream_that_never_runs_is_bounded(cupy, tmp_path):
+def test_release_behind_a_stream_that_never_runs_is_bounded(cupy):
     # Releasing device memory waits for the context's queued work (as cuMemFree);
     # a stream blocked in signal_wait_until_on_stream for a signal that does not
     # come must not hold destroy() (or finalize) for ever: after GEXMK_TIMEOUT the
     # memory is left mapped, with a warning, and the stream runs on later.
-    import os
-    import subprocess
-    import sys
-    env = dict(os.environ, GEXMK_TIMEOUT="2")
-    r = subprocess.run([sys.executable, "-c", _BLOCKED_STREAM], env=env, capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 0 and "OK" in r.stdout, (r.stdout, r.stderr[-3000:])
+    _run_child(_BLOCKED_STREAM, GEXMK_TIMEOUT="2")
+
+
+@gpu
+@needs_gpu
+def test_own_signal_to_a_waiting_stream_is_not_held_by_kernel_loading(cupy):
+    # A stream waits (signal_wait_until_on_stream) for a word this same process
+    # then sets with signal_op, the first gexmk kernel of the process.  Under
+    # CUDA's lazy loading (the default since 12.2) loading that kernel while the
+    # stream waits may synchronize the context: the signal would wait for the
+    # stream that waits for it.  The kind loads its kernels before posting a wait.
+    _run_child(_OWN_SIGNAL, CUDA_MODULE_LOADING="LAZY")
 
 
 @gpu

@@ -141,6 +141,9 @@ LOCAL = [
            "host segment (a host bounce)", gpu=True),
     Memory("cupy-devep", "device", "a CuPy array outside every segment, from the EP bound to the "
            "VMM device segment of its GPU (that kind's copy engine)", gpu=True, ep="vmm"),
+    Memory("numpy-devep", "host", "a contiguous numpy array, from the EP bound to the VMM device "
+           "segment (host memory on a device-bound endpoint's paths: fuzz seed 7502)",
+           gpu=True, ep="vmm"),
     Memory("pool", "device", "stream-ordered pool memory (cuMemAllocAsync) outside every segment",
            gpu=True),
     Memory("torch", "device", "a PyTorch tensor (expandable segments) outside every segment",
@@ -176,7 +179,7 @@ class Op:
 _VAL_SIZES = ("1", "7", "8")
 #: VIS operations: local blocks in a numpy array (blocks as numpy slices), outside every
 #: segment by address, in the client segment, in the device segment (GPU paths).
-_VIS_LOCALS = ("numpy", "addr", "clientseg", "devseg")
+_VIS_LOCALS = ("numpy", "addr", "clientseg", "devseg", "numpy-devep")
 _INDEXED_SIZES = ("0", "8", "4095", "chunk")      # sizes with a divisor to cut equal blocks by
 _STRIDED_SIZES = ("8", "4095", "chunk")           # counts are at least 1: no empty shape
 _POLL = dict(sizes=("8", "3chunks+5"), locals=("numpy",))   # polled completion: few cells
@@ -316,11 +319,11 @@ class Refusal:
 def expected_path(path, target, local):
     """The path name ``tm.paths`` must give: by (target, local memory) where the table
     distinguishes them (a device-bound initiating endpoint may take another path), else
-    by target memory, else by its class.  Device memory outside the segment of a
-    device-bound endpoint takes that endpoint's paths, as its segment does, and every
-    local memory of one segment (devseg, devseg-strided) takes the same paths."""
+    by target memory, else by its class.  Memory outside the segment of a device-bound
+    endpoint (device or host) takes that endpoint's paths, as its segment does, and
+    every local memory of one segment (devseg, devseg-strided) takes the same paths."""
     mem = LOCAL_BY.get(local)
-    seg = mem and ((mem.cls == "device" and mem.ep) or mem.segment)
+    seg = mem and (mem.ep or mem.segment)
     if seg:
         local = next(m.name for m in LOCAL if m.segment == seg)
     for key in ((target.name, local), target.name, (target.cls, local), target.cls):

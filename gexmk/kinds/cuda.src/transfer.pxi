@@ -164,7 +164,7 @@ cdef int _cu_wait_value(void* kctx, void* stream, uintptr_t addr, uint64_t value
                         int cmp) except -1 nogil:
     """Work issued on `stream` after this waits, on the GPU, until the 64-bit
     word at device address addr compares (GX_WAITV_*) with value
-    (cuStreamWaitValue64)."""
+    (cuStreamWaitValue64).  The kind's kernels are loaded first (see below)."""
     cdef CudaCtx* k = <CudaCtx*>kctx
     cdef unsigned int flags
     cdef CUresult rc
@@ -182,8 +182,19 @@ cdef int _cu_wait_value(void* kctx, void* stream, uintptr_t addr, uint64_t value
     if k == NULL or k.closed:
         return _closed(k)
     _push(k)
-    rc = cydriver.cuStreamWaitValue64(<CUstream>stream, <CUdeviceptr>addr, value, flags)
-    _pop(k)
+    try:
+        # Load the kind's kernels before any stream waits on a word: under CUDA's
+        # lazy loading, loading a kernel may synchronize the context, and so would
+        # wait for this stream, which waits for the signal that kernel (a signal_op
+        # or atomic of this process) is to write: a deadlock.
+        k.lock.lock()
+        try:
+            _atomics_load(k)
+        finally:
+            k.lock.unlock()
+        rc = cydriver.cuStreamWaitValue64(<CUstream>stream, <CUdeviceptr>addr, value, flags)
+    finally:
+        _pop(k)
     return check("cuStreamWaitValue64", rc)
 
 
