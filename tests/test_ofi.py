@@ -1286,3 +1286,50 @@ def test_wait_some_naps_only_where_no_transport_needs_driving(tmp_path, thread, 
     r = run(tmp_path, WAIT_SOME_SOURCE, 2, "tcp;ofi_rxm", launcher_timeout=90,
             env={"GEXMK_PROGRESS_THREAD": thread, "GX_TEST_NEEDS_DRIVING": driving})
     r.check()
+
+
+OP_WAIT_SOURCE = r'''
+import subprocess
+c = gexmk.init()
+tm = c.tm
+seg = c.segment_attach(1 << 20)
+np.asarray(seg)[:] = 7
+tm.barrier()
+if tm.rank == 0:
+    got = np.zeros(1 << 16, np.uint8)
+    tm.get(got[:8], 1, tm.addr(1, 0))               # connected, warm
+    tm.barrier()
+    time.sleep(0.3)                                 # the target has stopped by now
+    w0, c0 = time.monotonic(), time.process_time()
+    tm.get_nb(got, 1, tm.addr(1, 0)).wait()         # served once the target runs again
+    wall, cpu = time.monotonic() - w0, time.process_time() - c0
+    assert (got == 7).all()
+    assert wall > 0.5, wall
+    # every thread of the process: spinning for the op's lifetime cost ~100 %.
+    # With GEXMK_PROGRESS_THREAD=0 the CQs have no wait fd (each completion would
+    # pay for signalling it): the wait polls, and the op completes all the same
+    if os.environ["GEXMK_PROGRESS_THREAD"] != "0":
+        assert cpu < 0.5 * wall, (cpu, wall)
+    print("CPU", round(cpu / wall * 100, 1), "% over", round(wall, 2), "s", flush=True)
+else:
+    tm.barrier()
+    # stopped for 1.2 s, every thread (a provider's own progress thread too):
+    # nothing serves the get meanwhile; a child sends SIGCONT
+    subprocess.Popen(["sh", "-c", f"sleep 1.2; kill -CONT {os.getpid()}"])
+    os.kill(os.getpid(), signal.SIGSTOP)
+tm.barrier()
+c.finalize()
+print("OK", tm.rank, flush=True)
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("thread", ["auto", "0"])
+def test_op_wait_sleeps_while_its_target_is_stopped(tmp_path, thread):
+    # Event.wait on a get whose target is stopped (SIGSTOP) for 1.2 s: the
+    # initiator waits in the CQ fds, not polling for the op's lifetime (issue 21);
+    # the get completes once the target runs again.  Before: 100 % of a core.
+    need("tcp;ofi_rxm")
+    r = run(tmp_path, OP_WAIT_SOURCE, 2, "tcp;ofi_rxm", launcher_timeout=90,
+            env={"GEXMK_PROGRESS_THREAD": thread})
+    r.check()

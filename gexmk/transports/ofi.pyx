@@ -223,14 +223,22 @@ cdef bint HOT_FIXED = False
 # A thread waiting for its own operation (_spin) polls that operation's endpoint
 # every pass and all of the process's endpoints every SPIN_ALL passes (1: every pass).
 cdef int SPIN_ALL = 8
+# ... and, once the op has been outstanding about SPIN_SLEEP_AFTER (counted from
+# the 64th pass), waits in the CQ fds as the word waits do (_sleep_pass), each
+# sleep at most SPIN_SLEEP_US before the op's target's health and the deadline
+# are looked at again.  An op whose target does not serve it (busy with the
+# progress thread off, gone, or a long transfer) no longer costs a core.
+cdef double SPIN_SLEEP_AFTER = 200e-6
+cdef int SPIN_SLEEP_US = 1000
 # Private, for experiments (bench/waiting.py):
-# GEXMK_OFI_WAIT_TUNE="hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt[,woken_only[,spin_all]]]]]]".
+# GEXMK_OFI_WAIT_TUNE="hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt[,woken_only[,spin_all[,spin_sleep_us]]]]]]]"
+# (spin_sleep_us < 0: an op's wait never sleeps, as before).
 _tune = os.environ.get("GEXMK_OFI_WAIT_TUNE", "")
 if _tune:
     try:
         _tv = [float(x) for x in _tune.split(",")]
     except ValueError:
-        raise ArgumentError(f"GEXMK_OFI_WAIT_TUNE={_tune!r}: expected hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt[,woken_only[,spin_all]]]]]] "
+        raise ArgumentError(f"GEXMK_OFI_WAIT_TUNE={_tune!r}: expected hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt[,woken_only[,spin_all[,spin_sleep_us]]]]]]] "
                             "(numbers)") from None
     WAIT_HOT = _tv[0] * 1e-6
     if len(_tv) > 1:
@@ -245,6 +253,8 @@ if _tune:
         PT_WOKEN_ONLY = _tv[5] != 0
     if len(_tv) > 6:
         SPIN_ALL = <int>min(_tv[6], 1 << 20) if _tv[6] >= 1 else 1   # no float -> int overflow
+    if len(_tv) > 7:
+        SPIN_SLEEP_AFTER = _tv[7] * 1e-6
 
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"

@@ -218,11 +218,18 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
     closed since its publication (shm: the op sits in a queue nobody reads
     any more; rma.pxi _gone).
     While a thread spins here the progress thread stands aside
-    (dom.waiters), so the two do not fight over the CQ and cores."""
+    (dom.waiters), so the two do not fight over the CQ and cores.
+
+    An op still outstanding after SPIN_SLEEP_AFTER (its target does not
+    serve it yet, a long transfer) is waited for as the word waits do: in
+    the CQ fds (_sleep_pass: woken at once by traffic, polling while traffic
+    flows, asleep while none comes), where the endpoint has them; else the
+    passes go on as before (no wait fd: nothing would wake a sleeper)."""
     cdef ofi_dom* dom = op.ep.dom
-    cdef double deadline = 0, since = 0
+    cdef double deadline = 0, since = 0, t0 = 0
     cdef unsigned long spins = 0
-    cdef int why = 0
+    cdef int why = 0, r
+    cdef bint sleepy = False
     gx_add_long(&dom.waiters, 1)
     _app_active(dom)
     _tr(TR_SPIN_IN)
@@ -237,12 +244,28 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
         # SPIN_ALL passes (a waiter still serves its peers; each pass over an
         # rxm endpoint is a poll of its sockets, and an 8 B round trip paid
         # for those of every endpoint)
-        if (_progress_all(dom) if SPIN_ALL <= 1 or spins % SPIN_ALL == 0
-                else _progress_quiet(op.ep)) < 0:
+        if sleepy:
+            r = _sleep_pass(op.ep, SPIN_SLEEP_US)
+            if r == 1:
+                sleepy = False      # no wait fd after all: poll on
+                gx_add_long(&dom.waiters, 1)
+        else:
+            r = (_progress_all(dom) if SPIN_ALL <= 1 or spins % SPIN_ALL == 0
+                 else _progress_quiet(op.ep))
+        if r < 0:
             why = 3
             break
         spins += 1
-        if (spins & 1023) == 0:
+        if (spins & 63) == 0 and not sleepy and op.ep.can_wait and SPIN_SLEEP_AFTER >= 0:
+            if t0 == 0:
+                t0 = _now()
+            elif _now() - t0 > SPIN_SLEEP_AFTER:
+                # asleep, this thread no longer keeps the progress thread aside:
+                # _sleep_pass does while it sleeps on every endpoint's CQs; where
+                # it sleeps on its own endpoint's only, that thread serves the rest
+                sleepy = True
+                gx_add_long(&dom.waiters, -1)
+        if sleepy or (spins & 1023) == 0:
             if t != NULL and t.g.dead:
                 why = 1
                 break
@@ -259,7 +282,8 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
                 break
     _tr(TR_SPIN_OUT)
     _app_active(dom)
-    gx_add_long(&dom.waiters, -1)
+    if not sleepy:
+        gx_add_long(&dom.waiters, -1)
     return why
 
 
@@ -578,6 +602,14 @@ cdef void _short_nap(int us) noexcept nogil:
 
 
 cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
+    """_sleep_pass, its CQ failure raised."""
+    cdef int r = _sleep_pass(ep, us)
+    if r < 0:
+        return check("fi_cq_read", -FI_EIO)
+    return r
+
+
+cdef int _sleep_pass(ofi_ep* ep, int us) noexcept nogil:
     """A wait whose words only the network writes has nothing left to do but
     sleep (GX_WAIT_SLEEP): block in the CQ wait fds until traffic comes or
     ``us`` microseconds pass, then progress, which lands the signal that
@@ -594,7 +626,8 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
     (many endpoints, or one without a wait fd) it sleeps on its own and the
     progress thread serves the rest.  2 once done; 1, after a plain pass,
     where the CQs have no wait fd (no sleeping progress thread:
-    GEXMK_PROGRESS_THREAD off or spin), and the wait sleeps on its word."""
+    GEXMK_PROGRESS_THREAD off or spin), and the wait sleeps on its word;
+    -1 when a CQ fails."""
     cdef ofi_dom* d = ep.dom
     cdef fid* fids[2 * SLEEP_EPS]
     cdef pollfd pfds[2 * SLEEP_EPS]
@@ -615,7 +648,7 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
         _short_nap(ep.nap_us if ep.nap_us < us else us)
         i = _progress_all(d)
         if i < 0 or (ep.acq != NULL and _read_cq(ep.acq) < 0):
-            return check("fi_cq_read", -FI_EIO)
+            return -1
         if i > 0:
             ep.nap_us = UNSERVED_NAP_US
         elif ep.nap_us < us:
@@ -624,7 +657,7 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
         return 2
     if not ep.can_wait:
         if _read_ep_cq(ep) < 0 or (ep.acq != NULL and _read_cq(ep.acq) < 0):
-            return check("fi_cq_read", -FI_EIO)
+            return -1
         return 1
     gx_add_long(&d.readers, 1)
     gx_mem_fence()
@@ -683,6 +716,6 @@ cdef int _wait_sleep(ofi_ep* ep, int us) except -1 nogil:
         rc = -1
     gx_add_long(&d.readers, -1)
     if rc < 0:
-        return check("fi_cq_read", -FI_EIO)
+        return -1
     d.wait_pass_end = _now()
     return 2
