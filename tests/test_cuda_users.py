@@ -381,10 +381,10 @@ def test_release_behind_a_stream_that_never_runs_is_bounded(cupy):
 @needs_gpu
 def test_own_signal_to_a_waiting_stream_is_not_held_by_kernel_loading(cupy):
     # A stream waits (signal_wait_until_on_stream) for a word this same process
-    # then sets with signal_op, the first gexmk kernel of the process.  Under
-    # CUDA's lazy loading (the default since 12.2) loading that kernel while the
-    # stream waits may synchronize the context: the signal would wait for the
-    # stream that waits for it.  The kind loads its kernels before posting a wait.
+    # then sets with signal_op, the first gexmk kernel of the process.  Loading
+    # a module waits for the context's streams (lazy and eager modes alike,
+    # bench/diagnostics/lazy_loading.py): the signal would wait for the stream
+    # that waits for it.  The kind loads its kernels before posting a wait.
     _run_child(_OWN_SIGNAL, CUDA_MODULE_LOADING="LAZY")
 
 

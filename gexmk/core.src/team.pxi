@@ -1022,11 +1022,12 @@ cdef class Team:
         64-bit signal word at ``sig_addr`` (in the device segment bound to this
         team's endpoint) satisfies ``cmp`` (CMP_EQ, CMP_GE or CMP_GT) against
         ``value`` (NVSHMEM ``signal_wait_until_on_stream``,
-        ``cuStreamWaitValue64``).  The host does not wait.  The memory kind's own kernels
-        are loaded before the wait is posted; a kernel of the program first
-        used while the stream waits may not start until the wait ends (under
-        CUDA's lazy module loading, loading one can synchronize the context):
-        run such kernels once before, or set CUDA_MODULE_LOADING=EAGER."""
+        ``cuStreamWaitValue64``).  The host does not wait.  The memory kind's
+        own kernels are loaded before the wait is posted.  Loading a module
+        waits for the context's streams (measured: in CUDA's lazy and eager
+        loading modes alike), so a program's kernel first used (loaded) while
+        the stream waits hangs the loading thread until the wait ends: run
+        such kernels once before posting the wait."""
         _wait_on_stream(self, sig_addr, cmp, value, stream)
 
     def signal_op(self, rank, sig_addr, value, sig_op=GX_SIGNAL_SET):

@@ -227,8 +227,11 @@ cdef int SPIN_ALL = 8
 # the 64th pass), waits in the CQ fds as the word waits do (_sleep_pass), each
 # sleep at most SPIN_SLEEP_US before the op's target's health and the deadline
 # are looked at again.  An op whose target does not serve it (busy with the
-# progress thread off, gone, or a long transfer) no longer costs a core.
-cdef double SPIN_SLEEP_AFTER = 200e-6
+# progress thread off, gone, or a long transfer) no longer costs a core.  2 ms:
+# a 4 MiB put over tcp loopback (0.7-1.5 ms) polls to its end; at 200 us it
+# slept between socket wake-ups and ran at 2.8-3.5 GB/s, 3.3-5.5 polling
+# (bench/waiting.py, alternated, this 2-core VM).
+cdef double SPIN_SLEEP_AFTER = 2e-3
 cdef int SPIN_SLEEP_US = 1000
 # Private, for experiments (bench/waiting.py):
 # GEXMK_OFI_WAIT_TUNE="hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt[,woken_only[,spin_all[,spin_sleep_us]]]]]]]"

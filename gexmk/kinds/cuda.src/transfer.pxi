@@ -183,10 +183,11 @@ cdef int _cu_wait_value(void* kctx, void* stream, uintptr_t addr, uint64_t value
         return _closed(k)
     _push(k)
     try:
-        # Load the kind's kernels before any stream waits on a word: under CUDA's
-        # lazy loading, loading a kernel may synchronize the context, and so would
-        # wait for this stream, which waits for the signal that kernel (a signal_op
-        # or atomic of this process) is to write: a deadlock.
+        # Load the kind's kernels before any stream waits on a word: loading a
+        # module waits for the context's streams (visit 45, lazy and eager modes:
+        # bench/diagnostics/lazy_loading.py), so it would wait for this stream,
+        # which waits for the signal that kernel (a signal_op or atomic of this
+        # process) is to write: a deadlock.
         k.lock.lock()
         try:
             _atomics_load(k)
