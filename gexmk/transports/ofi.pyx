@@ -224,9 +224,9 @@ cdef bint HOT_FIXED = False
 # every pass and all of the process's endpoints every SPIN_ALL passes (1: every pass).
 cdef int SPIN_ALL = 8
 # ... and, once the op has been outstanding about SPIN_SLEEP_AFTER (counted from
-# the 64th pass), waits in the CQ fds as the word waits do (_sleep_pass), each
-# sleep at most SPIN_SLEEP_US before the op's target's health and the deadline
-# are looked at again.  An op whose target does not serve it (busy with the
+# the 64th pass), waits in the CQ fds as the word waits do (_sleep_pass): sleeps
+# of SPIN_SLEEP_US, longer while nothing comes (up to QUIET_SLEEP_MAX_US), the
+# op's target's health and the deadline looked at after each.  An op whose target does not serve it (busy with the
 # progress thread off, gone, or a long transfer) no longer costs a core.  2 ms:
 # a 4 MiB put over tcp loopback (0.7-1.5 ms) polls to its end; at 200 us it
 # slept between socket wake-ups and ran at 2.8-3.5 GB/s, 3.3-5.5 polling

@@ -240,16 +240,16 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
             if gx_load_int(&op.state) != OP_DONE:
                 why = 4
             break
-        # its own endpoint every pass, every endpoint of the process every
-        # SPIN_ALL passes (a waiter still serves its peers; each pass over an
-        # rxm endpoint is a poll of its sockets, and an 8 B round trip paid
-        # for those of every endpoint)
         if sleepy:
             r = _sleep_pass(op.ep, SPIN_SLEEP_US)
             if r == 1:
                 sleepy = False      # no wait fd after all: poll on
                 gx_add_long(&dom.waiters, 1)
         else:
+            # its own endpoint every pass, every endpoint of the process every
+            # SPIN_ALL passes (a waiter still serves its peers; each pass over an
+            # rxm endpoint is a poll of its sockets, and an 8 B round trip paid
+            # for those of every endpoint)
             r = (_progress_all(dom) if SPIN_ALL <= 1 or spins % SPIN_ALL == 0
                  else _progress_quiet(op.ep))
         if r < 0:
