@@ -211,6 +211,52 @@ cdef int _progress(ofi_ep* ep) except -1 nogil:
     return n
 
 
+cdef struct _waiting:
+    double t0                   # when the wait's 64th pass ran (0: not yet)
+    unsigned long passes
+    bint asleep                 # sleeping in the CQ fds (_sleep_pass), dom.waiters given up
+
+
+cdef int _wait_pass(_waiting* w, ofi_ep* ep, int all_every) noexcept nogil:
+    """One pass of a thread that waits for ep's operations (_spin, net_nbi_wait)
+    and holds dom.waiters: a poll of ep, and of every endpoint of the process
+    every all_every passes.  Once the wait has lasted SPIN_SLEEP_AFTER where ep
+    has wait fds, a sleep in them instead (_sleep_pass, as the word waits do:
+    woken at once by traffic, polling while traffic flows), with dom.waiters
+    given up: _sleep_pass takes it while it sleeps on every endpoint's CQs;
+    where it sleeps on ep's alone, the progress thread serves the rest.
+    -1 when a CQ fails; 1 when the caller's checks (the target's health, the
+    deadline) are due: every 1024th polling pass, every sleeping one; else 0."""
+    cdef ofi_dom* dom = ep.dom
+    cdef int r
+    if w.asleep:
+        r = _sleep_pass(ep, SPIN_SLEEP_US)
+        if r == 1:
+            w.asleep = False        # no wait fd after all: poll on
+            gx_add_long(&dom.waiters, 1)
+    else:
+        # (each pass over an rxm endpoint is a poll of its sockets: an 8 B round
+        # trip paid for those of every endpoint, hence all_every)
+        r = _progress_all(dom) if all_every <= 1 or w.passes % all_every == 0 \
+            else _progress_quiet(ep)
+    if r < 0:
+        return -1
+    w.passes += 1
+    if (w.passes & 63) == 0 and not w.asleep and ep.can_wait and SPIN_SLEEP_AFTER >= 0:
+        if w.t0 == 0:
+            w.t0 = _now()
+        elif _now() - w.t0 > SPIN_SLEEP_AFTER:
+            w.asleep = True
+            gx_add_long(&dom.waiters, -1)
+    return 1 if w.asleep or (w.passes & 1023) == 0 else 0
+
+
+cdef inline void _wait_end(_waiting* w, ofi_dom* dom) noexcept nogil:
+    """The wait's dom.waiters back, unless it gave it up asleep."""
+    if not w.asleep:
+        gx_add_long(&dom.waiters, -1)
+
+
 cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
     """Progress until op completes: 0, or 1 when its target died, 2 on timeout,
     3 when the CQ itself fails, 4 when its endpoint was closed under it, 5
@@ -221,15 +267,14 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
     (dom.waiters), so the two do not fight over the CQ and cores.
 
     An op still outstanding after SPIN_SLEEP_AFTER (its target does not
-    serve it yet, a long transfer) is waited for as the word waits do: in
-    the CQ fds (_sleep_pass: woken at once by traffic, polling while traffic
-    flows, asleep while none comes), where the endpoint has them; else the
-    passes go on as before (no wait fd: nothing would wake a sleeper)."""
+    serve it yet, a long transfer) is waited for in the CQ fds where the
+    endpoint has them (_wait_pass); else the passes poll on (no wait fd:
+    nothing would wake a sleeper)."""
     cdef ofi_dom* dom = op.ep.dom
-    cdef double deadline = 0, since = 0, t0 = 0
-    cdef unsigned long spins = 0
+    cdef double deadline = 0, since = 0
     cdef int why = 0, r
-    cdef bint sleepy = False
+    cdef _waiting w
+    memset(&w, 0, sizeof(w))
     gx_add_long(&dom.waiters, 1)
     _app_active(dom)
     _tr(TR_SPIN_IN)
@@ -240,32 +285,12 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
             if gx_load_int(&op.state) != OP_DONE:
                 why = 4
             break
-        if sleepy:
-            r = _sleep_pass(op.ep, SPIN_SLEEP_US)
-            if r == 1:
-                sleepy = False      # no wait fd after all: poll on
-                gx_add_long(&dom.waiters, 1)
-        else:
-            # its own endpoint every pass, every endpoint of the process every
-            # SPIN_ALL passes (a waiter still serves its peers; each pass over an
-            # rxm endpoint is a poll of its sockets, and an 8 B round trip paid
-            # for those of every endpoint)
-            r = (_progress_all(dom) if SPIN_ALL <= 1 or spins % SPIN_ALL == 0
-                 else _progress_quiet(op.ep))
+        # (a waiter still serves its peers: every endpoint each SPIN_ALL passes)
+        r = _wait_pass(&w, op.ep, SPIN_ALL)
         if r < 0:
             why = 3
             break
-        spins += 1
-        if (spins & 63) == 0 and not sleepy and op.ep.can_wait and SPIN_SLEEP_AFTER >= 0:
-            if t0 == 0:
-                t0 = _now()
-            elif _now() - t0 > SPIN_SLEEP_AFTER:
-                # asleep, this thread no longer keeps the progress thread aside:
-                # _sleep_pass does while it sleeps on every endpoint's CQs; where
-                # it sleeps on its own endpoint's only, that thread serves the rest
-                sleepy = True
-                gx_add_long(&dom.waiters, -1)
-        if sleepy or (spins & 1023) == 0:
+        if r:
             if t != NULL and t.g.dead:
                 why = 1
                 break
@@ -282,8 +307,7 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
                 break
     _tr(TR_SPIN_OUT)
     _app_active(dom)
-    if not sleepy:
-        gx_add_long(&dom.waiters, -1)
+    _wait_end(&w, dom)
     return why
 
 
@@ -355,25 +379,29 @@ cdef void net_orphan(void* opv) noexcept nogil:
 cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
     cdef ofi_ep* ep = <ofi_ep*>epv
     cdef double deadline = 0, stalled = 0
-    cdef unsigned long spins = 0
     cdef long last = -1, now_out
-    cdef int err, c, i
+    cdef int err, c, i, r
     cdef int why = 0
     cdef ofi_peer* gone = NULL
+    cdef _waiting w
     if ep.ep == NULL:
         with gil:
             raise StateError("nbi_wait: the endpoint's network context is closed")
     _ring_idle_check(ep)
+    memset(&w, 0, sizeof(w))
     gx_add_long(&ep.dom.waiters, 1)
     _app_active(ep.dom)
     for c in range(3):
         if not (categories & (1 << c)):
             continue
         while gx_load_long(&ep.nbi[c]) > 0 and why == 0:
-            if _progress_all(ep.dom) < 0:
+            # every endpoint on every pass; asleep in the CQ fds once the wait
+            # has lasted SPIN_SLEEP_AFTER (a get_nbi to a stopped target: 68 %
+            # of a core before)
+            r = _wait_pass(&w, ep, 1)
+            if r < 0:
                 why = 3
-            spins += 1
-            if (spins & 1023) == 0:
+            elif r:
                 if deadline == 0:
                     deadline = _now() + ep.dom.timeout
                 elif _now() > deadline:
@@ -391,7 +419,7 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
                     if gone != NULL:
                         why = 6
     _app_active(ep.dom)
-    gx_add_long(&ep.dom.waiters, -1)
+    _wait_end(&w, ep.dom)
     if why == 1:
         _abandon_nbi(ep)
         with gil:
