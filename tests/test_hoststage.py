@@ -163,31 +163,27 @@ def test_one_process_two_device_endpoints_host_staged(monkeypatch, gpus):
         # VIS with host blocks on the staged path, blocking, NB and NBI: the target's
         # GPU copies them, complete at issue (fuzz seed 7502: the NB forms' wait, and
         # a blocking call's chunks, raised UnsupportedError -- no op to wait for)
+        def vis(name, form, *args):
+            if form == "blocking":
+                getattr(a, name)(*args)
+            elif form == "nb":
+                getattr(a, name + "_nb")(*args).wait()
+            else:
+                getattr(a, name + "_nbi")(*args)
+                gexmk.nbi_wait()
+
         k = 64
         dsts = [(segs[1].address + i * 4096 + 7, 100) for i in range(k)]
         want = np.concatenate([data[i * 100:(i + 1) * 100] for i in range(k)])
         for form in ("blocking", "nb", "nbi"):
             h1.put(0, segs[1].address, np.zeros(k * 4096, np.uint8))
-            srcs = [data[i * 100:(i + 1) * 100] for i in range(k)]
-            if form == "blocking":
-                a.put_vector(0, dsts, srcs)
-            elif form == "nb":
-                a.put_vector_nb(0, dsts, srcs).wait()
-            else:
-                a.put_vector_nbi(0, dsts, srcs)
-                gexmk.nbi_wait()
+            vis("put_vector", form, 0, dsts, [data[i * 100:(i + 1) * 100] for i in range(k)])
             got = np.zeros(k * 4096, np.uint8)
             h1.get(got, 0, segs[1].address)
             assert np.array_equal(np.concatenate([got[i * 4096 + 7:i * 4096 + 107]
                                                   for i in range(k)]), want), form
             outs = [np.zeros(100, np.uint8) for _ in range(k)]
-            if form == "blocking":
-                a.get_vector(outs, 0, dsts)
-            elif form == "nb":
-                a.get_vector_nb(outs, 0, dsts).wait()
-            else:
-                a.get_vector_nbi(outs, 0, dsts)
-                gexmk.nbi_wait()
+            vis("get_vector", form, outs, 0, dsts)
             assert np.array_equal(np.concatenate(outs), want), form
 
 

@@ -799,6 +799,10 @@ def _divisor(n, most=64):
 _SHAPES = {8: (1, (2, 2, 2)), 4095: (5, (7, 9, 13)), 64 * 1024: (8, (16, 16, 32))}
 
 
+#: Local memories whose VIS blocks are given as numpy arrays (others: by address).
+_ARRAY_SIDES = ("numpy", "numpy-devep")
+
+
 def vis_op(op, tm, peer, dest, loc, n, idx):
     """One VIS cell: the local n bytes and the remote [dest, dest + n) correspond byte
     for byte, moved as blocks in a shuffled order (so a path that ignores the lists, or
@@ -819,7 +823,7 @@ def vis_op(op, tm, peer, dest, loc, n, idx):
         for o, b in order:                  # cut differently: every block in two
             for lo, lb in ((o, b // 2), (o + b // 2, b - b // 2)):
                 if lb:
-                    local.append(loc.obj[lo:lo + lb] if loc.name.startswith("numpy") else (base + lo, lb))
+                    local.append(loc.obj[lo:lo + lb] if loc.name in _ARRAY_SIDES else (base + lo, lb))
         if is_put:
             ev = (tm.put_vector_nb if nb else tm.put_vector_nbi if nbi else tm.put_vector)(
                 peer, remote, local)
@@ -840,7 +844,7 @@ def vis_op(op, tm, peer, dest, loc, n, idx):
             rem = [dest + b * j for j in q]
             lad = [base + b * j for j in q]
             lb = b
-        if loc.name.startswith("numpy"):
+        if loc.name in _ARRAY_SIDES:
             # both sides as uint64 arrays: where the block sizes agree (an odd
             # count of blocks), the one-pass intake of two address arrays
             lad = np.array(lad, np.uint64)
@@ -855,7 +859,7 @@ def vis_op(op, tm, peer, dest, loc, n, idx):
         e, (c0, c1, c2) = _SHAPES.get(n, (n, (1, 1, 1)))
         counts = [c1, c0, c2]                   # the standard layout's dimensions transposed
         strides = [e * c0, e, e * c0 * c1]
-        lside = loc.obj if loc.name.startswith("numpy") else base
+        lside = loc.obj if loc.name in _ARRAY_SIDES else base
         if is_put:
             fn = tm.put_strided_nb if nb else tm.put_strided_nbi if nbi else tm.put_strided
             ev = fn(peer, dest, strides, lside, strides, e, counts)

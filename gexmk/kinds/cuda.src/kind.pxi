@@ -414,9 +414,10 @@ cdef class Allocation:
 
     def __dealloc__(self):
         cdef const char* call = NULL
+        cdef bint leaked = False        # (no warning from a destructor)
         if self.mem.priv != NULL and self._kind is not None and self._kind._k != NULL \
                 and not self._kind._k.closed:
-            _free_mem(self._kind._k, &self.mem, &call)
+            _free_mem(self._kind._k, &self.mem, &call, &leaked)
 
     @property
     def addr(self) -> int:

@@ -273,7 +273,6 @@ try:
     _release_wait = _config_timeout()
 except Exception:                   # noqa: BLE001 - a bad GEXMK_TIMEOUT is reported by gexmk.init
     pass
-cdef long _release_leaks = 0        # releases that left their memory mapped (work still queued)
 
 
 cdef struct _SyncJob:
@@ -332,11 +331,13 @@ cdef bint _ctx_idle_within(CUcontext ctx, double secs) noexcept nogil:
     return done
 
 
-cdef CUresult _free_mem(CudaCtx* k, gx_mem* mem, const char** call) noexcept nogil:
+cdef CUresult _free_mem(CudaCtx* k, gx_mem* mem, const char** call,
+                        bint* leaked) noexcept nogil:
     """Give back whatever mem holds, by its type (see _cu_release/_cu_unmap);
     every step is tried and the first failure returned (its call in *call).
     mem is zeroed and its priv freed whatever happens: a failed destructor
-    leaks rather than leaving a dangling handle behind."""
+    leaks rather than leaving a dangling handle behind.  *leaked: set when
+    work was still queued after GEXMK_TIMEOUT and the memory left mapped."""
     cdef CuMem* m = <CuMem*>mem.priv
     cdef CUresult rc, first = CUDA_SUCCESS
     cdef CUcontext c
@@ -348,8 +349,7 @@ cdef CUresult _free_mem(CudaCtx* k, gx_mem* mem, const char** call) noexcept nog
     if pushed and m.type in (CU_MEM_VMM, CU_MEM_VMM_IMPORT, CU_MEM_IPC_IMPORT) \
             and not _ctx_idle_within(k.ctx, _release_wait):
         # work still queued after GEXMK_TIMEOUT: left mapped (see above)
-        global _release_leaks
-        _release_leaks += 1
+        leaked[0] = True
         cydriver.cuCtxPopCurrent(&c)
         free(m)
         memset(mem, 0, sizeof(gx_mem))
@@ -387,15 +387,19 @@ cdef int _cu_release(void* kctx, gx_mem* mem) except -1 nogil:
     waits).  Every step is tried; the first failure is raised.
     Idempotent on a released gx_mem."""
     cdef CudaCtx* k = <CudaCtx*>kctx
-    cdef const char* call = NULL
-    cdef CUresult rc
     if mem.priv == NULL:
         return 0
     if k == NULL or k.closed:
         return _closed(k)
-    cdef long leaks = _release_leaks
-    rc = _free_mem(k, mem, &call)
-    if _release_leaks != leaks:
+    return _give_back(k, mem)
+
+
+cdef int _give_back(CudaCtx* k, gx_mem* mem) except -1 nogil:
+    """_free_mem, its failure raised and a mapping it had to leave warned of."""
+    cdef const char* call = NULL
+    cdef bint leaked = False
+    cdef CUresult rc = _free_mem(k, mem, &call, &leaked)
+    if leaked:
         _warn_leak()
     if rc != CUDA_SUCCESS:
         return check(call, rc)

@@ -227,8 +227,6 @@ cdef int _cu_unmap(void* kctx, gx_mem* mem) except -1 nogil:
     first failure is raised.  Idempotent on an unmapped gx_mem."""
     cdef CudaCtx* k = <CudaCtx*>kctx
     cdef CuMem* m = <CuMem*>mem.priv
-    cdef const char* call = NULL
-    cdef CUresult rc
     if m == NULL:
         return 0
     if m.type != CU_MEM_VMM_IMPORT and m.type != CU_MEM_IPC_IMPORT:
@@ -237,10 +235,4 @@ cdef int _cu_unmap(void* kctx, gx_mem* mem) except -1 nogil:
                                 "allocations and adopted memory")
     if k == NULL or k.closed:
         return _closed(k)
-    cdef long leaks = _release_leaks
-    rc = _free_mem(k, mem, &call)
-    if _release_leaks != leaks:
-        _warn_leak()
-    if rc != CUDA_SUCCESS:
-        return check(call, rc)
-    return 0
+    return _give_back(k, mem)
