@@ -241,10 +241,12 @@ cdef long _lz_pass(lz_zone* z) noexcept nogil:
                     _lz_back(z, r, ring)
                 st = <uint64_t>_lz_serve(z, ring, s, desc, words)
             z.handled[r * z.slots + s] = q
+            # counted before the answer is published: whoever saw the answer
+            # (and synchronised with this process after) sees the count
+            z.landed += 1
             gx_lz_publish(&words[s], q | (st << LZ_SEQ_BITS))
             work += 1
     if work:
-        z.landed += work
         gx_wake_waiters(<gx_wake*>(z.mem + 64))
     return work
 
