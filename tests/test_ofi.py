@@ -1339,3 +1339,43 @@ def test_op_wait_sleeps_while_its_target_is_stopped(tmp_path, thread, form):
     r = run(tmp_path, OP_WAIT_SOURCE, 2, "tcp;ofi_rxm", launcher_timeout=90,
             env={"GEXMK_PROGRESS_THREAD": thread, "GX_TEST_FORM": form})
     r.check()
+
+
+MANY_EPS_SOURCE = r'''
+c = gexmk.init()
+tm = c.tm
+eps = [c.ep_create() for _ in range(int(os.environ["GX_TEST_EPS"]))]
+seg = c.segment_attach(1 << 20)
+np.asarray(seg)[:] = 9
+tm.barrier()
+if tm.rank == 1:
+    # idle in Python: only the progress thread runs (it serves rank 0's gets below)
+    w0, c0 = time.monotonic(), time.process_time()
+    while time.monotonic() - w0 < 1.0:
+        time.sleep(0.05)
+    wall, cpu = time.monotonic() - w0, time.process_time() - c0
+    print("CPU", round(cpu / wall * 100, 1), "% idle with", len(eps) + 2, "endpoints", flush=True)
+    # polling them with 20 us naps cost ~50 % of a core (42 endpoints: ~62 %)
+    assert cpu < 0.2 * wall, (cpu, wall)
+    tm.barrier()
+else:
+    tm.barrier()
+got = np.zeros(64, np.uint8)
+tm.get(got, 1 - tm.rank, tm.addr(1 - tm.rank, 0))    # served by the peer's thread asleep in the fds
+assert (got == 9).all()
+tm.barrier()
+c.finalize()
+print("OK", tm.rank, flush=True)
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("neps", [8, 40])
+def test_progress_thread_sleeps_with_many_endpoints(tmp_path, neps):
+    # A process with more endpoints than the progress thread slept on (8 before)
+    # polled them all with 20 us naps while it did nothing (issue 21); it now
+    # sleeps in the CQ fds of up to SLEEP_EPS (64) endpoints.
+    need("tcp;ofi_rxm")
+    r = run(tmp_path, MANY_EPS_SOURCE, 2, "tcp;ofi_rxm", launcher_timeout=90,
+            env={"GEXMK_PROGRESS_THREAD": "auto", "GX_TEST_EPS": str(neps)})
+    r.check()

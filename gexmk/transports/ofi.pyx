@@ -134,7 +134,9 @@ cdef enum:
     MAX_TOUCHED = 16        # targets of unflushed implicit puts remembered per endpoint
     MAX_EPS = 1024          # endpoints per process on the network
     ATOMICS_EVERY = 4       # split endpoints: progress passes per read of the atomics CQ
-    SLEEP_EPS = 8           # the progress thread sleeps on the CQ fds of at most this many endpoints
+    SLEEP_EPS = 64          # the progress thread sleeps on the CQ fds of at most this many endpoints
+                            # (was 8: a process of 10 endpoints over tcp then polled with naps,
+                            # ~50 % of a core while idle; bench/README "Many endpoints")
     DEATH_GRACE_MS = 1000   # how long a failure waits for the death notice that explains it
     CLOSE_DRAIN_S = 10      # how long closing an endpoint waits for its ops in flight (at most)
     SIG_RX = 64             # signal messages: receives posted per endpoint (signal.pxi)
@@ -215,6 +217,9 @@ cdef bint PT_ADAPT = True
 # (and three) is extended (_pt_burst); a window of PT_HOT counts PT_HOT /
 # PT_BURST_S bursts (~10 us of CPU each when idle, tcp;ofi_rxm here).
 cdef double PT_BUSY = 3e-6
+# ... and this share of the shortest burst more (bursts over many endpoints vary
+# by more than PT_BUSY while idle)
+cdef double PT_BUSY_REL = 0.25
 cdef int PT_BUSY_SHARE = 4
 cdef double PT_BURST_S = 10e-6
 # Windows that do not adapt (each the longest, from the wake, not extended by
