@@ -205,7 +205,8 @@ cdef inline void _pt_burst(hot_win* h, double dt, int got, long neps) noexcept n
     ~10 us to a ~10 us burst), and PT_BUSY_REL of the shortest more: a burst
     over many endpoints varies by more than PT_BUSY when idle (42 endpoints:
     263 us the shortest, 271 the median, 305 p90), and a window judged busy
-    on that alone never closed (a core busy for good, traced); the window starts afresh once at least three
+    on that alone never closed (a core busy for good, traced).  The window
+    starts afresh once at least three
     bursts and one in PT_BUSY_SHARE did since it last did -- not on any one
     or two: 0.5-2.5 % of idle bursts run that much longer (interrupts, a
     preempted vCPU), and a thread that starves the initiator on its CPU
