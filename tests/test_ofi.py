@@ -106,6 +106,13 @@ def run(tmp_path, source, n, provider, *, launcher_timeout=60, env=None, **kw):
                            launcher_timeout=launcher_timeout, **kw)
 
 
+def run_tcp_pair(tmp_path, source, **env):
+    """``source`` as a 2-rank job over tcp;ofi_rxm (skipped where it is missing),
+    checked: the waiting tests' common form."""
+    need("tcp;ofi_rxm")
+    run(tmp_path, source, 2, "tcp;ofi_rxm", launcher_timeout=90, env=env).check()
+
+
 # ---- 1. conformance -----------------------------------------------------------
 
 @pytest.mark.timeout(150)
@@ -1237,14 +1244,12 @@ with gexmk.init() as c:
 
 @pytest.mark.timeout(120)
 def test_polled_implicit_puts_complete(tmp_path):
-    need("tcp;ofi_rxm")
-    run(tmp_path, POLLED_NBI_WORKER, 2, "tcp;ofi_rxm", launcher_timeout=90).check()
+    run_tcp_pair(tmp_path, POLLED_NBI_WORKER)
 
 
 @pytest.mark.timeout(120)
 def test_wait_some_times_out(tmp_path):
-    need("tcp;ofi_rxm")
-    run(tmp_path, WAIT_SOME_TIMEOUT_WORKER, 2, "tcp;ofi_rxm", launcher_timeout=90).check()
+    run_tcp_pair(tmp_path, WAIT_SOME_TIMEOUT_WORKER)
 
 
 WAIT_SOME_SOURCE = r'''
@@ -1282,10 +1287,8 @@ def test_wait_some_naps_only_where_no_transport_needs_driving(tmp_path, thread, 
     # wait_some sleeps between passes (issue 21: a waiting rank must not burn a
     # core) unless a transport moves its operations only while a waiter drives
     # them: ofi over tcp with GEXMK_PROGRESS_THREAD=0 (its needs_driving)
-    need("tcp;ofi_rxm")
-    r = run(tmp_path, WAIT_SOME_SOURCE, 2, "tcp;ofi_rxm", launcher_timeout=90,
-            env={"GEXMK_PROGRESS_THREAD": thread, "GX_TEST_NEEDS_DRIVING": driving})
-    r.check()
+    run_tcp_pair(tmp_path, WAIT_SOME_SOURCE, GEXMK_PROGRESS_THREAD=thread,
+                 GX_TEST_NEEDS_DRIVING=driving)
 
 
 OP_WAIT_SOURCE = r'''
@@ -1335,10 +1338,7 @@ def test_op_wait_sleeps_while_its_target_is_stopped(tmp_path, thread, form):
     # (SIGSTOP) for 1.2 s: the initiator waits in the CQ fds, not polling for the
     # op's lifetime (issue 21); the get completes once the target runs again.
     # Before: 100 % of a core (nb), 68 % (nbi).
-    need("tcp;ofi_rxm")
-    r = run(tmp_path, OP_WAIT_SOURCE, 2, "tcp;ofi_rxm", launcher_timeout=90,
-            env={"GEXMK_PROGRESS_THREAD": thread, "GX_TEST_FORM": form})
-    r.check()
+    run_tcp_pair(tmp_path, OP_WAIT_SOURCE, GEXMK_PROGRESS_THREAD=thread, GX_TEST_FORM=form)
 
 
 MANY_EPS_SOURCE = r'''
@@ -1377,7 +1377,4 @@ def test_progress_thread_sleeps_with_many_endpoints(tmp_path, neps):
     # sleeps in the CQ fds of up to SLEEP_EPS (64) endpoints.  At 40 the thread's
     # polling window, once opened, also has to close again (_pt_burst: idle bursts
     # over 42 endpoints vary by more than PT_BUSY; 3 runs in 6 failed before).
-    need("tcp;ofi_rxm")
-    r = run(tmp_path, MANY_EPS_SOURCE, 2, "tcp;ofi_rxm", launcher_timeout=90,
-            env={"GEXMK_PROGRESS_THREAD": "auto", "GX_TEST_EPS": str(neps)})
-    r.check()
+    run_tcp_pair(tmp_path, MANY_EPS_SOURCE, GEXMK_PROGRESS_THREAD="auto", GX_TEST_EPS=str(neps))

@@ -231,22 +231,23 @@ cdef int SPIN_ALL = 8
 # ... and, once the op has been outstanding about SPIN_SLEEP_AFTER (counted from
 # the 64th pass), waits in the CQ fds as the word waits do (_sleep_pass): sleeps
 # of SPIN_SLEEP_US, longer while nothing comes (up to QUIET_SLEEP_MAX_US), the
-# op's target's health and the deadline looked at after each.  An op whose target does not serve it (busy with the
-# progress thread off, gone, or a long transfer) no longer costs a core.  2 ms:
+# op's target's health and the deadline looked at after each.  An op whose
+# target does not serve it (busy with the progress thread off, gone, or a long
+# transfer) no longer costs a core.  2 ms:
 # a 4 MiB put over tcp loopback (0.7-1.5 ms) polls to its end; at 200 us it
 # slept between socket wake-ups and ran at 2.8-3.5 GB/s, 3.3-5.5 polling
 # (bench/waiting.py, alternated, this 2-core VM).
 cdef double SPIN_SLEEP_AFTER = 2e-3
 cdef int SPIN_SLEEP_US = 1000
 # Private, for experiments (bench/waiting.py):
-# GEXMK_OFI_WAIT_TUNE="hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt[,woken_only[,spin_all[,spin_sleep_us]]]]]]]"
-# (spin_sleep_us < 0: an op's wait never sleeps, as before).
+# GEXMK_OFI_WAIT_TUNE="hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt[,woken_only[,spin_all[,spin_sleep_after_us]]]]]]]"
+# (spin_sleep_after_us < 0: an op's wait never sleeps, as before).
 _tune = os.environ.get("GEXMK_OFI_WAIT_TUNE", "")
 if _tune:
     try:
         _tv = [float(x) for x in _tune.split(",")]
     except ValueError:
-        raise ArgumentError(f"GEXMK_OFI_WAIT_TUNE={_tune!r}: expected hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt[,woken_only[,spin_all[,spin_sleep_us]]]]]]] "
+        raise ArgumentError(f"GEXMK_OFI_WAIT_TUNE={_tune!r}: expected hot_us[,pt_hot_us[,fixed[,pt_slice_us[,pt_adapt[,woken_only[,spin_all[,spin_sleep_after_us]]]]]]] "
                             "(numbers)") from None
     WAIT_HOT = _tv[0] * 1e-6
     if len(_tv) > 1:

@@ -187,12 +187,13 @@ cdef int _cu_wait_value(void* kctx, void* stream, uintptr_t addr, uint64_t value
         # module waits for the context's streams (visit 45, lazy and eager modes:
         # bench/diagnostics/lazy_loading.py), so it would wait for this stream,
         # which waits for the signal that kernel (a signal_op or atomic of this
-        # process) is to write: a deadlock.
-        k.lock.lock()
-        try:
-            _atomics_load(k)
-        finally:
-            k.lock.unlock()
+        # process) is to write: a deadlock.  (Loaded once; the lock only then.)
+        if k.atom_mod == NULL:
+            k.lock.lock()
+            try:
+                _atomics_load(k)
+            finally:
+                k.lock.unlock()
         rc = cydriver.cuStreamWaitValue64(<CUstream>stream, <CUdeviceptr>addr, value, flags)
     finally:
         _pop(k)
