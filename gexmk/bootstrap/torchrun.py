@@ -19,8 +19,11 @@ is spoken only through torch: without torch importable this plug-in raises
 from __future__ import annotations
 
 import importlib.util
+import os
 import secrets
+import socket
 import threading
+import time
 
 from gexmk.bootstrap import hosted
 from gexmk.bootstrap.wire import default_timeout
@@ -56,13 +59,62 @@ def available() -> str | None:
     return None
 
 
-def _bounded(fn, timeout):
+def _wait_listening(addr, port, timeout, where):
+    """Return once something accepts at ``addr:port``, else BootstrapError after
+    ``timeout`` seconds.
+
+    torch's TCPStore keeps retrying a refused connect past its own timeout, and a
+    thread left inside it throws later, perhaps while the interpreter is shutting
+    down, which aborts the process (``terminate called``).  So torch is called only
+    once a listener is there; the probe's connection is closed at once.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            socket.create_connection((addr, port), timeout=max(min(left, 1.0), 0.05)).close()
+            return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise BootstrapError(f"cannot reach the job's store at {where} within "
+                                     f"{timeout:g} s (GEXMK_TIMEOUT): nothing accepted a "
+                                     f"connection ({type(exc).__name__}: {exc})") from None
+            time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+
+
+def _peer_sockets(port):
+    """{fd: inode} of this process's TCP sockets whose peer port is ``port``."""
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        try:
+            if s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6) \
+                    and s.getpeername()[1] == port:
+                found[int(name)] = os.fstat(int(name)).st_ino
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return found
+
+
+def _bounded(fn, timeout, port, sockets=None):
     """``fn()``, or TimeoutError after ``timeout`` seconds (and a little).
 
     torch's TCPStore does not bound its handshake: against a listener that accepts
     and never answers its constructor waits forever, whatever its timeout.  The call
-    runs in a daemon thread, which is abandoned if it never returns.
+    runs in a thread; if it has not returned in time, the store connections it
+    opened (``sockets``, else those to ``port`` it opened meanwhile) are shut down,
+    so torch fails now, while the interpreter is whole, rather than later in its
+    shutdown (a C++ exception then aborts the process).  A thread that still does
+    not return is abandoned (a daemon).
     """
+    before = _peer_sockets(port) if sockets is None else None
     box = {}
 
     def run():
@@ -75,6 +127,17 @@ def _bounded(fn, timeout):
     t.start()
     t.join(timeout + 1.0)
     if t.is_alive():
+        if sockets is None:
+            sockets = {fd: ino for fd, ino in _peer_sockets(port).items()
+                       if before.get(fd) != ino}
+        for fd, ino in sockets.items():
+            try:   # the inode check: the fd number may have been reused since
+                if os.fstat(fd).st_ino == ino:
+                    with socket.socket(fileno=os.dup(fd)) as s:
+                        s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        t.join(5.0)
         raise TimeoutError(f"no answer within {timeout:g} s")
     if "error" in box:
         raise box["error"]
@@ -109,10 +172,17 @@ def create(environ, comm=None):
                              f"({type(exc).__name__}: {exc})") from None
     timeout = default_timeout()
     agent = environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    master = rank == 0 and not agent
     try:
-        store = _bounded(lambda: TCPStore(addr, port, is_master=(rank == 0 and not agent),
+        if not master:
+            _wait_listening(addr, port, timeout, where)
+        before = _peer_sockets(port)
+        store = _bounded(lambda: TCPStore(addr, port, is_master=master,
                                           timeout=datetime.timedelta(seconds=timeout),
-                                          wait_for_workers=False), timeout)
+                                          wait_for_workers=False), timeout, port)
+        mine = {fd: ino for fd, ino in _peer_sockets(port).items() if before.get(fd) != ino}
+    except BootstrapError:
+        raise
     except Exception as exc:  # torch raises RuntimeError/DistNetworkError/DistStoreError
         raise BootstrapError(f"cannot reach the job's store at {where} within {timeout:g} s "
                              f"(GEXMK_TIMEOUT): {type(exc).__name__}: {exc}") from None
@@ -131,7 +201,7 @@ def create(environ, comm=None):
         else:
             try:
                 address, secret = _bounded(lambda: store.get("rendezvous"),
-                                           timeout).decode().split()
+                                           timeout, port, mine).decode().split()
             except Exception as exc:
                 raise BootstrapError(
                     f"rank 0 did not publish gexmk's rendezvous in the job's store at {where} "
