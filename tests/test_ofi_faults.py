@@ -21,6 +21,7 @@ tests/mp_util.py's harness, which kills a hung job; a rank that dies by a
 signal is reported as a failed test, not a lost run.  Intermittent faults are
 tried several times within one job.
 """
+import re
 import textwrap
 
 import pytest
@@ -677,3 +678,58 @@ def test_endpoint_destroyed_while_its_publication_is_applied(tmp_path):
     need("shm")
     run_ok(tmp_path, DESTROYED_WHILE_APPLIED, 4, "shm", "APPLIED", launcher_timeout=90,
            GEXMK_TIMEOUT=20)
+
+
+# ---- survivors go on over shm after a peer's death ------------------------------
+
+# Over shm an endpoint's answered operations (reads, delivery-complete writes,
+# fetching atomics) complete in issue order, and a killed process answers
+# nothing: rank 0's get to the stopped-then-killed rank 1 held up every later
+# operation of rank 0's endpoint, to the live rank 2 too, which then raised
+# PeerDeadError ("did not complete it within 1 s after job rank 1 died").
+# After the death notice the endpoint issues through a fresh libfabric endpoint
+# (OfiEndpoint.fresh_initiator): the survivors' traffic completes.
+SHM_SURVIVORS = r'''
+c = gexmk.init()
+tm = c.tm
+seg = c.segment_attach(1 << 16)
+pids = np.zeros(tm.size, np.int64)
+tm.allgather(np.array([os.getpid()], np.int64), pids)
+alive = tm.split(0 if tm.rank != 1 else 1, tm.rank)     # ranks 0 and 2
+buf = np.zeros(8, np.uint8)
+tm.barrier()
+if tm.rank == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)                # answers nothing from here on
+    time.sleep(60)
+if tm.rank == 0:
+    time.sleep(0.3)
+    ev = tm.get_nb(buf, 1, tm.addr(1, 0))               # never answered
+    time.sleep(0.2)
+    os.kill(int(pids[1]), signal.SIGKILL)
+    e = expect_raises(E.PeerDeadError, ev.wait)
+    log(f"get to the killed rank: {e}; fresh initiators: {c.transports.get('ofi').fresh_initiators}")
+    for i in range(20):                                  # the same endpoint, to the live rank 2
+        tm.put(2, tm.addr(2, 8 * i), np.full(8, i + 1, np.uint8))
+        tm.get(buf, 2, tm.addr(2, 8 * i))
+        assert buf[0] == i + 1, (i, buf)
+        alive.barrier()
+    log(f"fresh initiators: {c.transports.get('ofi').fresh_initiators}")
+if tm.rank == 2:
+    for i in range(20):
+        alive.barrier()
+        tm.get(buf, 0, tm.addr(0, 0))
+alive.barrier()
+c.finalize()
+print("SURVIVOR-OK", flush=True)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_shm_survivors_go_on_after_a_death(tmp_path):
+    need("shm")
+    res = run(tmp_path, SHM_SURVIVORS, 3, "shm", launcher_timeout=80, keep_going=True)
+    no_signal_death(res, [0, 2])
+    assert res.stdout.count("SURVIVOR-OK") == 2, res.report()
+    # endpoint 0 (the get) and the sync endpoint (barrier arrivals to rank 1 among its last targets)
+    opened = re.findall(r"\[rank 0\] fresh initiators: (\d+)", res.stderr)
+    assert opened and int(opened[0]) >= 1, res.report()

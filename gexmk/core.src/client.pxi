@@ -299,6 +299,10 @@ cdef class Client:
     def _peer_died(self, int jobrank):
         cdef _Target tg
         cdef _Route rt
+        for tr in self._order:      # before any wait on it raises (optional hook)
+            dying = getattr(tr, "peer_dying", None)
+            if dying is not None:
+                dying(jobrank)
         for (jr, _), tg in list(self._dir.items()):
             if jr == jobrank:
                 tg.t.dead = 1

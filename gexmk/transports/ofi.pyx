@@ -138,6 +138,7 @@ cdef enum:
                             # (was 8: a process of 10 endpoints over tcp then polled with naps,
                             # ~50 % of a core while idle; bench/README "Many endpoints")
     DEATH_GRACE_MS = 1000   # how long a failure waits for the death notice that explains it
+    FRESH_MAX = 4           # shm: fresh initiator endpoints an endpoint opens after deaths
     CLOSE_DRAIN_S = 10      # how long closing an endpoint waits for its ops in flight (at most)
     SIG_RX = 64             # signal messages: receives posted per endpoint (signal.pxi)
     PROBE_AFTER_MS = 200    # a queue full this long: is the target endpoint still there? (_gone)
@@ -484,6 +485,7 @@ cdef struct ofi_dom:
     long landed             # staged requests served here
     signed char valid[3][GX_DT_COUNT][GX_OP_COUNT]   # fi_*atomicvalid cache: -1 unknown
     long deaths             # peers of the job known dead (the core's notices)
+    long n_fresh            # shm: fresh initiator endpoints opened after deaths (fresh_initiator)
     int last_dead           # the job rank of the last one
     unsigned char* dead_ring    # stg_nrings: 1 once the job rank was reported dead (its rings
                                 # in this process's zones are not read again), 2 once reclaimed
@@ -499,8 +501,14 @@ cdef struct ofi_dom:
 
 cdef struct ofi_ep:
     ofi_dom* dom
-    fid_ep* ep              # puts, gets, flushes
+    fid_ep* ep              # puts, gets, flushes (over shm, after a death: a fresh one, below)
     fid_ep* aep             # atomics: ep itself, or in split mode a second endpoint
+    fid_ep* ep0             # the endpoint as opened: its name is published, signal receives
+                            # are posted on it, peers' operations land through it
+    fid_ep* fresh[FRESH_MAX]    # shm: initiator endpoints opened after deaths (_fresh_initiator),
+    int nfresh              # the last of them ep (and aep) now; closed with ep0
+    long fresh_deaths       # dom.deaths when the initiator now in use was opened: ops issued
+                            # on it are not held up by an earlier death (_poisoned)
     fid_cq* cq
     fid_cq* acq             # split mode: aep's own CQ (NULL otherwise)
     int await_fd            # ... and its wait fd (can_wait)
@@ -557,6 +565,7 @@ cdef struct gx_op:
     long epoch              # ... issued in this nbi epoch of the endpoint
     int amo                 # an atomic: counted in ep.amo_out until it completes
     int lost                # orphaned because its target endpoint closed: counted in ep.lost
+    long born_deaths        # ep.fresh_deaths at issue (_poisoned)
     int nmr
     fid_mr* mr[3]           # on-the-fly registrations, closed at completion
     gx_val operand          # atomic operands and result live here until completion
@@ -946,6 +955,15 @@ cdef class OfiTransport:
                 left += _drain(&oe.e, secs if secs > 0 else 0)
         return left
 
+    def peer_dying(self, int jobrank):
+        """Before the core marks ``jobrank`` dead (so before any wait on it
+        raises, and the application moves on to the survivors): over shm,
+        endpoints that may hold an op towards it issue on fresh libfabric
+        endpoints from now on (OfiEndpoint.fresh_initiator)."""
+        if self.domain.d.shared_q:
+            for oe in list(self.domain._eps):
+                (<OfiEndpoint>oe).fresh_initiator(jobrank, self.domain.d.deaths + 1)
+
     def peer_died(self, int jobrank):
         self.domain.d.last_dead = jobrank
         self.domain.d.death_at = _now()
@@ -957,6 +975,11 @@ cdef class OfiTransport:
                 self.domain.d.dead_ring[jobrank] = 1
             gx_mem_fence()
             gx_add_long(&self.domain.d.dead_pend, 1)
+        # an op towards it issued between peer_dying and the core's flags
+        # went out on a fresh endpoint: that one is left too
+        if self.domain.d.shared_q:
+            for oe in list(self.domain._eps):
+                (<OfiEndpoint>oe).fresh_initiator(jobrank, self.domain.d.deaths, True)
 
     def _rings_debug(self):
         """A hang report's view of this process's rings (a diagnostic, read

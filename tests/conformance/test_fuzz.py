@@ -123,8 +123,9 @@ REGRESSIONS = [
     pytest.param(235, "ofi-shm", KNOWN, id="ofi-shm-235-blocking-atomic-not-complete"),
     # found here: after a peer's SIGKILL, survivors' ops to each other over shm can stall
     # for good (an endpoint's op the killed process never answered holds up its later
-    # ones: fuzz.py KNOWN_BUGS "kill"); they raise PeerDeadError 1 s after the death
-    # now, but survivors cannot go on (139)
+    # ones: fuzz.py KNOWN_BUGS "kill"); they raise PeerDeadError 1 s after the death,
+    # and from the notice on such endpoints issue through fresh ones (139: 5 of 5 runs
+    # pass now, 4 of 5 before); what still fails is in KNOWN_BUGS
     pytest.param(107, "ofi-shm", KNOWN, id="ofi-shm-107-survivors-stall-after-kill",
                  marks=_flaky("libfabric shm after a SIGKILL")),
     pytest.param(139, "ofi-shm", KNOWN, id="ofi-shm-139-survivors-cannot-go-on-after-kill",
@@ -140,6 +141,13 @@ REGRESSIONS = [
     # rounds of its shape in test_ofi_rings and stress runs).  A rerun of a hang now
     # prints FUZZ-RINGS (both ends' ring states) and, with FUZZ_GDB_HANG=1, the C
     # stacks; FUZZ_SLOW=4 reports stalls that end.  Not diagnosed.
+    # found (this session's soak, 1 job in ~830; replays: 4 of 8 fail on cfe325e, 1 of 4
+    # with the shm change beside it): rank 1's put_nbi_val to rank 0 through rank 0's
+    # landing zone (#53) raises OFIError "staged put failed: Transport endpoint is not
+    # connected" (-107) shortly after rank 0 destroyed its bound segment (#49) and
+    # republished endpoint 0 (#50); no process died.  Not diagnosed.
+    pytest.param(815274, "ofi-tcp-rings", {}, id="ofi-tcp-rings-815274-staged-put-enotconn",
+                 marks=_flaky("a staged put raised ENOTCONN after the target's segment was destroyed and republished")),
     pytest.param(101345, "ofi-tcp-rings", {}, id="ofi-tcp-rings-101345-ring-wait-hang",
                  marks=_flaky("a staged put_signal_nbi stuck over 11 s, its target in a bootstrap exchange")),
     # fixed (helper-18's soak, 1 job in 448): after the victim's kill, rank 0's

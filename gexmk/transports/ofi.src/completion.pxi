@@ -16,10 +16,11 @@ cdef int _raise_dead(ofi_peer* t, const char* what) except -1 with gil:
     raise PeerDeadError(f"{what.decode()}: job rank {t.g.jobrank} has died")
 
 
-cdef inline bint _poisoned(ofi_dom* dom, double* since) noexcept nogil:
-    """Whether a wait that began at *since (0: now, set here) has to give up
-    because a peer was killed: over shm operations between survivors can
-    stall for good (fuzz seeds 104, 107, 109, 119, 139 on ofi-shm).  shm
+cdef inline bint _poisoned(ofi_dom* dom, long born, double* since) noexcept nogil:
+    """Whether a wait that began at *since (0: now, set here) for an op issued
+    on an initiator endpoint opened after ``born`` deaths (gx_op.born_deaths)
+    has to give up because a peer was killed since: over shm operations
+    between survivors can stall for good (fuzz seeds 104, 107, 109, 119, 139 on ofi-shm).  shm
     completes an endpoint's operations that need the target's answer
     (reads, delivery-complete writes, fetching atomics) in issue order, and a
     killed process answers nothing: one such op of this endpoint towards it
@@ -31,9 +32,11 @@ cdef inline bint _poisoned(ofi_dom* dom, double* since) noexcept nogil:
     seen).  After a death, an operation that has not completed
     DEATH_GRACE_MS after both the death and the start of its wait is taken
     as stalled by it (PeerDeadError, _raise_poisoned) rather than waited for
-    until GEXMK_TIMEOUT."""
+    until GEXMK_TIMEOUT.  An endpoint that had ops in flight at a death's
+    notice issues later ones on a fresh libfabric endpoint
+    (OfiEndpoint.fresh_initiator), which that death cannot hold up."""
     cdef double now, t0
-    if dom.deaths == 0 or not dom.shared_q:
+    if dom.deaths <= born or not dom.shared_q:
         return False
     now = _now()
     if since[0] == 0:
@@ -294,7 +297,7 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
             if t != NULL and t.g.dead:
                 why = 1
                 break
-            if _poisoned(dom, &since):
+            if _poisoned(dom, op.born_deaths, &since):
                 why = 5
                 break
             if deadline == 0:

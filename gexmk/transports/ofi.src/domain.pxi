@@ -258,6 +258,12 @@ cdef class Domain:
         return tuple(self._eps)
 
     @property
+    def fresh_initiators(self):
+        """Over shm: libfabric endpoints opened after peers' deaths for
+        endpoints that might hold an op towards the dead (OfiEndpoint.fresh_initiator)."""
+        return self.d.n_fresh
+
+    @property
     def manual_progress(self):
         """True when targets must poll (FI_PROGRESS_MANUAL): a progress thread does."""
         return bool(self.d.manual)

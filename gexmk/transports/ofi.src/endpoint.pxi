@@ -70,6 +70,7 @@ cdef class OfiEndpoint:
             check("fi_ep_bind(av)", fi_ep_bind(ep.e.ep, &dom.d.av.fid, 0))
             check("fi_enable", fi_enable(ep.e.ep))
             check("fi_getname", fi_getname(&ep.e.ep.fid, buf, &blen))
+            ep.e.ep0 = ep.e.ep
             if dom.d.sig_msg:
                 _sig_rx_open(&ep.e)         # put_signal's signal messages (signal.pxi)
             if split:
@@ -485,6 +486,71 @@ cdef class OfiEndpoint:
             return
         self._release()
 
+    def fresh_initiator(self, int jobrank, long deaths, bint again=False):
+        """Over shm, at job rank ``jobrank``'s death (``deaths`` counted with
+        it): issue from now on through a new libfabric endpoint when this one
+        may hold an op towards the dead process (in flight now, or among its
+        last targets; ``again``: among the targets since the last call).  shm
+        completes an endpoint's answered ops (reads, delivery-complete writes,
+        fetching atomics) in issue order, and the dead process answers
+        nothing: every later op of the endpoint, to any peer, would wait
+        behind that one (fuzz seeds 104-139 on ofi-shm: survivors' ops to
+        each other stalled for good).  The new endpoint shares the CQ and the
+        AV; it is never published -- targets answer it by the name its first
+        operation carries -- so ep0 stays the endpoint peers reach and
+        signal receives stay posted there.  Ops already issued on the old one
+        are not moved: one held up is given up DEATH_GRACE_MS after the death
+        (_poisoned).  At most FRESH_MAX per endpoint; True when one opened."""
+        cdef ofi_ep* e = &self.e
+        cdef ofi_dom* d = e.dom
+        cdef fid_ep* fresh = NULL
+        cdef bint held = e.live > 0 and not again
+        cdef int i
+        if self.closed or e.ep == NULL or e.cq == NULL or not d.shared_q or \
+                e.aep != e.ep or e.nfresh >= FRESH_MAX or (d.mr_mode & FI_MR_ENDPOINT):
+            return False
+        for i in range(8):
+            if e.recent[i] != NULL and e.recent[i].g != NULL and e.recent[i].g.jobrank == jobrank:
+                held = True
+                e.recent[i] = NULL      # ``again`` looks for ops to it issued from now on
+        if not held:
+            return False
+        cdef int rc
+        cdef const char* call = "fi_endpoint"
+        # Reading the CQ progresses every endpoint bound to it, and shm
+        # progresses one bound but not yet enabled by dereferencing the region
+        # fi_enable creates (seen: SIGSEGV in the progress thread): no thread
+        # reads a CQ from the bind to the enable (the CQ gate, progress.pxi).
+        with nogil:
+            rc = fi_endpoint(d.domain, d.rma_info if d.split else d.info, &fresh, NULL)
+            if rc == 0:
+                call = "fi_ep_bind(av)"
+                rc = fi_ep_bind(fresh, &d.av.fid, 0)
+            if rc == 0:
+                _gate_close()
+                call = "fi_ep_bind(cq)"
+                rc = fi_ep_bind(fresh, &e.cq.fid, FI_TRANSMIT | FI_RECV)
+                if rc == 0:
+                    call = "fi_enable"
+                    rc = fi_enable(fresh)
+                _gate_open()
+        if rc != 0:
+            if fresh != NULL:
+                fi_close(&fresh.fid)
+            import warnings
+            warnings.warn(f"ofi: no fresh endpoint after job rank {jobrank}'s death "
+                          f"({call.decode()}: {fi_strerror(-rc).decode()}); operations held up "
+                          f"behind one towards it are given up", RuntimeWarning, stacklevel=2)
+            return False
+        e.fresh[e.nfresh] = fresh
+        e.nfresh += 1
+        d.n_fresh += 1
+        gx_mem_fence()
+        e.fresh_deaths = deaths
+        e.aep = fresh
+        e.ep = fresh
+        return True
+
     def _linger(self):
         """Over shm: the endpoint is closed for this process (nothing is
         issued on it, waits on it raise StateError), but its libfabric
@@ -525,17 +591,23 @@ cdef class OfiEndpoint:
             pass
 
     def _release(self):
-        """Close the libfabric endpoint, its CQs and retired registrations
+        """Close the libfabric endpoint(s), CQs and retired registrations
         (after close(): unregistered from the domain and unbound)."""
+        cdef int i
         if self.e.aep != NULL and self.e.aep != self.e.ep:
             fi_close(&self.e.aep.fid)
         self.e.aep = NULL
         if self.e.acq != NULL:
             fi_close(&self.e.acq.fid)
             self.e.acq = NULL
-        if self.e.ep != NULL:
-            fi_close(&self.e.ep.fid)
-            self.e.ep = NULL
+        for i in range(self.e.nfresh):
+            fi_close(&self.e.fresh[i].fid)
+            self.e.fresh[i] = NULL
+        self.e.nfresh = 0
+        self.e.ep = NULL
+        if self.e.ep0 != NULL:
+            fi_close(&self.e.ep0.fid)
+            self.e.ep0 = NULL
         if self.e.cq != NULL:
             fi_close(&self.e.cq.fid)
             self.e.cq = NULL

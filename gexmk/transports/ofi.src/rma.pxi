@@ -7,6 +7,7 @@ cdef gx_op* _new_op(ofi_ep* ep, ofi_peer* t, int mode, int cat) except NULL nogi
             raise MemoryError()
     op.ep = ep
     op.t = t
+    op.born_deaths = ep.fresh_deaths
     gx_add_long(&ep.live, 1)
     if t != NULL:
         gx_add_long(&t.out, 1)
@@ -309,7 +310,7 @@ cdef int _retry(ofi_ep* ep, ofi_peer* t, double* deadline) noexcept nogil:
         return ISSUE_TIMEOUT
     elif _gone(ep.dom, t, deadline[0] - ep.dom.timeout):
         return ISSUE_GONE
-    elif ep.dom.deaths > 0 and ep.dom.shared_q and \
+    elif ep.dom.deaths > ep.fresh_deaths and ep.dom.shared_q and \
             _now() - ep.dom.death_at > DEATH_GRACE_MS * 1e-3 and \
             _now() > deadline[0] - ep.dom.timeout + DEATH_GRACE_MS * 1e-3:
         return ISSUE_POISONED       # see _poisoned

@@ -262,7 +262,7 @@ cdef int _sig_post(sig_rx* r) noexcept nogil:
     cdef ssize_t rc
     cdef int tries
     for tries in range(100000):
-        rc = fi_recv(r.op.ep.ep, r.msg, sizeof(r.msg), NULL, FI_ADDR_UNSPEC, &r.op)
+        rc = fi_recv(r.op.ep.ep0, r.msg, sizeof(r.msg), NULL, FI_ADDR_UNSPEC, &r.op)
         if rc != -FI_EAGAIN:
             return <int>rc
         sched_yield()
