@@ -103,6 +103,12 @@ def _peer_sockets(port):
     return found
 
 
+def _new_sockets(port, before):
+    """_peer_sockets(port) opened since the snapshot ``before`` (an fd whose
+    inode changed was closed and reused meanwhile)."""
+    return {fd: ino for fd, ino in _peer_sockets(port).items() if before.get(fd) != ino}
+
+
 def _bounded(fn, timeout, port, sockets=None):
     """``fn()``, or TimeoutError after ``timeout`` seconds (and a little).
 
@@ -128,8 +134,7 @@ def _bounded(fn, timeout, port, sockets=None):
     t.join(timeout + 1.0)
     if t.is_alive():
         if sockets is None:
-            sockets = {fd: ino for fd, ino in _peer_sockets(port).items()
-                       if before.get(fd) != ino}
+            sockets = _new_sockets(port, before)
         for fd, ino in sockets.items():
             try:   # the inode check: the fd number may have been reused since
                 if os.fstat(fd).st_ino == ino:
@@ -180,7 +185,7 @@ def create(environ, comm=None):
         store = _bounded(lambda: TCPStore(addr, port, is_master=master,
                                           timeout=datetime.timedelta(seconds=timeout),
                                           wait_for_workers=False), timeout, port)
-        mine = {fd: ino for fd, ino in _peer_sockets(port).items() if before.get(fd) != ino}
+        mine = _new_sockets(port, before)
     except BootstrapError:
         raise
     except Exception as exc:  # torch raises RuntimeError/DistNetworkError/DistStoreError

@@ -33,6 +33,11 @@ table and contexts in each route, and the hot path reads one pointer.
     address of the target's first byte where a plain memcpy is right (host
     memory mapped here), else 0.
 ``peer_died(jobrank)``, ``close()``.
+``peer_dying(jobrank)`` (optional)
+    a peer died, before the core marks its targets dead (so before any wait
+    on it raises and the application turns to the survivors): what must
+    change before then (ofi over shm: endpoints that may hold an op towards
+    it issue through fresh ones).  ``peer_died`` follows.
 ``connect(pairs)`` (optional)
     after a publication, while every member is still in it: set up now what
     the first operation to the targets just published would otherwise set up

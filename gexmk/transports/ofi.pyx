@@ -960,9 +960,12 @@ cdef class OfiTransport:
         raises, and the application moves on to the survivors): over shm,
         endpoints that may hold an op towards it issue on fresh libfabric
         endpoints from now on (OfiEndpoint.fresh_initiator)."""
+        self._fresh_initiators(jobrank, self.domain.d.deaths + 1, False)
+
+    cdef _fresh_initiators(self, int jobrank, long deaths, bint again):
         if self.domain.d.shared_q:
             for oe in list(self.domain._eps):
-                (<OfiEndpoint>oe).fresh_initiator(jobrank, self.domain.d.deaths + 1)
+                (<OfiEndpoint>oe).fresh_initiator(jobrank, deaths, again)
 
     def peer_died(self, int jobrank):
         self.domain.d.last_dead = jobrank
@@ -977,9 +980,7 @@ cdef class OfiTransport:
             gx_add_long(&self.domain.d.dead_pend, 1)
         # an op towards it issued between peer_dying and the core's flags
         # went out on a fresh endpoint: that one is left too
-        if self.domain.d.shared_q:
-            for oe in list(self.domain._eps):
-                (<OfiEndpoint>oe).fresh_initiator(jobrank, self.domain.d.deaths, True)
+        self._fresh_initiators(jobrank, self.domain.d.deaths, True)
 
     def _rings_debug(self):
         """A hang report's view of this process's rings (a diagnostic, read

@@ -44,6 +44,7 @@ cdef class OfiEndpoint:
                 check("fi_endpoint", fi_endpoint(dom.d.domain, dom.d.rma_info, &ep.e.ep, NULL))
             else:
                 check("fi_endpoint", fi_endpoint(dom.d.domain, dom.d.info, &ep.e.ep, NULL))
+            ep.e.ep0 = ep.e.ep      # (what _release closes, should the rest fail)
             # A wait fd only for a progress thread that sleeps on it.  It is not
             # free: the provider signals it on every completion (two syscalls
             # per op on tcp;ofi_rxm, ~1.5 us of an 8 B put's 6-7 us), and rxm
@@ -70,7 +71,6 @@ cdef class OfiEndpoint:
             check("fi_ep_bind(av)", fi_ep_bind(ep.e.ep, &dom.d.av.fid, 0))
             check("fi_enable", fi_enable(ep.e.ep))
             check("fi_getname", fi_getname(&ep.e.ep.fid, buf, &blen))
-            ep.e.ep0 = ep.e.ep
             if dom.d.sig_msg:
                 _sig_rx_open(&ep.e)         # put_signal's signal messages (signal.pxi)
             if split:

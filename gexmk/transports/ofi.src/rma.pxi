@@ -298,6 +298,7 @@ cdef int _retry(ofi_ep* ep, ofi_peer* t, double* deadline) noexcept nogil:
     """After -FI_EAGAIN: progress, then 0 to retry, ISSUE_DEAD when the target
     died, ISSUE_GONE when its endpoint closed since its publication (_gone),
     ISSUE_TIMEOUT when the queue stayed full past GEXMK_TIMEOUT."""
+    cdef double since
     if _progress_all(ep.dom) < 0:
         return ISSUE_DEAD
     if t != NULL and t.g.dead:
@@ -310,10 +311,9 @@ cdef int _retry(ofi_ep* ep, ofi_peer* t, double* deadline) noexcept nogil:
         return ISSUE_TIMEOUT
     elif _gone(ep.dom, t, deadline[0] - ep.dom.timeout):
         return ISSUE_GONE
-    elif ep.dom.deaths > ep.fresh_deaths and ep.dom.shared_q and \
-            _now() - ep.dom.death_at > DEATH_GRACE_MS * 1e-3 and \
-            _now() > deadline[0] - ep.dom.timeout + DEATH_GRACE_MS * 1e-3:
-        return ISSUE_POISONED       # see _poisoned
+    since = deadline[0] - ep.dom.timeout        # when the retries began
+    if _poisoned(ep.dom, ep.fresh_deaths, &since):
+        return ISSUE_POISONED
     return 0
 
 
