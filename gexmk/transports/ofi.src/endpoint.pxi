@@ -486,7 +486,7 @@ cdef class OfiEndpoint:
             return
         self._release()
 
-    def fresh_initiator(self, int jobrank, long deaths, bint again=False):
+    cdef int fresh_initiator(self, int jobrank, long deaths, bint again) except -1:
         """Over shm, at job rank ``jobrank``'s death (``deaths`` counted with
         it): issue from now on through a new libfabric endpoint when this one
         may hold an op towards the dead process (in flight now, or among its
@@ -500,7 +500,8 @@ cdef class OfiEndpoint:
         operation carries -- so ep0 stays the endpoint peers reach and
         signal receives stay posted there.  Ops already issued on the old one
         are not moved: one held up is given up DEATH_GRACE_MS after the death
-        (_poisoned).  At most FRESH_MAX per endpoint; True when one opened."""
+        (_poisoned).  At most FRESH_MAX per endpoint; 1 when one opened.
+        (cdef: only the transport's death notices call it.)"""
         cdef ofi_ep* e = &self.e
         cdef ofi_dom* d = e.dom
         cdef fid_ep* fresh = NULL
@@ -508,13 +509,13 @@ cdef class OfiEndpoint:
         cdef int i
         if self.closed or e.ep == NULL or e.cq == NULL or not d.shared_q or \
                 e.aep != e.ep or e.nfresh >= FRESH_MAX or (d.mr_mode & FI_MR_ENDPOINT):
-            return False
+            return 0
         for i in range(8):
             if e.recent[i] != NULL and e.recent[i].g != NULL and e.recent[i].g.jobrank == jobrank:
                 held = True
                 e.recent[i] = NULL      # ``again`` looks for ops to it issued from now on
         if not held:
-            return False
+            return 0
         cdef int rc
         cdef const char* call = "fi_endpoint"
         # Reading the CQ progresses every endpoint bound to it, and shm
@@ -541,7 +542,7 @@ cdef class OfiEndpoint:
             warnings.warn(f"ofi: no fresh endpoint after job rank {jobrank}'s death "
                           f"({call.decode()}: {fi_strerror(-rc).decode()}); operations held up "
                           f"behind one towards it are given up", RuntimeWarning, stacklevel=2)
-            return False
+            return 0
         e.fresh[e.nfresh] = fresh
         e.nfresh += 1
         d.n_fresh += 1
@@ -549,7 +550,7 @@ cdef class OfiEndpoint:
         e.fresh_deaths = deaths
         e.aep = fresh
         e.ep = fresh
-        return True
+        return 1
 
     def _linger(self):
         """Over shm: the endpoint is closed for this process (nothing is
