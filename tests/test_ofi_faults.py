@@ -724,6 +724,69 @@ print("SURVIVOR-OK", flush=True)
 '''
 
 
+# Rank 0's blocking put and get to the live rank 2 are issued while its get_nb to
+# the stopped rank 1 is unanswered, before rank 1's death and its notice: they sit
+# behind that get in the endpoint's queue, and the notice's fresh initiator only
+# takes what is issued after it.
+SHM_HELD_BEFORE_NOTICE = r'''
+import threading
+c = gexmk.init()
+tm = c.tm
+seg = c.segment_attach(1 << 16)
+pids = np.zeros(tm.size, np.int64)
+tm.allgather(np.array([os.getpid()], np.int64), pids)
+alive = tm.split(0 if tm.rank != 1 else 1, tm.rank)     # ranks 0 and 2
+tm.barrier()
+if tm.rank == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)                # answers nothing from here on
+    time.sleep(60)
+if tm.rank == 0:
+    time.sleep(0.3)
+    ev = tm.get_nb(np.zeros(8, np.uint8), 1, tm.addr(1, 0))     # never answered
+    done = []
+    def held():
+        out = np.zeros(8, np.uint8)
+        t0 = time.monotonic()
+        try:
+            tm.put(2, tm.addr(2, 64), np.full(8, 7, np.uint8))
+            tm.get(out, 2, tm.addr(2, 64))
+            done.append((out.tolist(), time.monotonic() - t0))
+        except Exception as e:
+            done.append((f"{type(e).__name__}: {e}", time.monotonic() - t0))
+    th = threading.Thread(target=held)
+    th.start()
+    time.sleep(0.3)
+    assert not done, done                               # held up behind the get
+    os.kill(int(pids[1]), signal.SIGKILL)
+    expect_raises(E.PeerDeadError, ev.wait)
+    th.join(30)
+    assert done and done[0][0] == [7] * 8, done
+    log(f"held put+get done after {done[0][1]:.2f} s")
+    # after the notice an op to the dead raises at issue, and nothing of it is
+    # left to hold up the endpoint's next op to a survivor
+    expect_raises(E.PeerDeadError, lambda: tm.put_nb(1, tm.addr(1, 0), np.zeros(8, np.uint8)))
+    tm.put(2, tm.addr(2, 72), np.full(8, 9, np.uint8))
+    log("put after the notice done")
+alive.barrier()
+c.finalize()
+print("SURVIVOR-OK", flush=True)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_shm_ops_held_before_the_death_notice_go_on(tmp_path):
+    """A blocking put and get to a survivor issued behind an op to a process that then
+    dies complete (issued again on the fresh initiator), not PeerDeadError 1 s after the
+    death (fuzz seed 119 on ofi-shm); after the notice an op to the dead raises
+    PeerDeadError at issue and leaves the endpoint free."""
+    need("shm")
+    res = run(tmp_path, SHM_HELD_BEFORE_NOTICE, 3, "shm", launcher_timeout=80, keep_going=True)
+    no_signal_death(res, [0, 2])
+    assert res.stdout.count("SURVIVOR-OK") == 2, res.report()
+    assert "held put+get done after" in res.stderr, res.report()
+    assert "put after the notice done" in res.stderr, res.report()
+
+
 @pytest.mark.timeout(120)
 def test_shm_survivors_go_on_after_a_death(tmp_path):
     need("shm")

@@ -34,7 +34,8 @@ cdef inline bint _poisoned(ofi_dom* dom, long born, double* since) noexcept nogi
     as stalled by it (PeerDeadError, _raise_poisoned) rather than waited for
     until GEXMK_TIMEOUT.  An endpoint that had ops in flight at a death's
     notice issues later ones on a fresh libfabric endpoint
-    (OfiEndpoint.fresh_initiator), which that death cannot hold up."""
+    (OfiEndpoint.fresh_initiator), which that death cannot hold up; a blocking
+    put or get given up so is issued again there (_wait_op's ``reissue``)."""
     cdef double now, t0
     if dom.deaths <= born or not dom.shared_q:
         return False
@@ -314,10 +315,24 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
     return why
 
 
-cdef int _wait_op(gx_op* op, ofi_peer* t, const char* what, gx_val* result=NULL) except -1 nogil:
-    """Wait for op, copy its fetched value to *result, free it; raise if it failed."""
+cdef int _wait_op(gx_op* op, ofi_peer* t, const char* what, gx_val* result=NULL,
+                  bint reissue=False) except -1 nogil:
+    """Wait for op, copy its fetched value to *result, free it; raise if it failed.
+    ``reissue`` (a blocking put or get, whose buffers the call still holds):
+    where the op is held up by a death (_poisoned) on an initiator endpoint
+    that has moved to a fresh one since the op was issued, and its target
+    lives, the op is orphaned and 1 returned: the caller issues it again.
+    Over shm an op issued between a death and its notice sits behind one to
+    the dead in the old endpoint's queue (fuzz seed 119: a blocking put to a
+    survivor given up 1 s after the death).  Writing the same bytes again, or
+    reading again, is safe while the call has not returned: no access that
+    the program orders after this op can have run yet."""
     cdef int err, why = _spin(op, t)
     cdef ofi_ep* ep = op.ep
+    if why == 5 and reissue and t != NULL and not t.g.dead \
+            and gx_load_long(&ep.fresh_deaths) > op.born_deaths:
+        _orphan(op)
+        return 1
     if why == 6:
         # orphaned towards a closed endpoint: a drain does not wait for it
         # (exactly one of this and _complete takes it out of ep.lost again)

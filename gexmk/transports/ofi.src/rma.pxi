@@ -403,6 +403,13 @@ cdef int _flush(ofi_ep* ep, ofi_peer* only) except -1 nogil:
 
 cdef int net_put(void* epv, ofi_peer* t, uintptr_t remote, void* local, size_t n,
                  int mode, void** out) except -1 nogil:
+    while _net_put(epv, t, remote, local, n, mode, out) == 1:
+        pass                    # held up by a death on an endpoint since moved (_wait_op)
+    return 0
+
+
+cdef int _net_put(void* epv, ofi_peer* t, uintptr_t remote, void* local, size_t n,
+                  int mode, void** out) except -1 nogil:
     cdef ofi_ep* ep = <ofi_ep*>epv
     cdef gx_op* op
     cdef iovec iov
@@ -463,7 +470,8 @@ cdef int net_put(void* epv, ofi_peer* t, uintptr_t remote, void* local, size_t n
         rc = _retry(ep, t, &deadline)
         if rc:
             break
-    _posted(op, t, rc, mode, out, "fi_writemsg", "put")
+    if _posted(op, t, rc, mode, out, "fi_writemsg", "put", mode == GX_BLOCKING) == 1:
+        return 1
     if ordered:
         _ensure_flush(ep, t)
     return 0
@@ -547,14 +555,15 @@ cdef inline int _nothing_to_move(void** out) noexcept nogil:
 
 
 cdef int _posted(gx_op* op, ofi_peer* t, ssize_t rc, int mode, void** out,
-                 const char* call, const char* what) except -1 nogil:
+                 const char* call, const char* what, bint reissue=False) except -1 nogil:
     """After posting op (rc from the post): drop it and raise on failure; wait
-    for it when blocking; hand it out when NB (implicit ops need nothing)."""
+    for it when blocking; hand it out when NB (implicit ops need nothing).
+    1: a blocking op to issue again (``reissue``, _wait_op)."""
     if rc < 0:
         _drop_new(op)
         return _issue_failed(t, rc, call)
     if mode == GX_BLOCKING:
-        return _wait_op(op, t, what)
+        return _wait_op(op, t, what, NULL, reissue)
     if mode == GX_NB:
         out[0] = op
     return 0
@@ -570,6 +579,13 @@ cdef int _ensure_flush(ofi_ep* ep, ofi_peer* t) except -1 nogil:
 
 cdef int net_get(void* epv, ofi_peer* t, uintptr_t remote, void* local, size_t n,
                  int mode, void** out) except -1 nogil:
+    while _net_get(epv, t, remote, local, n, mode, out) == 1:
+        pass                    # held up by a death on an endpoint since moved (_wait_op)
+    return 0
+
+
+cdef int _net_get(void* epv, ofi_peer* t, uintptr_t remote, void* local, size_t n,
+                  int mode, void** out) except -1 nogil:
     cdef ofi_ep* ep = <ofi_ep*>epv
     cdef gx_op* op
     cdef void* desc
@@ -590,6 +606,6 @@ cdef int net_get(void* epv, ofi_peer* t, uintptr_t remote, void* local, size_t n
         rc = _retry(ep, t, &deadline)
         if rc:
             break
-    return _posted(op, t, rc, mode, out, "fi_read", "get")
+    return _posted(op, t, rc, mode, out, "fi_read", "get", mode == GX_BLOCKING)
 
 
