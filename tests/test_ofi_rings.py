@@ -345,6 +345,67 @@ def test_holder_outside_gexmk_releases_in_the_background(tmp_path):
     assert r.stdout.count("OK") == 3, r.report()
 
 
+# A ring in a zone its owner unbound since: the publication that says so
+# (nothing bound) ends the ring here, and no release follows.  The owner frees
+# the retired zone's key at the collective after that publication, and over
+# tcp;ofi_rxm a write with a key the target no longer knows takes the pair's
+# connection down: rank 1's idle release, sent by its lander thread after that
+# barrier, made its next put -- to rank 0's new segment -- fail with ENOTCONN
+# (fuzz seed 815274).
+UNBOUND_WORKER = r'''
+with gexmk.init() as c:
+    tm = c.tm
+    ep0 = c.ep(0)
+    ctx = ep0.contexts["ofi"]
+    dom = c.transports["ofi"].domain
+    ep0.bind_segment(c.segment_create(1 << 16))
+    tm.publish_bound_segment([ep0])
+    if tm.rank == 1:
+        tm.put(0, tm.addr(0, 0), pattern(1000, 1))     # takes a ring in rank 0's zone
+        assert dom.ring_stats["held"] == 1, dom.ring_stats
+    tm.barrier()
+    if tm.rank == 0:
+        ep0.unbind_segment()
+        assert ctx.retired == 1, ctx.retired
+    tm.publish_bound_segment([ep0])                    # rank 0's: nothing bound
+    tm.barrier()                                       # applied everywhere: the key is freed
+    if tm.rank == 0:
+        assert ctx.retired == 0, ctx.retired
+    else:
+        # past GEXMK_OFI_RING_IDLE, outside gexmk: the lander's turn (a release
+        # sent, the put follows at once: before rank 1 saw the connection go)
+        t0 = time.monotonic()
+        while dom.ring_stats["released"] == 0 and time.monotonic() < t0 + 1.5:
+            time.sleep(0.001)
+    tm.barrier()
+    if tm.rank == 0:
+        seg = c.segment_create(1 << 16)
+        ep0.bind_segment(seg)
+    tm.publish_bound_segment([ep0])
+    if tm.rank == 1:
+        tm.put(0, tm.addr(0, 64), pattern(1000, 2))
+        back = np.zeros(1000, np.uint8)
+        tm.get(back, 0, tm.addr(0, 64))
+        assert np.array_equal(back, pattern(1000, 2)), "staged get after the republication"
+        st = dom.ring_stats
+        assert (st["opened"], st["released"]) == (2, 0), st
+    tm.barrier()
+    if tm.rank == 0:
+        assert np.array_equal(seg.view(np.uint8)[64:1064], pattern(1000, 2)), "put lost"
+    tm.barrier()
+print("OK")
+'''
+
+
+@pytest.mark.timeout(120)
+def test_ring_in_an_unbound_zone_is_never_released(tmp_path):
+    need(PROVIDER)
+    r = mp_util.run_job(tmp_path, UNBOUND_WORKER, 2, launcher_timeout=100,
+                        env=rings_env(GEXMK_OFI_RING_IDLE="0.5"))
+    assert r.returncode == 0, r.report()
+    assert r.stdout.count("OK") == 2, r.report()
+
+
 # GPU machines: a device segment's zone (the path ofi-staged takes by default):
 # the released ring is unpinned and its pages given back, the next put pins it
 # again and lands in device memory.

@@ -752,9 +752,12 @@ cdef class OfiTransport:
             time.sleep(_apply_delay)
         key = (peer.jobrank, peer.ep_index)
         cdef OfiPeer p = self._peers.get(key)
+        cdef ofi_dom* dom = &self.domain.d
         if peer.size == 0 or peer.same_process or blob is None:
             if p is not None:
                 p.c.net_key = 0
+                with nogil:
+                    _stg_new_ring(dom, &p.c)    # its zone went with its segment
             return None
         # a host segment: 4 fields; a staged device segment: + its zone's geometry;
         # a native one (hmem.pxi): + None, + its zone's key, base and geometry
@@ -805,12 +808,8 @@ cdef class OfiTransport:
                                      f"slots (at most {STG_MAX_SLOTS} here)")
         ring = zbase + <uint64_t>self.job.rank * <uint64_t>ring_bytes
         if old != (stg_key, ring, 1):
-            # a new zone starts a new ring
-            p.c.stg_seq = 0
-            p.c.stg_open = 0
-            memset(p.c.stg_last, 0, sizeof(p.c.stg_last))
-            memset(p.c.stg_ok, 0, sizeof(p.c.stg_ok))
-            memset(p.c.stg_rb, 0, sizeof(p.c.stg_rb))
+            with nogil:
+                _stg_new_ring(dom, &p.c)        # a new zone starts a new ring
         p.c.stg_key = stg_key
         p.c.stg_slots = slots
         p.c.stg_chunk = chunk

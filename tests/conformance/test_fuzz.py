@@ -144,14 +144,19 @@ REGRESSIONS = [
     # protocol and did not reproduce it (~570 replays, ~2,080 soak jobs, ~23,000
     # rounds of its shape in test_ofi_rings and stress runs).  A rerun of a hang now
     # prints FUZZ-RINGS (both ends' ring states) and, with FUZZ_GDB_HANG=1, the C
-    # stacks; FUZZ_SLOW=4 reports stalls that end.  Not diagnosed.
-    # found (this session's soak, 1 job in ~830; replays: 4 of 8 fail on cfe325e, 1 of 4
-    # with the shm change beside it): rank 1's put_nbi_val to rank 0 through rank 0's
-    # landing zone (#53) raises OFIError "staged put failed: Transport endpoint is not
-    # connected" (-107) shortly after rank 0 destroyed its bound segment (#49) and
-    # republished endpoint 0 (#50); no process died.  Not diagnosed.
-    pytest.param(815274, "ofi-tcp-rings", {}, id="ofi-tcp-rings-815274-staged-put-enotconn",
-                 marks=_flaky("a staged put raised ENOTCONN after the target's segment was destroyed and republished")),
+    # stacks; FUZZ_SLOW=4 reports stalls that end.  Not diagnosed (not seed 815274's
+    # stale release below: nothing was unbound or republished before #20).
+    # fixed (found by a soak, 1 job in ~830): rank 1's put_nbi_val to rank 0 through
+    # rank 0's new landing zone (#53, after the republication #50) raised OFIError
+    # "staged put failed: Transport endpoint is not connected" (-107).  Rank 0 had
+    # unbound its first segment (#22) and published "nothing bound" (#30); rank 1
+    # applied that but kept its ring in the old zone, whose idle release it sent
+    # afterwards, with the old key -- which rank 0 freed at the next collective (#43,
+    # once every member had applied #30).  tcp at rank 0: "unknown key", the pair's
+    # connection dropped.  Now applying a publication without the old zone forgets
+    # the ring under its lock (ofi staged.pxi _stg_new_ring): nothing is written to
+    # it again.  Replays before the fix: 5 of 16 failed; after: 0 of 16.
+    pytest.param(815274, "ofi-tcp-rings", {}, id="ofi-tcp-rings-815274-staged-put-enotconn"),
     pytest.param(101345, "ofi-tcp-rings", {}, id="ofi-tcp-rings-101345-ring-wait-hang",
                  marks=_flaky("a staged put_signal_nbi stuck over 11 s, its target in a bootstrap exchange")),
     # fixed (helper-18's soak, 1 job in 448): after the victim's kill, rank 0's

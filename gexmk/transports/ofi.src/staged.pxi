@@ -1039,6 +1039,26 @@ cdef int _stg_done(ofi_ep* ep, ofi_peer* t) noexcept nogil:
     return 0
 
 
+cdef void _stg_new_ring(ofi_dom* d, ofi_peer* t) noexcept nogil:
+    """t's endpoint was published again without the zone this process's ring
+    was in (its segment unbound, or another bound): forget the ring, never
+    to write to it again, not even its release.  The owner frees the old
+    zone's key once every member has applied this publication
+    (OfiEndpoint._retire_mr), and over tcp;ofi_rxm a write with a key it no
+    longer knows takes the pair's connection down (fuzz seed 815274: an
+    idle release sent after the apply; the next put raised ENOTCONN).
+    Under t.stg_lock: the lander thread releases idle rings too."""
+    _spin_lock(&t.stg_lock)
+    t.stg_seq = 0
+    t.stg_open = 0
+    t.stg_wanted = 0
+    memset(t.stg_last, 0, sizeof(t.stg_last))
+    memset(t.stg_ok, 0, sizeof(t.stg_ok))
+    memset(t.stg_rb, 0, sizeof(t.stg_rb))
+    _held_drop(d, t)
+    gx_xchg_int(&t.stg_lock, 0)
+
+
 cdef void _held_add(ofi_dom* d, ofi_peer* t) noexcept nogil:
     """List t's ring among those this process holds (caller holds t.stg_lock)."""
     cdef ofi_peer** grown
