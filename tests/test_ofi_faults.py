@@ -787,6 +787,64 @@ def test_shm_ops_held_before_the_death_notice_go_on(tmp_path):
     assert "put after the notice done" in res.stderr, res.report()
 
 
+# A TM-pair made while rank 0's endpoint holds an unanswered get to the stopped rank
+# 1 touches rank 2's new endpoint from it (eager connection set-up): the touch sits
+# behind the get, and the death's notice leaves it there.
+SHM_TOUCH_HELD = r'''
+import threading
+c = gexmk.init()
+tm = c.tm
+seg = c.segment_attach(1 << 16)
+pids = np.zeros(tm.size, np.int64)
+tm.allgather(np.array([os.getpid()], np.int64), pids)
+alive = tm.split(0 if tm.rank != 1 else 1, tm.rank)     # ranks 0 and 2
+if tm.rank != 1:
+    ep1 = c.ep_create()
+    if tm.rank == 2:
+        ep1.bind_segment(c.segment_create(1 << 12))
+    alive.publish_bound_segment([ep1])
+tm.barrier()
+if tm.rank == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)                # answers nothing from here on
+    time.sleep(60)
+if tm.rank == 0:
+    time.sleep(0.3)
+    ev = tm.get_nb(np.zeros(8, np.uint8), 1, tm.addr(1, 0))     # never answered
+    done = []
+    def pair():
+        t0 = time.monotonic()
+        p = tm.ep.pair(1)                               # touches rank 2's endpoint 1
+        p.put(2, p.addr(2, 0), np.full(8, 5, np.uint8))
+        out = np.zeros(8, np.uint8)
+        p.get(out, 2, p.addr(2, 0))
+        done.append((out.tolist(), time.monotonic() - t0))
+    th = threading.Thread(target=pair)
+    th.start()
+    time.sleep(0.3)
+    os.kill(int(pids[1]), signal.SIGKILL)
+    expect_raises(E.PeerDeadError, ev.wait)
+    th.join(40)
+    assert done and done[0][0] == [5] * 8, done
+    log(f"pair made and used after {done[0][1]:.2f} s")
+alive.barrier()
+c.finalize()
+print("SURVIVOR-OK", flush=True)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_shm_connection_touch_held_before_the_death_notice(tmp_path):
+    """A connection touch of a survivor that sits behind an op to a process that then
+    dies is given up as held up by the death (fuzz seed 139: a TM-pair's first
+    operation waited the whole 10 s of the set-up's bound); the pair works after it."""
+    need("shm")
+    res = run(tmp_path, SHM_TOUCH_HELD, 3, "shm", launcher_timeout=80, keep_going=True)
+    no_signal_death(res, [0, 2])
+    assert res.stdout.count("SURVIVOR-OK") == 2, res.report()
+    assert "pair made and used after" in res.stderr, res.report()
+    assert "held up behind an operation to a process that died" in res.stderr, res.report()
+
+
 @pytest.mark.timeout(120)
 def test_shm_survivors_go_on_after_a_death(tmp_path):
     need("shm")

@@ -132,6 +132,9 @@ REGRESSIONS = [
     pytest.param(119, "ofi-shm", KNOWN, id="ofi-shm-119-held-before-the-notice"),
     pytest.param(107, "ofi-shm", KNOWN, id="ofi-shm-107-survivors-stall-after-kill",
                  marks=_flaky("libfabric shm after a SIGKILL")),
+    # (139 also took 13 s in 2 of 4 runs: a TM-pair's connection touch of a survivor sat
+    # behind an op to the dead for the set-up's whole 10 s bound; given up after 1 s
+    # now, as held up by the death: 8 of 8 runs at 3.2-4.6 s)
     pytest.param(139, "ofi-shm", KNOWN, id="ofi-shm-139-survivors-cannot-go-on-after-kill",
                  marks=_flaky("libfabric shm after a SIGKILL")),
     # found (helper-16's soak, 1 job in 185, not reproduced in 16 + 40 replays): rank

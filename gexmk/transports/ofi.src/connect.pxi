@@ -19,9 +19,12 @@ cdef char _CONNECT_SINK[64]
 
 cdef int _connect_wait(gx_op** ops, long n, double secs) noexcept nogil:
     """Progress until every op of ``ops`` completed or ``secs`` passed; the
-    number still pending (the caller orphans them)."""
+    number still pending (the caller orphans them).  Over shm a touch of a
+    survivor issued before a death's notice can sit behind an op to the dead
+    for good (_poisoned): not waited for past DEATH_GRACE_MS either (fuzz seed
+    139: a TM-pair's first operation waited the whole 10 s)."""
     cdef ofi_dom* dom
-    cdef double deadline = _now() + secs
+    cdef double deadline = _now() + secs, since = 0
     cdef long i, pending = n
     cdef unsigned long spins = 0
     if n == 0:
@@ -37,7 +40,7 @@ cdef int _connect_wait(gx_op** ops, long n, double secs) noexcept nogil:
             # a peer that died meanwhile will never answer, nor will an endpoint
             # closed since its publication (rma.pxi _gone): not waited for
             if ops[i] != NULL and gx_load_int(&ops[i].state) != OP_DONE and not ops[i].t.g.dead \
-                    and not ops[i].t.gone:
+                    and not ops[i].t.gone and not _poisoned(dom, ops[i].born_deaths, &since):
                 pending += 1
         if pending == 0:
             break
@@ -102,6 +105,9 @@ cdef object _connect_pairs(Domain dom, list pairs, double secs):
                 failures.append(f"job rank {t.g.jobrank} endpoint {t.g.ep_index}: "
                                 + ("it died" if t.g.dead else
                                    "closed since its publication" if t.gone else
+                                   "held up behind an operation to a process that died"
+                                   if ops[i].ep.dom.deaths > ops[i].born_deaths
+                                   and ops[i].ep.dom.shared_q else
                                    f"no answer in {secs:g} s"))
                 _orphan(ops[i])
             elif ops[i].err:
