@@ -687,20 +687,34 @@ def test_endpoint_destroyed_while_its_publication_is_applied(tmp_path):
 # nothing: rank 0's get to the stopped-then-killed rank 1 held up every later
 # operation of rank 0's endpoint, to the live rank 2 too, which then raised
 # PeerDeadError ("did not complete it within 1 s after job rank 1 died").
-# After the death notice the endpoint issues through a fresh libfabric endpoint
-# (OfiEndpoint.fresh_initiator): the survivors' traffic completes.
-SHM_SURVIVORS = r'''
+# The jobs below: 3 ranks over shm; rank 1 stops itself (SIGSTOP) after a barrier and
+# answers nothing from then on; ranks 0 and 2 (``alive``) go on.
+_SHM_SETUP = r'''
+import threading
 c = gexmk.init()
 tm = c.tm
 seg = c.segment_attach(1 << 16)
 pids = np.zeros(tm.size, np.int64)
 tm.allgather(np.array([os.getpid()], np.int64), pids)
 alive = tm.split(0 if tm.rank != 1 else 1, tm.rank)     # ranks 0 and 2
-buf = np.zeros(8, np.uint8)
+'''
+_SHM_STOP_1 = r'''
 tm.barrier()
 if tm.rank == 1:
     os.kill(os.getpid(), signal.SIGSTOP)                # answers nothing from here on
     time.sleep(60)
+'''
+_SHM_END = r'''
+alive.barrier()
+c.finalize()
+print("SURVIVOR-OK", flush=True)
+'''
+
+
+# After the death notice the endpoint issues through a fresh libfabric endpoint
+# (OfiEndpoint.fresh_initiator): the survivors' traffic completes.
+SHM_SURVIVORS = _SHM_SETUP + _SHM_STOP_1 + r'''
+buf = np.zeros(8, np.uint8)
 if tm.rank == 0:
     time.sleep(0.3)
     ev = tm.get_nb(buf, 1, tm.addr(1, 0))               # never answered
@@ -718,28 +732,14 @@ if tm.rank == 2:
     for i in range(20):
         alive.barrier()
         tm.get(buf, 0, tm.addr(0, 0))
-alive.barrier()
-c.finalize()
-print("SURVIVOR-OK", flush=True)
-'''
+''' + _SHM_END
 
 
 # Rank 0's blocking put and get to the live rank 2 are issued while its get_nb to
 # the stopped rank 1 is unanswered, before rank 1's death and its notice: they sit
 # behind that get in the endpoint's queue, and the notice's fresh initiator only
 # takes what is issued after it.
-SHM_HELD_BEFORE_NOTICE = r'''
-import threading
-c = gexmk.init()
-tm = c.tm
-seg = c.segment_attach(1 << 16)
-pids = np.zeros(tm.size, np.int64)
-tm.allgather(np.array([os.getpid()], np.int64), pids)
-alive = tm.split(0 if tm.rank != 1 else 1, tm.rank)     # ranks 0 and 2
-tm.barrier()
-if tm.rank == 1:
-    os.kill(os.getpid(), signal.SIGSTOP)                # answers nothing from here on
-    time.sleep(60)
+SHM_HELD_BEFORE_NOTICE = _SHM_SETUP + _SHM_STOP_1 + r'''
 if tm.rank == 0:
     time.sleep(0.3)
     ev = tm.get_nb(np.zeros(8, np.uint8), 1, tm.addr(1, 0))     # never answered
@@ -767,10 +767,7 @@ if tm.rank == 0:
     expect_raises(E.PeerDeadError, lambda: tm.put_nb(1, tm.addr(1, 0), np.zeros(8, np.uint8)))
     tm.put(2, tm.addr(2, 72), np.full(8, 9, np.uint8))
     log("put after the notice done")
-alive.barrier()
-c.finalize()
-print("SURVIVOR-OK", flush=True)
-'''
+''' + _SHM_END
 
 
 @pytest.mark.timeout(120)
@@ -790,23 +787,13 @@ def test_shm_ops_held_before_the_death_notice_go_on(tmp_path):
 # A TM-pair made while rank 0's endpoint holds an unanswered get to the stopped rank
 # 1 touches rank 2's new endpoint from it (eager connection set-up): the touch sits
 # behind the get, and the death's notice leaves it there.
-SHM_TOUCH_HELD = r'''
-import threading
-c = gexmk.init()
-tm = c.tm
-seg = c.segment_attach(1 << 16)
-pids = np.zeros(tm.size, np.int64)
-tm.allgather(np.array([os.getpid()], np.int64), pids)
-alive = tm.split(0 if tm.rank != 1 else 1, tm.rank)     # ranks 0 and 2
+SHM_TOUCH_HELD = _SHM_SETUP + r'''
 if tm.rank != 1:
     ep1 = c.ep_create()
     if tm.rank == 2:
         ep1.bind_segment(c.segment_create(1 << 12))
     alive.publish_bound_segment([ep1])
-tm.barrier()
-if tm.rank == 1:
-    os.kill(os.getpid(), signal.SIGSTOP)                # answers nothing from here on
-    time.sleep(60)
+''' + _SHM_STOP_1 + r'''
 if tm.rank == 0:
     time.sleep(0.3)
     ev = tm.get_nb(np.zeros(8, np.uint8), 1, tm.addr(1, 0))     # never answered
@@ -826,10 +813,7 @@ if tm.rank == 0:
     th.join(40)
     assert done and done[0][0] == [5] * 8, done
     log(f"pair made and used after {done[0][1]:.2f} s")
-alive.barrier()
-c.finalize()
-print("SURVIVOR-OK", flush=True)
-'''
+''' + _SHM_END
 
 
 @pytest.mark.timeout(120)
