@@ -930,8 +930,9 @@ cdef class OfiTransport:
         self._connected.update(seen)
         if failures:
             import warnings
-            warnings.warn(f"ofi: {len(failures)} connection(s) could not be set up at publication "
-                          f"(their first operation will try again): " + "; ".join(failures[:4]),
+            warnings.warn(f"ofi: {len(failures)} connection(s) could not be set up ahead of their "
+                          f"first operation (after a publication or a new team; that operation "
+                          f"will try again): " + "; ".join(failures[:4]),
                           RuntimeWarning, stacklevel=3)
 
     def quiesce(self):
