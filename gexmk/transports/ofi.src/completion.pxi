@@ -16,6 +16,13 @@ cdef int _raise_dead(ofi_peer* t, const char* what) except -1 with gil:
     raise PeerDeadError(f"{what.decode()}: job rank {t.g.jobrank} has died")
 
 
+cdef inline bint _after_death(ofi_dom* dom, long born) noexcept nogil:
+    """Whether an op issued on an initiator endpoint opened after ``born``
+    deaths (gx_op.born_deaths) may be held up by a death since (over shm:
+    see _poisoned)."""
+    return dom.deaths > born and dom.shared_q
+
+
 cdef inline bint _poisoned(ofi_dom* dom, long born, double* since) noexcept nogil:
     """Whether a wait that began at *since (0: now, set here) for an op issued
     on an initiator endpoint opened after ``born`` deaths (gx_op.born_deaths)
@@ -37,7 +44,7 @@ cdef inline bint _poisoned(ofi_dom* dom, long born, double* since) noexcept nogi
     (OfiEndpoint.fresh_initiator), which that death cannot hold up; a blocking
     put or get given up so is issued again there (_wait_op's ``reissue``)."""
     cdef double now, t0
-    if dom.deaths <= born or not dom.shared_q:
+    if not _after_death(dom, born):
         return False
     now = _now()
     if since[0] == 0:

@@ -106,8 +106,7 @@ cdef object _connect_pairs(Domain dom, list pairs, double secs):
                                 + ("it died" if t.g.dead else
                                    "closed since its publication" if t.gone else
                                    "held up behind an operation to a process that died"
-                                   if ops[i].ep.dom.deaths > ops[i].born_deaths
-                                   and ops[i].ep.dom.shared_q else
+                                   if _after_death(ops[i].ep.dom, ops[i].born_deaths) else
                                    f"no answer in {secs:g} s"))
                 _orphan(ops[i])
             elif ops[i].err:

@@ -500,7 +500,9 @@ cdef class OfiEndpoint:
         operation carries -- so ep0 stays the endpoint peers reach and
         signal receives stay posted there.  Ops already issued on the old one
         are not moved: one held up is given up DEATH_GRACE_MS after the death
-        (_poisoned).  At most FRESH_MAX per endpoint; 1 when one opened.
+        (_poisoned), and a blocking put or get so given up is issued again on
+        the new one (_wait_op's ``reissue``).  At most FRESH_MAX per endpoint;
+        1 when one opened.
         (cdef: only the transport's death notices call it.)"""
         cdef ofi_ep* e = &self.e
         cdef ofi_dom* d = e.dom
