@@ -838,3 +838,27 @@ def test_shm_survivors_go_on_after_a_death(tmp_path):
     # endpoint 0 (the get) and the sync endpoint (barrier arrivals to rank 1 among its last targets)
     opened = re.findall(r"\[rank 0\] fresh initiators: (\d+)", res.stderr)
     assert opened and int(opened[0]) >= 1, res.report()
+
+
+# The transport's death hooks take the job rank the bootstrap reports; anything else
+# (a float, a bool, a rank outside the job) would count a death for nobody: every
+# later op's give-up after deaths (_poisoned) would then apply.
+HOOK_ARGS = r'''
+c = gexmk.init()
+tr = c.transports.get("ofi")
+for hook in (tr.peer_dying, tr.peer_died):
+    for bad in (1.5, True, -1, c.tm.size, 2 ** 70, "1", None):
+        e = expect_raises(E.ArgumentError, hook, bad)
+        assert "jobrank" in str(e), e
+assert tr.domain.fresh_initiators == 0
+c.tm.barrier()
+c.finalize()
+print("HOOKS-OK", flush=True)
+'''
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("provider", ["shm", "tcp;ofi_rxm"])
+def test_death_hooks_reject_what_is_not_a_job_rank(tmp_path, provider):
+    need(provider)
+    run_ok(tmp_path, HOOK_ARGS, 2, provider, "HOOKS")

@@ -955,11 +955,21 @@ cdef class OfiTransport:
                 left += _drain(&oe.e, secs if secs > 0 else 0)
         return left
 
-    def peer_dying(self, int jobrank):
+    def _jobrank(self, jobrank, what):
+        """``jobrank`` as a rank of this job, or ArgumentError naming it: a death
+        notice for a float or a rank outside the job would count a death
+        (every op's give-up after deaths, _poisoned) for nobody."""
+        if type(jobrank) is not int or not 0 <= jobrank < self.job.size:
+            raise ArgumentError(f"{what}(jobrank): expected a job rank, an int in "
+                                f"[0, {self.job.size}), got {jobrank!r}")
+        return jobrank
+
+    def peer_dying(self, jobrank):
         """Before the core marks ``jobrank`` dead (so before any wait on it
         raises, and the application moves on to the survivors): over shm,
         endpoints that may hold an op towards it issue on fresh libfabric
         endpoints from now on (OfiEndpoint.fresh_initiator)."""
+        jobrank = self._jobrank(jobrank, "peer_dying")
         self._fresh_initiators(jobrank, self.domain.d.deaths + 1, False)
 
     cdef _fresh_initiators(self, int jobrank, long deaths, bint again):
@@ -967,7 +977,8 @@ cdef class OfiTransport:
             for oe in list(self.domain._eps):
                 (<OfiEndpoint>oe).fresh_initiator(jobrank, deaths, again)
 
-    def peer_died(self, int jobrank):
+    def peer_died(self, jobrank):
+        jobrank = self._jobrank(jobrank, "peer_died")
         self.domain.d.last_dead = jobrank
         self.domain.d.death_at = _now()
         gx_add_long(&self.domain.d.deaths, 1)
