@@ -61,7 +61,8 @@ ROWS = [
     ("get_indexed", False), ("put_strided", False), ("get_strided", False),
     ("put_vector_nb", False), ("get_strided_nbi", False), ("put_column", False),
     ("barrier", True), ("barrier_nb", True), ("allreduce", True), ("bcast", True),
-    ("allgather", True),
+    ("allgather", True), ("split", True), ("dup", True), ("create", True),
+    ("ad_create", True), ("publish", True),
 ]
 
 WORKER = r'''
@@ -303,6 +304,39 @@ for name, coll in ROWS:
                 got = np.zeros(team.size, np.int64)
                 team.allgather(np.array([me], np.int64), got)
                 assert list(got) == [0, 1], got
+            attempt(out, name, who, f)
+        elif name in ("split", "dup", "create"):
+            # the new team must work: a barrier and a put between the survivors
+            def f():
+                if name == "split":
+                    t = team.split(0, key=-me)              # reversed order
+                elif name == "dup":
+                    t = team.dup()
+                else:
+                    t = team.create([1, 0])
+                t.barrier()
+                peer = 1 - t.rank
+                t.put_val(peer, t.addr(peer, 8 * KEY[name]), me + 10)
+                t.barrier()
+                assert int(np.frombuffer(segment_bytes()[8 * KEY[name]:8 * KEY[name] + 8],
+                                         np.uint64)[0]) == (1 - me) + 10
+            attempt(out, name, who, f)
+        elif name == "ad_create":
+            def f():
+                d = team.ad_create(gexmk.DT_U64, gexmk.OP_FADD)
+                a = team.addr(team.rank, 8 * KEY[name])     # its own word (pvm: no atomics)
+                assert d.op(team.rank, a, gexmk.OP_FADD, 1) == 0
+                team.barrier()
+            attempt(out, name, who, f)
+        elif name == "publish":
+            # a second endpoint with a segment of its own, published to the team
+            def f():
+                e = c.ep_create()
+                s2 = c.segment_create(4096)
+                e.bind_segment(s2)
+                team.publish_bound_segment([e])
+                bs = team.query_bound_segment_nb(1 - me).wait()
+                assert bs.size >= 4096, bs
             attempt(out, name, who, f)
 alive.barrier()
 if me == S:
