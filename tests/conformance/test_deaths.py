@@ -72,6 +72,7 @@ ROWS = json.loads(os.environ["DEATH_ROWS"])
 REFUSED = {os.environ["DEATH_PATH"]: set(json.loads(os.environ["DEATH_REFUSED"]))}
 PATH = os.environ["DEATH_PATH"]
 BOUND = float(os.environ["DEATH_BOUND"])
+KILL_AFTER = 0.5
 c = gexmk.init()
 tm = c.tm
 me = tm.rank
@@ -115,9 +116,12 @@ KEY = {name: k for k, (name, coll) in enumerate(ROWS)}
 if me != 0:
     for k in range(len(ROWS)):
         fill(SLOT * (k + 1), pattern(SLOT, me, k))
+pids = np.zeros(3, np.int64)
+tm.allgather(np.array([os.getpid()], np.int64), pids)
 tm.barrier()
 if me == V:
-    os.kill(os.getpid(), signal.SIGKILL)
+    # stopped, rank 0 issues to it (operations under way), then kills it
+    os.kill(os.getpid(), signal.SIGSTOP)
     time.sleep(60)
 
 
@@ -256,8 +260,85 @@ def attempt(out, name, who, fn):
     return got
 
 
+def inflight(out):
+    """Operations under way when the victim dies.  It stopped itself (it serves
+    nothing over the network, its lander answers no ring request); rank 0 issues
+    to it while a thread SIGKILLs it KILL_AFTER s later, so an issue may be blocked
+    (a first ring request, LC_NOW's wait for the source) or its op in flight at the
+    death.  Each must then end -- done before the death, or PeerDeadError at issue
+    or at its wait -- within BOUND s of the kill.  One NB put is never waited for:
+    finalize must not wait for it."""
+    import threading
+    state, deadline = "", time.monotonic() + 20
+    while state != "T":
+        with open(f"/proc/{int(pids[V])}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        assert time.monotonic() < deadline, f"the victim did not stop (state {state})"
+        time.sleep(0.01)
+    killed = []
+
+    def killer():
+        time.sleep(KILL_AFTER)
+        killed.append(time.monotonic())
+        os.kill(int(pids[V]), signal.SIGKILL)
+
+    th = threading.Thread(target=killer, daemon=True)
+    th.start()
+    keep, evs = [], {}
+
+    def since_kill():
+        return round(max(0.0, time.monotonic() - killed[0]) if killed else 0.0, 3)
+
+    def issue(name, fn):
+        try:
+            evs[name] = fn()
+        except E.PeerDeadError:
+            out["inflight_" + name] = {"outcome": "PeerDeadError", "seconds": since_kill()}
+        except Exception as e:          # noqa: BLE001 - the cell says which
+            out["inflight_" + name] = {"outcome": f"at issue: {type(e).__name__}: {e}",
+                                       "seconds": since_kill()}
+
+    # those that return at once first (LC_DEFER: no wait for the source), so that
+    # they are in flight at the death; a first ring request (staged paths) or
+    # LC_NOW's wait (the last one) may block until it
+    a = tm.addr(V, SLOT)
+    d = np.empty(64, np.uint8); keep.append(d)
+    issue("get_nb", lambda: tm.get_nb(d, V, a))
+    dv = np.empty(96, np.uint8); keep.append(dv)
+    issue("get_vector_nb", lambda: tm.get_vector_nb([dv[:50], dv[50:]], V,
+                                                    [(a + 1024, 32), (a + 2048, 64)]))
+    issue("amo_nb", lambda: ad.op_nb(V, a + 256, gexmk.OP_FADD, 1))
+    src = pattern(64, 0, 1); keep.append(src)
+    issue("put_nb", lambda: tm.put_nb(V, a + 128, src, lc=gexmk.LC_DEFER))
+    big = pattern(SLOT, 0, 2); keep.append(big)
+    issue("put_nb_big", lambda: tm.put_nb(V, a + SLOT, big, lc=gexmk.LC_DEFER))
+    src2 = pattern(64, 0, 4); keep.append(src2)
+    issue("put_nbi", lambda: tm.put_nbi(V, a + 4096, src2, lc=gexmk.LC_GROUP))
+    issue("put_signal_nb", lambda: tm.put_signal_nb(V, a + 512, pattern(64, 0, 3), a + 264, 1,
+                                                    gexmk.SIGNAL_SET))
+    issue("abandoned", lambda: tm.put_nb(V, a + 4200, pattern(64, 0, 5)))
+    keep.append(evs.pop("abandoned", None))
+    th.join()
+    for name, ev in evs.items():
+        try:
+            if name == "put_nbi":
+                gexmk.nbi_wait(gexmk.EC_ALL)
+            else:
+                ev.wait()
+            outcome = "ok"
+        except E.PeerDeadError:
+            outcome = "PeerDeadError"
+        except Exception as e:          # noqa: BLE001 - the cell says which
+            outcome = f"{type(e).__name__}: {e}"
+        out["inflight_" + name] = {"outcome": outcome, "seconds": since_kill()}
+    with open(f"rows.{me}.json", "w") as f:
+        json.dump(out, f)
+    return keep
+
+
 out = {}
 if me == 0:
+    keep = inflight(out)
     # know of the death first (what comes before its notice is the fuzz's)
     deadline = time.monotonic() + 20
     while True:
@@ -454,6 +535,30 @@ def test_death_cell(jobs, path, name, coll, who):
             assert row["outcome"].startswith("UnsupportedError: "), (r, row)
         else:
             assert row["outcome"] == "ok", (r, row)
+
+
+#: operations under way when the victim dies (worker ``inflight``)
+INFLIGHT = ["get_nb", "put_nb", "put_nb_big", "amo_nb", "put_signal_nb", "get_vector_nb",
+            "put_nbi"]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("path, name", [
+    pytest.param(p, n, id=f"{p.name}-{n}", marks=[pytest.mark.gpu] if p.gpu else [])
+    for p in PATHS for n in INFLIGHT])
+def test_under_way_at_the_death(jobs, path, name):
+    """Done, or PeerDeadError (at issue or at its wait), within BOUND s of the
+    kill (worker ``inflight``); pvm refuses atomics at issue, before the kill."""
+    res, rows, running, finalized = jobs.job(path)
+    row = rows[0].get(f"inflight_{name}")
+    assert row is not None, (f"rank 0 has no result for {name} under way at the death; it "
+                             f"was running {running[0]} when the job ended\n{res.report()}")
+    if path.name == "pvm" and name == "amo_nb":
+        assert row["outcome"].startswith("at issue: UnsupportedError: "), row
+        assert row["seconds"] == 0, row
+        return
+    assert row["outcome"] in ("ok", "PeerDeadError"), row
+    assert row["seconds"] < BOUND, row
 
 
 @pytest.mark.timeout(200)
