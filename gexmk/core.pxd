@@ -18,6 +18,8 @@ cdef class Client:
     cdef object _segments                  # WeakSet of live segments
     cdef object _teams                     # WeakSet of teams
     cdef object _pending                   # WeakSet of events over pending transport ops
+    cdef list _parked                      # ops whose Event was dropped before they completed,
+                                           # with what they touch (event.pxi _Parked)
     cdef list _nodes
     cdef list _pids
     cdef list _retired                     # destroyed segments whose memory peers may still reach
@@ -104,6 +106,8 @@ cdef class Event:
     cdef int _dt                           # atomic data type of the fetched result, or -1
     cdef bint _region                      # an access region's event: completes with nbi_wait
     cdef object _failed                    # the error a finalize left it with
+    cdef list _park                        # its client's _parked: where a pending op goes,
+                                           # with _keep, when this event is dropped
     cdef object __weakref__
     cdef int _complete(self, bint block) except -1
     cdef void _fail(self, object error) noexcept

@@ -1382,3 +1382,52 @@ def test_progress_thread_sleeps_with_many_endpoints(tmp_path, neps):
     # polling window, once opened, also has to close again (_pt_burst: idle bursts
     # over 42 endpoints vary by more than PT_BUSY; 3 runs in 6 failed before).
     run_tcp_pair(tmp_path, MANY_EPS_SOURCE, GEXMK_PROGRESS_THREAD="auto", GX_TEST_EPS=str(neps))
+
+
+# ---- an event dropped before its op completed ----------------------------------
+
+@pytest.mark.timeout(60)
+@PROVIDERS
+def test_dropped_event_keeps_its_buffers_until_the_op_completes(tmp_path, provider):
+    """A get_nb whose event and destination array are dropped at once: the
+    array stays alive (parked in the client) while the op may still write into
+    it -- before, the network wrote into freed memory ("corrupted double-linked
+    list", SIGSEGV over tcp) -- and is let go once the op completed (the next NB
+    op sweeps the parked ones).  Finalize with one still parked returns."""
+    need(provider)
+    src = r'''
+    import weakref
+    c = gexmk.init()
+    tm = c.tm
+    me = tm.rank
+    seg = c.segment_attach(1 << 22)
+    if me == 1:
+        np.asarray(seg)[:] = 0xAB
+    tm.barrier()
+    if me == 0:
+        a = tm.addr(1, 0)
+        for n in (1 << 22, 4096):
+            buf = np.zeros(n, np.uint8)
+            ref = weakref.ref(buf)
+            tm.get_nb(buf, 1, a)                 # its event dropped at once
+            del buf
+            assert ref() is not None, f"{n} B: the dropped get's array was freed"
+            time.sleep(0.3)                      # completes meanwhile
+            tm.get_nb(np.zeros(8, np.uint8), 1, a).wait()     # sweeps the parked ones
+            got = ref()
+            assert got is None, f"{n} B: the completed get's array was kept (a leak)"
+        # many at once, with memory reused between them: nothing written into it
+        junk = []
+        for _ in range(64):
+            tm.get_nb(np.empty(65536, np.uint8), 1, a)
+            junk += [bytearray(65536) for _ in range(2)]
+        tm.get_nb(np.zeros(8, np.uint8), 1, a).wait()
+        time.sleep(0.2)
+        assert not any(any(j) for j in junk), "a dropped get wrote into reused memory"
+        tm.get_nb(np.empty(1 << 22, np.uint8), 1, a)      # still parked at finalize
+    c.finalize()
+    print("OK", me)
+    '''
+    res = run(tmp_path, src, 2, provider, launcher_timeout=45)
+    res.check()
+    assert res.stdout.count("OK") == 2, res.report()

@@ -140,6 +140,7 @@ cdef class Client:
         self._segments = weakref.WeakSet()
         self._teams = weakref.WeakSet()
         self._pending = weakref.WeakSet()
+        self._parked = []
         self._retired = []
         self._held = {}
         self._published = weakref.WeakSet()
@@ -665,6 +666,9 @@ cdef class Client:
             if not ev._done:
                 ev._fail(gone)
         self._pending.clear()
+        # ops of dropped events go to their transports, which close below (draining
+        # or abandoning them); what they touch stays alive until then
+        parked = _unpark_all(self)
         for t in list(self._teams):
             (<Team>t)._close("its client was finalized")
         self._drain()
@@ -689,6 +693,7 @@ cdef class Client:
                 (<Segment>s)._free()
         self._retired = []
         self._close_transports()
+        del parked
         for mk in self._kinds:
             mk.close()
         self._kinds = []

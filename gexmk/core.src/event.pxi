@@ -6,8 +6,9 @@ cdef class Event:
     ``test()`` returns True once the operation is complete (GASNet-EX: a
     successful test consumes the event); unlike GASNet-EX, waiting on or
     testing a completed event again is allowed and returns at once.  An event
-    keeps the buffers of its operation alive until it completes.  Waiting
-    releases the GIL.
+    keeps the buffers of its operation alive until it completes; dropped
+    before that, it leaves them to its client until the op completes.
+    Waiting releases the GIL.
     """
 
     def __cinit__(self):
@@ -17,18 +18,35 @@ cdef class Event:
         raise TypeError("events come from NB operations; use gexmk.LeafEvent() for an lc slot")
 
     def __dealloc__(self):
-        # A pending op is handed to its transport, which frees it at
-        # completion: its context must outlive this object.
+        # A pending op dropped by its program: what it touches (its buffers)
+        # must outlive it, not this object -- a get into an array freed with its
+        # event wrote into reused memory.  It is parked with them in its client
+        # until it completes (_sweep_parked); with nothing to keep, it is handed
+        # to its transport, which frees it at completion.
+        cdef _Parked p
         if self._op != NULL:
-            self._ops.orphan(self._op)
+            if self._park is not None and self._keep is not None:
+                p = _Parked.__new__(_Parked)
+                p.ops = self._ops
+                p.op = self._op
+                p.keep = self._keep
+                self._park.append(p)
+            else:
+                self._ops.orphan(self._op)
             self._op = NULL
 
     cdef void _fail(self, object error) noexcept:
         """Complete with ``error`` (finalize): the op is orphaned to its
-        transport, which frees it if it ever completes."""
+        transport, which frees it if it ever completes; what it touches is
+        parked until the transports have closed (Client._teardown)."""
+        cdef _Parked p
         if self._op != NULL:
             self._ops.orphan(self._op)
             self._op = NULL
+            if self._park is not None and self._keep is not None:
+                p = _Parked.__new__(_Parked)
+                p.keep = self._keep
+                self._park.append(p)
         self._failed = error
         self._done = True
         self._keep = None
@@ -138,16 +156,61 @@ cdef Event _done_event(object result):
     return ev
 
 
+cdef class _Parked:
+    """A pending op whose Event was dropped (``op``, NULL once handed to its
+    transport) and what it touches (``keep``), kept alive until it completes."""
+    cdef const gx_tr_ops* ops
+    cdef void* op
+    cdef object keep
+
+
+cdef int _sweep_parked(Client client) except -1:
+    """Let go of the parked ops that completed (or failed: their transport freed
+    them either way) and of what they touched.  Run as each NB op is issued."""
+    cdef _Parked p
+    cdef gx_val res
+    cdef int done
+    cdef set gone = set()
+    for p in list(client._parked):      # (a test may run the GC: more get parked)
+        try:
+            done = p.ops.test(p.op, &res)
+        except Exception:       # noqa: BLE001 - nobody waits for it: its failure goes too
+            done = 1
+        if done:
+            gone.add(id(p))
+    # in place: every event of the client holds this list
+    client._parked[:] = [p for p in client._parked if id(p) not in gone]
+    return 0
+
+
+cdef list _unpark_all(Client client):
+    """Finalize: hand every parked op to its transport (freed there if it ever
+    completes) and return what they touch, to be kept until the transports close."""
+    cdef _Parked p
+    cdef list keep = []
+    for p in client._parked:
+        if p.op != NULL:
+            p.ops.orphan(p.op)
+            p.op = NULL
+        keep.append(p.keep)
+    del client._parked[:]
+    return keep
+
+
 cdef Event _op_event(Client client, const gx_tr_ops* ops, void* op, object keep, int dt):
     """Event over a pending transport op; ``keep`` holds what the op touches
     (its buffer, the team and through it the endpoint and target contexts)
-    alive until it completes.  The client fails it at finalize."""
+    alive until it completes, also when the event is dropped first (parked in
+    the client).  The client fails it at finalize."""
     cdef Event ev = Event.__new__(Event)
+    if client._parked:
+        _sweep_parked(client)
     ev._bound = True
     ev._ops = ops
     ev._op = op
     ev._keep = keep
     ev._dt = dt
+    ev._park = client._parked
     client._pending.add(ev)
     return ev
 

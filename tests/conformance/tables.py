@@ -244,6 +244,13 @@ RMA_OPS = [
     Op("put_signal_region_wait_some", "signal", "a blocking put_signal inside an access region "
        "(fuzz seed 118), then wait_some([ev], timeout=5)", **_POLL),
     Op("put_signal_nbi_poll", "signal", "put_signal_nbi, then nbi_test() polled", **_POLL),
+    # An event dropped before its op completed: what the op touches must stay alive
+    # until it does (a get into a freed array corrupted the heap over tcp).
+    Op("put_nb_dropped", "put", "put_nb(lc=LC_DEFER) of a temporary array, the event and the "
+       "array dropped at once; the bytes read back until they land", **_POLL),
+    Op("get_nb_dropped", "get", "get_nb into a temporary array, the event and the array "
+       "dropped at once, 32 times (memory allocated next must stay untouched); then a "
+       "get_nb waited", **_POLL),
     Op("put_on_stream", "put", "put_on_stream on a CuPy stream, then the stream synchronised",
        gpu=True),
     Op("get_on_stream", "get", "get_on_stream on a CuPy stream, then the stream synchronised",

@@ -612,6 +612,16 @@ class Job:
                 tm.get(loc.obj, peer, dest)
             elif op == "get_nb":
                 tm.get_nb(loc.obj, peer, dest).wait()
+            elif op == "get_nb_dropped":
+                junk = []
+                for _ in range(32):
+                    tm.get_nb(np.empty(n, np.uint8), peer, dest)   # event and array dropped
+                    junk += [bytearray(n) for _ in range(4)]       # may reuse the freed array
+                tm.get_nb(loc.obj, peer, dest).wait()
+                time.sleep(0.05)
+                if any(any(j) for j in junk):
+                    rec["local"] = "a dropped get_nb wrote into memory allocated after it"
+                    return None
             else:
                 tm.get_nbi(loc.obj, peer, dest)
                 gexmk.nbi_wait(gexmk.EC_GET)
@@ -681,6 +691,12 @@ class Job:
         elif op == "put_signal_nbi_poll":
             tm.put_signal_nbi(peer, dest, src, sig, SIG_VALUE + idx, gexmk.SIGNAL_SET)
             poll_nbi(gexmk.EC_ALL)
+        elif op == "put_nb_dropped":
+            tm.put_nb(peer, dest, np.array(data, np.uint8), lc=gexmk.LC_DEFER)  # both dropped
+            junk = [bytearray(n) for _ in range(4)]     # may reuse the freed array
+            _poll(lambda: read_back(tm, peer, dest, data) is None,
+                  "the dropped put_nb's bytes at the target")
+            del junk
         else:
             raise ValueError(op)
         if op in POLLED:
