@@ -183,6 +183,7 @@ _VIS_LOCALS = ("numpy", "addr", "clientseg", "devseg", "numpy-devep")
 _INDEXED_SIZES = ("0", "8", "4095", "chunk")      # sizes with a divisor to cut equal blocks by
 _STRIDED_SIZES = ("8", "4095", "chunk")           # counts are at least 1: no empty shape
 _POLL = dict(sizes=("8", "3chunks+5"), locals=("numpy",))   # polled completion: few cells
+_DROPPED = dict(sizes=("8", "3chunks+5"), locals=("numpy", "cupy", "cupy-devep"))
 RMA_OPS = [
     Op("put", "put", "blocking put"),
     Op("put_nb_now", "put", "put_nb(lc=LC_NOW), event waited"),
@@ -246,11 +247,12 @@ RMA_OPS = [
     Op("put_signal_nbi_poll", "signal", "put_signal_nbi, then nbi_test() polled", **_POLL),
     # An event dropped before its op completed: what the op touches must stay alive
     # until it does (a get into a freed array corrupted the heap over tcp).
-    Op("put_nb_dropped", "put", "put_nb(lc=LC_DEFER) of a temporary array, the event and the "
-       "array dropped at once; the bytes read back until they land", **_POLL),
-    Op("get_nb_dropped", "get", "get_nb into a temporary array, the event and the array "
-       "dropped at once, 32 times (memory allocated next must stay untouched); then a "
-       "get_nb waited", **_POLL),
+    Op("put_nb_dropped", "put", "put_nb(lc=LC_DEFER) of a temporary array (host, or CuPy's "
+       "for the cupy locals), the event and the array dropped at once; the bytes read back "
+       "until they land", **_DROPPED),
+    Op("get_nb_dropped", "get", "get_nb into a temporary array (as put_nb_dropped), the event "
+       "and the array dropped at once, 32 times (memory allocated next must stay untouched); "
+       "then a get_nb waited", **_DROPPED),
     Op("put_on_stream", "put", "put_on_stream on a CuPy stream, then the stream synchronised",
        gpu=True),
     Op("get_on_stream", "get", "get_on_stream on a CuPy stream, then the stream synchronised",

@@ -548,6 +548,20 @@ class Job:
         self.tm.barrier()
         return rec
 
+    def temp(self, cell, n, data=None, zero=False):
+        """A temporary array of the cell's local memory class (host, or CuPy's
+        device memory for the cupy locals): ``data``'s copy, zeros, or empty."""
+        xp = self.gpu.cp if cell["local"].startswith("cupy") else np
+        if data is not None:
+            return xp.asarray(np.array(data, np.uint8))
+        return xp.zeros(n, xp.uint8) if zero else xp.empty(n, xp.uint8)
+
+    def nonzero(self, a):
+        if isinstance(a, np.ndarray):
+            return bool(a.any())
+        self.gpu.cp.cuda.runtime.deviceSynchronize()
+        return bool(a.any().get())
+
     def initiate(self, idx, cell, tm, peer, n, amo, rec):
         op = cell["op"]
         dest = tm.addr(peer, T.DATA_OFF)
@@ -615,11 +629,11 @@ class Job:
             elif op == "get_nb_dropped":
                 junk = []
                 for _ in range(32):
-                    tm.get_nb(np.empty(n, np.uint8), peer, dest)   # event and array dropped
-                    junk += [bytearray(n) for _ in range(4)]       # may reuse the freed array
+                    tm.get_nb(self.temp(cell, n), peer, dest)     # event and array dropped
+                    junk += [self.temp(cell, n, zero=True) for _ in range(4)]   # may reuse it
                 tm.get_nb(loc.obj, peer, dest).wait()
                 time.sleep(0.05)
-                if any(any(j) for j in junk):
+                if any(self.nonzero(j) for j in junk):
                     rec["local"] = "a dropped get_nb wrote into memory allocated after it"
                     return None
             else:
@@ -692,8 +706,8 @@ class Job:
             tm.put_signal_nbi(peer, dest, src, sig, SIG_VALUE + idx, gexmk.SIGNAL_SET)
             poll_nbi(gexmk.EC_ALL)
         elif op == "put_nb_dropped":
-            tm.put_nb(peer, dest, np.array(data, np.uint8), lc=gexmk.LC_DEFER)  # both dropped
-            junk = [bytearray(n) for _ in range(4)]     # may reuse the freed array
+            tm.put_nb(peer, dest, self.temp(cell, n, data=data), lc=gexmk.LC_DEFER)  # both dropped
+            junk = [self.temp(cell, n, zero=True) for _ in range(4)]    # may reuse the array
             _poll(lambda: read_back(tm, peer, dest, data) is None,
                   "the dropped put_nb's bytes at the target")
             del junk
