@@ -253,6 +253,9 @@ RMA_OPS = [
     Op("get_nb_dropped", "get", "get_nb into a temporary array (as put_nb_dropped), the event "
        "and the array dropped at once, 32 times (memory allocated next must stay untouched); "
        "then a get_nb waited", **_DROPPED),
+    Op("get_nb_seg_destroyed", "get", "get_nb into a new library host segment (the Segment "
+       "object as destination), the segment destroyed, then the event waited (memory allocated "
+       "meanwhile must stay untouched); then a get_nb waited", **_POLL),
     Op("put_on_stream", "put", "put_on_stream on a CuPy stream, then the stream synchronised",
        gpu=True),
     Op("get_on_stream", "get", "get_on_stream on a CuPy stream, then the stream synchronised",

@@ -626,6 +626,17 @@ class Job:
                 tm.get(loc.obj, peer, dest)
             elif op == "get_nb":
                 tm.get_nb(loc.obj, peer, dest).wait()
+            elif op == "get_nb_seg_destroyed":
+                s2 = self.client.segment_create(max(n, 1))
+                ev = tm.get_nb(s2, peer, dest) if n else None
+                s2.destroy()
+                junk = [bytearray(max(n, 1)) for _ in range(4)]   # may reuse its memory
+                if ev is not None:
+                    ev.wait()
+                tm.get_nb(loc.obj, peer, dest).wait()
+                if any(any(j) for j in junk):
+                    rec["local"] = "a get_nb wrote into memory allocated after its segment's destroy"
+                    return None
             elif op == "get_nb_dropped":
                 junk = []
                 for _ in range(32):
