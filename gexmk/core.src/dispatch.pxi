@@ -173,7 +173,13 @@ cdef int _finish_local(_Local* loc) except -1:
 
 
 cdef inline object _keep_local(_Local* loc, object buf):
-    """What an operation in flight must keep alive: the bounce, or buf."""
+    """What an operation in flight must keep alive: the bounce, or buf.  A
+    host Segment given as the buffer itself is kept as a buffer view of it:
+    a destroy meanwhile then leaves its memory mapped until the op completed
+    (Segment.destroy frees once no view is left; a get into a segment
+    destroyed under it wrote into unmapped memory)."""
+    if type(buf) is Segment and (<Segment>buf).allocation is None:
+        buf = memoryview(buf)
     return buf if loc.bounce == NULL else (<object>loc.bounce, buf)
 
 

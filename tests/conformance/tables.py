@@ -256,6 +256,9 @@ RMA_OPS = [
     Op("get_nb_seg_destroyed", "get", "get_nb into a new library host segment (the Segment "
        "object as destination), the segment destroyed, then the event waited (memory allocated "
        "meanwhile must stay untouched); then a get_nb waited", **_POLL),
+    Op("get_nb_devseg_destroyed", "get", "get_nb_seg_destroyed with a new library device "
+       "segment (VMM) of the job's GPU as destination", sizes=("8", "3chunks+5"),
+       locals=("numpy",), gpu=True),
     Op("put_on_stream", "put", "put_on_stream on a CuPy stream, then the stream synchronised",
        gpu=True),
     Op("get_on_stream", "get", "get_on_stream on a CuPy stream, then the stream synchronised",

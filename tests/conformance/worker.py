@@ -626,8 +626,11 @@ class Job:
                 tm.get(loc.obj, peer, dest)
             elif op == "get_nb":
                 tm.get_nb(loc.obj, peer, dest).wait()
-            elif op == "get_nb_seg_destroyed":
-                s2 = self.client.segment_create(max(n, 1))
+            elif op in ("get_nb_seg_destroyed", "get_nb_devseg_destroyed"):
+                if op == "get_nb_seg_destroyed":
+                    s2 = self.client.segment_create(max(n, 1))
+                else:
+                    s2 = self.client.segment_create(max(n, 1), kind=self.gpu.mk)
                 ev = tm.get_nb(s2, peer, dest) if n else None
                 s2.destroy()
                 junk = [bytearray(max(n, 1)) for _ in range(4)]   # may reuse its memory
