@@ -18,7 +18,7 @@ cdef class Client:
     cdef object _segments                  # WeakSet of live segments
     cdef object _teams                     # WeakSet of teams
     cdef object _pending                   # WeakSet of events over pending transport ops
-    cdef list _parked                      # ops whose Event was dropped before they completed,
+    cdef object _parked                    # deque: ops whose Event was dropped before they completed,
                                            # with what they touch (event.pxi _Parked)
     cdef list _nodes
     cdef list _pids
@@ -106,7 +106,7 @@ cdef class Event:
     cdef int _dt                           # atomic data type of the fetched result, or -1
     cdef bint _region                      # an access region's event: completes with nbi_wait
     cdef object _failed                    # the error a finalize left it with
-    cdef list _park                        # its client's _parked: where a pending op goes,
+    cdef object _park                      # its client's _parked: where a pending op goes,
                                            # with _keep, when this event is dropped
     cdef object __weakref__
     cdef int _complete(self, bint block) except -1

@@ -19,6 +19,7 @@ atomics on the same object (from any process of the node), not with respect
 to plain puts or local stores to it.
 """
 import atexit
+import collections
 import hashlib
 import importlib
 import numbers

@@ -140,7 +140,7 @@ cdef class Client:
         self._segments = weakref.WeakSet()
         self._teams = weakref.WeakSet()
         self._pending = weakref.WeakSet()
-        self._parked = []
+        self._parked = collections.deque()
         self._retired = []
         self._held = {}
         self._published = weakref.WeakSet()

@@ -164,22 +164,27 @@ cdef class _Parked:
     cdef object keep
 
 
+#: parked ops a new NB op looks at (the oldest first): O(1) per issue, and the
+#: list cannot grow while they complete
+cdef int _SWEEP_MAX = 2
+
+
 cdef int _sweep_parked(Client client) except -1:
-    """Let go of the parked ops that completed (or failed: their transport freed
-    them either way) and of what they touched.  Run as each NB op is issued."""
+    """Let go of the oldest parked ops that completed (or failed: their
+    transport freed them either way) and of what they touched; the others go
+    to the back.  Run as each NB op is issued."""
     cdef _Parked p
     cdef gx_val res
-    cdef int done
-    cdef set gone = set()
-    for p in list(client._parked):      # (a test may run the GC: more get parked)
+    cdef int done, i
+    q = client._parked
+    for i in range(min(len(q), _SWEEP_MAX)):
+        p = q.popleft()     # (a test may run the GC: more get parked at the back)
         try:
             done = p.ops.test(p.op, &res)
         except Exception:       # noqa: BLE001 - nobody waits for it: its failure goes too
             done = 1
-        if done:
-            gone.add(id(p))
-    # in place: every event of the client holds this list
-    client._parked[:] = [p for p in client._parked if id(p) not in gone]
+        if not done:
+            q.append(p)
     return 0
 
 
@@ -188,12 +193,12 @@ cdef list _unpark_all(Client client):
     completes) and return what they touch, to be kept until the transports close."""
     cdef _Parked p
     cdef list keep = []
-    for p in client._parked:
+    while client._parked:
+        p = client._parked.popleft()
         if p.op != NULL:
             p.ops.orphan(p.op)
             p.op = NULL
         keep.append(p.keep)
-    del client._parked[:]
     return keep
 
 
