@@ -22,6 +22,20 @@ sys.path.insert(0, os.path.dirname(HERE))
 import mp_util  # noqa: E402
 import tables as T  # noqa: E402
 
+def have_gpu():
+    """Whether GPU jobs can run here: an NVIDIA driver with a device, and CuPy
+    (the GPU jobs fill and read device memory with it)."""
+    try:
+        from gexmk.kinds import cuda
+        p = cuda.probe()
+        if not (p.get("driver_loaded") and p.get("device_count")):
+            return False
+        import cupy  # noqa: F401
+        return True
+    except Exception:           # noqa: BLE001 - any failure means: no usable GPU
+        return False
+
+
 CELL_TIMEOUT = float(os.environ.get("GEXMK_CONFORMANCE_CELL_TIMEOUT", "15"))
 #: A path whose cells keep crashing or hanging gives up after this long: the cells not
 #: run fail as such (never reported as passed), and the run stays bounded.

@@ -24,6 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 import mp_util  # noqa: E402
+import runner  # noqa: E402
 import tables as T  # noqa: E402
 
 #: seconds within which an operation towards a known-dead peer must raise
@@ -31,18 +32,6 @@ BOUND = 5.0
 #: the multi-process paths ("self" has no victim; ofi-hmem, where the provider does
 #: not offer it, would be ofi-shm again).  On GPU paths every segment is device memory.
 PATHS = [p for p in T.PATHS if p.ranks > 1 and not p.skip_unless]
-
-
-def _have_gpu():
-    try:
-        from gexmk.kinds import cuda
-        p = cuda.probe()
-        if not (p.get("driver_loaded") and p.get("device_count")):
-            return False
-        import cupy  # noqa: F401 (the GPU jobs fill and read device memory with CuPy)
-        return True
-    except Exception:           # noqa: BLE001 - any failure means: no usable GPU
-        return False
 
 #: rows a path refuses towards a live peer, by design (UnsupportedError naming the
 #: missing piece, as in the matrix): process_vm has no atomics
@@ -479,7 +468,7 @@ class _Jobs:
     def __init__(self, tmp_factory):
         self.tmp_factory = tmp_factory
         self.done = {}
-        self.gpu = _have_gpu()
+        self.gpu = runner.have_gpu()
 
     def job(self, path):
         if path.gpu and not self.gpu:

@@ -19,19 +19,7 @@ import runner  # noqa: E402
 import tables as T  # noqa: E402
 
 
-def _have_gpu():
-    try:
-        from gexmk.kinds import cuda
-        p = cuda.probe()
-        if not (p.get("driver_loaded") and p.get("device_count")):
-            return False
-        import cupy  # noqa: F401 (the GPU cells read and fill device memory with CuPy)
-        return True
-    except Exception:           # noqa: BLE001 - any failure means: no usable GPU
-        return False
-
-
-HAVE_GPU = _have_gpu()
+HAVE_GPU = runner.have_gpu()
 if HAVE_GPU:
     from gexmk.kinds import cuda as _cuda
     runner.GPUS = int(_cuda.probe().get("device_count") or 1)
