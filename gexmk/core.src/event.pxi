@@ -179,6 +179,9 @@ cdef int _sweep_parked(Client client) except -1:
     q = client._parked
     for i in range(min(len(q), _SWEEP_MAX)):
         p = q.popleft()     # (a test may run the GC: more get parked at the back)
+        if p.op == NULL:    # only buffers, kept for the transports' close (_fail)
+            q.append(p)
+            continue
         try:
             done = p.ops.test(p.op, &res)
         except Exception:       # noqa: BLE001 - nobody waits for it: its failure goes too

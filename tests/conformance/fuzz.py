@@ -1735,6 +1735,12 @@ def ranks_of(seed):
 
 # ---- execution (each rank) ------------------------------------------------------------------
 
+#: FUZZ_DROPS=1 (soaks only: plans and regressions are unchanged without it): every get
+#: the model expects to succeed is preceded by a get_nb of the same bytes whose event and
+#: destination are dropped at once -- events dropped with their ops in flight, in every
+#: sequence the plans make (the conformance matrix has them alone: *_dropped)
+DROPS = os.environ.get("FUZZ_DROPS") == "1"
+
 #: seconds one item may take on a rank before its watchdog calls it a hang
 ITEM_LIMIT = 2 * JOB_TIMEOUT + 15
 #: ... a local item (no collective, no wait for a peer's signal)
@@ -2212,6 +2218,14 @@ class Worker:
             return
         elif op in ("get", "get_nb", "get_nbi"):
             n = a["n"]
+            if DROPS and exp.kind == "ok" and n:
+                # FUZZ_DROPS=1: the same read into a throwaway array first, its event
+                # and array dropped at once (the client keeps the array until the
+                # op completes; it is nobody's data: the model is unchanged)
+                try:
+                    tm.get_nb(np.empty(n, np.uint8), rank, addr)
+                except g.GexmkError:
+                    pass
             obj, buf = self.dest(a, n)
             res, e = self.call(exp, what, getattr(tm, op), obj, rank, addr)
             if e is not None:
