@@ -65,7 +65,8 @@ prints ``FUZZ-RINGS`` (its landing rings and zones, ``OfiTransport._rings_debug`
 asks the job's other ranks for theirs (SIGUSR1).  ``FUZZ_SLOW=S`` reports an item
 (or ``gexmk.init()``) still running after S seconds the same way, once, and lets it
 go on -- a stall that ends shows too; ``FUZZ_SLOW_DIR`` keeps those reports in files
-(a soak drops the output of jobs that pass).
+(a soak drops the output of jobs that pass).  ``FUZZ_DROPS=1`` (soaks) precedes each
+get the model expects to succeed with a get_nb whose event and array are dropped.
 
 Each job runs in a temporary folder; what libfabric's shm provider leaves in
 /dev/shm for a rank that did not finalize (the victim; a rank that failed) is
