@@ -511,7 +511,8 @@ cdef class Segment:
         """Unbind the segment from its endpoint and release it (idempotent).
 
         Library-allocated memory is unmapped here, unless buffer views of it
-        are alive, in which case it is unmapped when the last one goes.
+        are alive (an NB operation in flight that uses the segment as its local
+        buffer holds one), in which case it is unmapped when the last one goes.
         Client-allocated memory goes back to its owner (the buffer is released)
         -- at finalize when it was bound in a job of several processes.
         Peers learn of the destruction at their next publication; until then
