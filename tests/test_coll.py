@@ -366,3 +366,42 @@ def test_unmatched_barrier_times_out(tmp_path, mode):
     r = mp_util.run_job(tmp_path, SKIP, 2, env=env, launcher_timeout=40)
     r.check()
     assert "SKIP-OK" in r.stdout, r.report()
+
+
+# NB collectives whose events the program drops at once: the collective still
+# completes on every member (a later one matches, with the right values) and
+# nothing lands in memory allocated after the drop.
+DROPPED = r"""
+c = gexmk.init()
+tm = c.tm
+n, me = tm.size, tm.rank
+seg = c.segment_attach(1 << 16)
+tm.barrier()
+tm.allreduce_nb(np.full(1 << 14, me + 1, np.int64), np.zeros(1 << 14, np.int64), "sum")
+tm.bcast_nb(np.full(1 << 16, me + 7, np.uint8), 0)
+tm.barrier_nb()
+junk = [np.zeros(1 << 16, np.uint8) for _ in range(6)]
+import gc; gc.collect()
+tm.barrier()
+got = np.zeros(4, np.int64)
+tm.allreduce(np.full(4, me + 1, np.int64), got, "sum")
+assert (got == n * (n + 1) // 2).all(), got
+b = np.full(64, me, np.uint8)
+tm.bcast(b, 0)
+assert (b == 0).all(), b
+assert not any(j.any() for j in junk), "a dropped collective wrote into reused memory"
+c.finalize()
+print("DROPPED-OK")
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["nbrhd", "ofi"])
+def test_dropped_nb_collective_events(tmp_path, transport):
+    env = {"GEXMK_TIMEOUT": 30}
+    if transport == "ofi":
+        _need_ofi("tcp;ofi_rxm")
+        env.update(GEXMK_TRANSPORT="ofi", GEXMK_OFI_PROVIDER="tcp;ofi_rxm", FI_PROVIDER=None)
+    r = mp_util.run_job(tmp_path, DROPPED, 3, env=env, launcher_timeout=90)
+    r.check()
+    assert r.stdout.count("DROPPED-OK") == 3, r.report()
