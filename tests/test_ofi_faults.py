@@ -770,16 +770,23 @@ if tm.rank == 0:
 ''' + _SHM_END
 
 
+def run_shm_death(tmp_path, src):
+    """A 3-rank shm job of the _SHM_SETUP/_SHM_END form: rank 1 is killed,
+    ranks 0 and 2 go on and finish (SURVIVOR-OK, no signal death)."""
+    need("shm")
+    res = run(tmp_path, src, 3, "shm", launcher_timeout=80, keep_going=True)
+    no_signal_death(res, [0, 2])
+    assert res.stdout.count("SURVIVOR-OK") == 2, res.report()
+    return res
+
+
 @pytest.mark.timeout(120)
 def test_shm_ops_held_before_the_death_notice_go_on(tmp_path):
     """A blocking put and get to a survivor issued behind an op to a process that then
     dies complete (issued again on the fresh initiator), not PeerDeadError 1 s after the
     death (fuzz seed 119 on ofi-shm); after the notice an op to the dead raises
     PeerDeadError at issue and leaves the endpoint free."""
-    need("shm")
-    res = run(tmp_path, SHM_HELD_BEFORE_NOTICE, 3, "shm", launcher_timeout=80, keep_going=True)
-    no_signal_death(res, [0, 2])
-    assert res.stdout.count("SURVIVOR-OK") == 2, res.report()
+    res = run_shm_death(tmp_path, SHM_HELD_BEFORE_NOTICE)
     assert "held put+get done after" in res.stderr, res.report()
     assert "put after the notice done" in res.stderr, res.report()
 
@@ -821,20 +828,14 @@ def test_shm_connection_touch_held_before_the_death_notice(tmp_path):
     """A connection touch of a survivor that sits behind an op to a process that then
     dies is given up as held up by the death (fuzz seed 139: a TM-pair's first
     operation waited the whole 10 s of the set-up's bound); the pair works after it."""
-    need("shm")
-    res = run(tmp_path, SHM_TOUCH_HELD, 3, "shm", launcher_timeout=80, keep_going=True)
-    no_signal_death(res, [0, 2])
-    assert res.stdout.count("SURVIVOR-OK") == 2, res.report()
+    res = run_shm_death(tmp_path, SHM_TOUCH_HELD)
     assert "pair made and used after" in res.stderr, res.report()
     assert "held up behind an operation to a process that died" in res.stderr, res.report()
 
 
 @pytest.mark.timeout(120)
 def test_shm_survivors_go_on_after_a_death(tmp_path):
-    need("shm")
-    res = run(tmp_path, SHM_SURVIVORS, 3, "shm", launcher_timeout=80, keep_going=True)
-    no_signal_death(res, [0, 2])
-    assert res.stdout.count("SURVIVOR-OK") == 2, res.report()
+    res = run_shm_death(tmp_path, SHM_SURVIVORS)
     # endpoint 0 (the get) and the sync endpoint (barrier arrivals to rank 1 among its last targets)
     opened = re.findall(r"\[rank 0\] fresh initiators: (\d+)", res.stderr)
     assert opened and int(opened[0]) >= 1, res.report()

@@ -23,14 +23,9 @@ cdef class Event:
         # event wrote into reused memory.  It is parked with them in its client
         # until it completes (_sweep_parked); with nothing to keep, it is handed
         # to its transport, which frees it at completion.
-        cdef _Parked p
         if self._op != NULL:
             if self._park is not None and self._keep is not None:
-                p = _Parked.__new__(_Parked)
-                p.ops = self._ops
-                p.op = self._op
-                p.keep = self._keep
-                self._park.append(p)
+                self._park.append(_parked(self._ops, self._op, self._keep))
             else:
                 self._ops.orphan(self._op)
             self._op = NULL
@@ -39,14 +34,11 @@ cdef class Event:
         """Complete with ``error`` (finalize): the op is orphaned to its
         transport, which frees it if it ever completes; what it touches is
         parked until the transports have closed (Client._teardown)."""
-        cdef _Parked p
         if self._op != NULL:
             self._ops.orphan(self._op)
             self._op = NULL
             if self._park is not None and self._keep is not None:
-                p = _Parked.__new__(_Parked)
-                p.keep = self._keep
-                self._park.append(p)
+                self._park.append(_parked(NULL, NULL, self._keep))
         self._failed = error
         self._done = True
         self._keep = None
@@ -162,6 +154,14 @@ cdef class _Parked:
     cdef const gx_tr_ops* ops
     cdef void* op
     cdef object keep
+
+
+cdef _Parked _parked(const gx_tr_ops* ops, void* op, object keep):
+    cdef _Parked p = _Parked.__new__(_Parked)
+    p.ops = ops
+    p.op = op
+    p.keep = keep
+    return p
 
 
 #: parked ops a new NB op looks at (the oldest first): O(1) per issue, and the

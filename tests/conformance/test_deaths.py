@@ -233,19 +233,22 @@ def record(out, name, who, t0, outcome):
         json.dump(out, f)
 
 
+def outcome_of(fn):
+    """(outcome, fn's result): "ok", "PeerDeadError", or the other error, named."""
+    try:
+        return "ok", fn()
+    except E.PeerDeadError:
+        return "PeerDeadError", None
+    except Exception as e:              # noqa: BLE001 - the cell says which
+        return f"{type(e).__name__}: {e}", None
+
+
 def attempt(out, name, who, fn):
     with open(f"running.{me}", "w") as f:
         f.write(f"{name}/{who}")
     t0 = time.monotonic()
-    try:
-        got = fn()
-    except E.PeerDeadError as e:
-        record(out, name, who, t0, "PeerDeadError")
-        return None
-    except Exception as e:              # noqa: BLE001 - the cell says which
-        record(out, name, who, t0, f"{type(e).__name__}: {e}")
-        return None
-    record(out, name, who, t0, "ok")
+    outcome, got = outcome_of(fn)
+    record(out, name, who, t0, outcome)
     return got
 
 
@@ -279,13 +282,12 @@ def inflight(out):
         return round(max(0.0, time.monotonic() - killed[0]) if killed else 0.0, 3)
 
     def issue(name, fn):
-        try:
-            evs[name] = fn()
-        except E.PeerDeadError:
-            out["inflight_" + name] = {"outcome": "PeerDeadError", "seconds": since_kill()}
-        except Exception as e:          # noqa: BLE001 - the cell says which
-            out["inflight_" + name] = {"outcome": f"at issue: {type(e).__name__}: {e}",
-                                       "seconds": since_kill()}
+        outcome, ev = outcome_of(fn)
+        if outcome == "ok":
+            evs[name] = ev
+        else:
+            out["inflight_" + name] = {"seconds": since_kill(), "outcome": outcome
+                                       if outcome == "PeerDeadError" else "at issue: " + outcome}
 
     # those that return at once first (LC_DEFER: no wait for the source), so that
     # they are in flight at the death; a first ring request (staged paths) or
@@ -309,16 +311,8 @@ def inflight(out):
     keep.append(evs.pop("abandoned", None))
     th.join()
     for name, ev in evs.items():
-        try:
-            if name == "put_nbi":
-                gexmk.nbi_wait(gexmk.EC_ALL)
-            else:
-                ev.wait()
-            outcome = "ok"
-        except E.PeerDeadError:
-            outcome = "PeerDeadError"
-        except Exception as e:          # noqa: BLE001 - the cell says which
-            outcome = f"{type(e).__name__}: {e}"
+        outcome, _ = outcome_of(lambda: gexmk.nbi_wait(gexmk.EC_ALL) if name == "put_nbi"
+                                else ev.wait())
         out["inflight_" + name] = {"outcome": outcome, "seconds": since_kill()}
     with open(f"rows.{me}.json", "w") as f:
         json.dump(out, f)
