@@ -100,6 +100,12 @@ class Config:
     #: on first use, so a large job never opens a connection per job rank up
     #: front.  0: none (as ``lazy``).
     ofi_connect_max: int = 32
+    #: GEXMK_OFI_MAX_PEERS: the most peer processes this process holds network
+    #: connections with (connection-oriented providers: tcp;ofi_rxm, verbs;ofi_rxm).
+    #: Beyond it the least recently used peer's connections are closed, both
+    #: ends agreeing through the bootstrap, and set up again on its next use
+    #: (ofi.src/conncap.pxi).  0: no cap.
+    ofi_max_peers: int = 256
     #: GEXMK_OFI_STAGE: ``auto`` (default): device segments are reached over the
     #: network through a landing zone of pinned host memory that the owner's
     #: lander thread copies in and out of (path ``ofi-staged``); ``all``: host
@@ -202,6 +208,7 @@ def load(env=None) -> Config:
         ofi_signal_data=_choice(env, "GEXMK_OFI_SIGNAL_DATA", _BOOL, True),
         ofi_connect=_choice(env, "GEXMK_OFI_CONNECT", {"eager": "eager", "lazy": "lazy"}, "eager"),
         ofi_connect_max=_bytes(env, "GEXMK_OFI_CONNECT_MAX", 32, 0, 1 << 20, suffix=False),
+        ofi_max_peers=_bytes(env, "GEXMK_OFI_MAX_PEERS", 256, 0, 1 << 24, suffix=False),
         ofi_stage=_choice(env, "GEXMK_OFI_STAGE", {"auto": "auto", "all": "all"}, "auto"),
         ofi_hmem=_choice(env, "GEXMK_OFI_HMEM", {"auto": "auto", "off": "off", "system": "system",
                                                  "native": "native"}, "auto"),

@@ -148,7 +148,8 @@ cdef class Client:
         self._kinds = []
         self.transports = {}
         self._order = []
-        job = registry.Job(self.rank, self.size, list(self._nodes), list(self._pids), cfg)
+        job = registry.Job(self.rank, self.size, list(self._nodes), list(self._pids), cfg,
+                           boot.exchange)
         for name, module, needed in registry.REGISTRY:
             why = needed(job)
             if not why:

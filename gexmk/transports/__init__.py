@@ -59,8 +59,11 @@ from collections import namedtuple
 
 __all__ = ["REGISTRY", "Job", "Peer", "Reach"]
 
-#: What a transport learns of the job when it is opened.
-Job = namedtuple("Job", "rank size nodes pids config")
+#: What a transport learns of the job when it is opened; ``exchange``: the
+#: bootstrap's keyed all-gather among some job ranks (``Bootstrap.exchange``,
+#: thread-safe, blocking without the GIL), a channel beside the network's, or
+#: None.
+Job = namedtuple("Job", "rank size nodes pids config exchange", defaults=(None,))
 Job.multi_node = property(lambda self: len(set(self.nodes)) > 1)
 
 #: A target as the core describes it to transports: owner (job rank, endpoint

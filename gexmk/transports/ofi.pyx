@@ -104,6 +104,11 @@ _rxm_setting("GEXMK_OFI_RXM_MSG_RX", 128, "FI_OFI_RXM_MSG_RX_SIZE")
 # rxm's own receive queue (application receives: gexmk posts SIG_RX = 64 per
 # endpoint) is 2048 entries by default, two 0.5 MB queues per rxm endpoint.
 _rxm_setting("GEXMK_OFI_RXM_RX", 256, "FI_OFI_RXM_RX_SIZE")
+# The connection cap closes a peer's connections by removing its addresses from
+# the AV, which rxm does only with this set (ofi.src/conncap.pxi).  gexmk
+# removes nothing otherwise.
+if os.environ.get("GEXMK_OFI_MAX_PEERS", "").strip() != "0":
+    os.environ.setdefault("FI_AV_REMOVE_CLEANUP", "1")
 
 
 # A waiting thread sleeps in poll() on its CQs' wait fds (progress.pxi).  rxm
@@ -407,6 +412,17 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
     int vzone               # a host segment whose zone takes packed VIS (vis.pxi, "ofi-landed")
 
 
+cdef struct ofi_proc:       # a peer process, under the connection cap (conncap.pxi)
+    long holds              # operations to it between the gate and their posting
+    double used             # when an operation last went to it (_now_coarse())
+    int state               # CS_IDLE, CS_OPEN, CS_CLOSING
+    int want                # CLOSE_*: why it is closing (the manager thread's work)
+    int counted             # among dom.nopen
+    int hello               # it announced a connection while closing: open again after
+    long gen                # closes of the pair so far (the rendezvous keys; _again)
+    long req                # a close its peer asked for while one was under way: its gen + 1
+
+
 cdef struct ofi_dom:
     fi_info* info
     fi_info* rma_info       # split mode: the RMA endpoints' info (no FI_ATOMIC, RAW-ordered); else NULL
@@ -497,6 +513,19 @@ cdef struct ofi_dom:
                             # (PROBE_TCP, PROBE_SHM; 0: no way): rma.pxi _gone
     long settles            # barriers settled so far (GX_WAIT_SETTLE): over shm a target is
                             # looked at again after each before an op goes to it (_check_open)
+    int conn_cap            # GEXMK_OFI_MAX_PEERS where enforced (conncap.pxi), else 0
+    ofi_proc* procs         # conn_cap: one per job rank
+    int nprocs
+    int nopen               # peer processes counted as connected
+    int conn_lock
+    int conn_efd            # the manager thread's eventfd: written when a close is wanted
+    long flushing           # threads between taking a target from a touched list and posting
+                            # its flush read (_flush): a close waits for none
+    long n_admits           # peers admitted (connected, or announced by them)
+    long n_evicts           # closes this process asked for (the cap)
+    long n_asked            # closes peers asked for
+    long n_closed           # closes completed (both ends)
+    long n_conn_msgs        # control messages received
 
 
 cdef struct ofi_ep:
@@ -596,6 +625,7 @@ include "ofi.src/domain.pxi"
 include "ofi.src/ordering.pxi"
 include "ofi.src/endpoint.pxi"
 include "ofi.src/connect.pxi"
+include "ofi.src/conncap.pxi"
 
 
 # ---- the table handed to the core ------------------------------------------------
@@ -635,19 +665,58 @@ cdef int ofi_atomic(gx_xfer* x) except -1 nogil:
                       x.mode, x.handle)
 
 
+# Under the connection cap (conncap.pxi) every operation holds its target's
+# process open from the gate until it is posted.
+ctypedef int (*_xfer_fn)(gx_xfer* x) except -1 nogil
+
+
+cdef inline int _gated(_xfer_fn f, gx_xfer* x, const char* what) except -1 nogil:
+    cdef ofi_proc* held = NULL
+    if (<ofi_ep*>x.ep).dom.conn_cap > 0 and x.stream == NULL:
+        _gate_enter(<ofi_ep*>x.ep, <ofi_peer*>x.peer, &held, what)
+    try:
+        return f(x)
+    finally:
+        _gate_exit(held)
+
+
+cdef int gated_put(gx_xfer* x) except -1 nogil:
+    return _gated(ofi_put, x, "put")
+
+
+cdef int gated_get(gx_xfer* x) except -1 nogil:
+    return _gated(ofi_get, x, "get")
+
+
+cdef int gated_atomic(gx_xfer* x) except -1 nogil:
+    return _gated(ofi_atomic, x, "atomic")
+
+
+cdef int gated_put_signal(gx_xfer* x) except -1 nogil:
+    return _gated(ofi_put_signal, x, "put_signal")
+
+
+cdef int gated_put_vis(gx_xfer* x) except -1 nogil:
+    return _gated(ofi_put_vis, x, "put (vector)")
+
+
+cdef int gated_get_vis(gx_xfer* x) except -1 nogil:
+    return _gated(ofi_get_vis, x, "get (vector)")
+
+
 cdef gx_tr_ops _OPS
 _OPS.name = b"ofi"
-_OPS.put = ofi_put
-_OPS.get = ofi_get
-_OPS.atomic = ofi_atomic
+_OPS.put = gated_put
+_OPS.get = gated_get
+_OPS.atomic = gated_atomic
 _OPS.test = net_test
 _OPS.wait = net_wait
 _OPS.orphan = net_orphan
 _OPS.sync = net_nbi_wait
 _OPS.nbi_test = net_nbi_test
-_OPS.put_signal = ofi_put_signal
-_OPS.put_vis = ofi_put_vis            # vis.pxi: iovec messages, one op per chunk
-_OPS.get_vis = ofi_get_vis
+_OPS.put_signal = gated_put_signal
+_OPS.put_vis = gated_put_vis          # vis.pxi: iovec messages, one op per chunk
+_OPS.get_vis = gated_get_vis
 if os.environ.get("GEXMK_OFI_VIS") == "loop":
     # the core's loop of single puts and gets instead (bench/vis.py's baseline)
     _OPS.put_vis = NULL
@@ -673,6 +742,7 @@ cdef class OfiPeer:
     Updated in place at each publication and kept until the domain closes:
     ops in flight and the flush list point at it."""
     cdef ofi_peer c
+    cdef object name        # its endpoint's name as published (a close inserts it again)
 
     @property
     def handle(self):
@@ -689,6 +759,31 @@ def _set_apply_delay(double seconds):
     _apply_delay = seconds
 
 
+cdef bint _peers_out(list peers):
+    """Whether an op of this process is in flight to any of ``peers``."""
+    cdef OfiPeer p
+    for p in peers:
+        if gx_load_long(&p.c.out):
+            return True
+    return False
+
+
+cdef long _peers_out_n(list peers):
+    cdef OfiPeer p
+    cdef long n = 0
+    for p in peers:
+        n += gx_load_long(&p.c.out)
+    return n
+
+
+cdef bint _peers_dead(list peers):
+    cdef OfiPeer p
+    for p in peers:
+        if p.c.g != NULL and p.c.g.dead:
+            return True
+    return False
+
+
 cdef class OfiTransport:
     """The ofi transport's control plane for one client: its :class:`Domain`
     (and progress thread), endpoint contexts and per-target contexts."""
@@ -700,6 +795,15 @@ cdef class OfiTransport:
     cdef set _connected                # (ofi_ep*, fi_addr, which) already touched
     cdef dict _eager_peers             # ofi_ep* -> job ranks connected eagerly from it
     cdef readonly long connect_max     # GEXMK_OFI_CONNECT_MAX
+    cdef dict _by_rank                 # jobrank -> [OfiPeer] (the connection cap's closes)
+    cdef object _exchange              # the bootstrap's exchange (Job.exchange)
+    cdef object _conn_thread           # the connection cap's manager (conncap.pxi)
+    cdef object _conn_lock             # its AV work against close()
+    cdef bint _conn_stop
+    cdef int _conn_efd
+    cdef list _conn_errors
+    cdef set _conn_active              # job ranks whose close a thread runs now
+    cdef readonly str peer_cap_note    # why GEXMK_OFI_MAX_PEERS is not enforced here, or ""
 
     def __init__(self, job):
         cfg = job.config
@@ -721,6 +825,202 @@ cdef class OfiTransport:
         if cfg.progress_thread in ("on", "spin") or (cfg.progress_thread == "auto"
                                                      and self.domain.manual_progress):
             self.domain.start_progress(spin=(cfg.progress_thread == "spin"))
+        self._by_rank = {}
+        self._exchange = getattr(job, "exchange", None)
+        self._conn_thread = None
+        self._conn_lock = threading.Lock()
+        self._conn_stop = False
+        self._conn_efd = -1
+        self._conn_errors = []
+        self._conn_active = set()
+        self.domain.d.conn_efd = -1
+        self.peer_cap_note = self._conn_setup(cfg.ofi_max_peers)
+        if self.domain.d.conn_cap > 0:
+            # eager set-up never opens more than the cap would keep
+            self.connect_max = min(self.connect_max, max(1, self.domain.d.conn_cap // 2))
+
+    # ---- the connection cap (ofi.src/conncap.pxi) ----------------------------------
+
+    cdef str _conn_setup(self, long cap):
+        """Enforce GEXMK_OFI_MAX_PEERS where it can be: '' then, else why not."""
+        cdef ofi_dom* d = &self.domain.d
+        if cap <= 0:
+            return "no cap (GEXMK_OFI_MAX_PEERS=0)"
+        if self.job.size <= 1:
+            return "a job of one process"
+        if not d.sig_msg:
+            return (f"not enforced over {self.domain.provider}: a close is agreed through control "
+                    f"messages, which this domain does not take (put_signal mode "
+                    f"{self.domain.put_signal_mode!r}; connectionless providers such as shm "
+                    f"hold no connections to cap)")
+        if self._exchange is None:
+            return "not enforced: no bootstrap channel to agree closes through"
+        if os.environ.get("FI_AV_REMOVE_CLEANUP", "1").strip().lower() in ("0", "no", "false", "off"):
+            return "not enforced: FI_AV_REMOVE_CLEANUP is off (removing an address closes nothing)"
+        d.procs = <ofi_proc*>calloc(<size_t>self.job.size, sizeof(ofi_proc))
+        if d.procs == NULL:
+            raise MemoryError()
+        d.nprocs = self.job.size
+        self._conn_efd = os.eventfd(0, os.EFD_CLOEXEC)
+        d.conn_efd = self._conn_efd
+        d.conn_cap = <int>min(cap, 1 << 30)
+        self._conn_thread = threading.Thread(target=self._conn_manager, name="gexmk-ofi-conns",
+                                             daemon=True)
+        self._conn_thread.start()
+        return ""
+
+    @property
+    def peer_cap(self):
+        """The connection cap's state: ``cap`` (0: not enforced, ``note`` says
+        why), ``open`` (peer processes counted as connected now), ``admits``,
+        ``closing`` (being closed now), ``evicts`` (closes this process asked for), ``asked`` (closes peers
+        asked for), ``closed`` (completed), ``messages`` (control messages
+        received), ``errors`` (the last closes that failed, as text)."""
+        cdef ofi_dom* d = &self.domain.d
+        cdef int j, closing = 0
+        for j in range(d.nprocs):
+            if d.procs[j].state == CS_CLOSING:
+                closing += 1
+        return {"cap": d.conn_cap, "open": d.nopen, "closing": closing,
+                "admits": d.n_admits, "evicts": d.n_evicts,
+                "asked": d.n_asked, "closed": d.n_closed, "messages": d.n_conn_msgs,
+                "errors": list(self._conn_errors), "note": self.peer_cap_note}
+
+    def _conn_debug(self):
+        """Each counted or closing peer process: (job rank, state, want, holds,
+        ops in flight, gen) -- a hang report's view (read without locks)."""
+        cdef ofi_dom* d = &self.domain.d
+        cdef int j
+        out = []
+        for j in range(d.nprocs):
+            if d.procs[j].counted or d.procs[j].state != CS_IDLE or d.procs[j].want:
+                out.append((j, d.procs[j].state, d.procs[j].want, d.procs[j].holds,
+                            _peers_out_n(self._by_rank.get(j, [])), d.procs[j].gen))
+        return out
+
+    def _conn_manager(self):
+        """The manager thread: each pair marked closing is closed by a thread
+        of its own (conncap.pxi).  One at a time would deadlock: a close
+        waits in a rendezvous for its peer, whose manager could be waiting
+        for a third process closing with this one."""
+        cdef ofi_dom* d = &self.domain.d
+        cdef int k
+        while True:
+            try:
+                os.read(self._conn_efd, 8)
+            except OSError:
+                return
+            with self._conn_lock:
+                if self._conn_stop:
+                    return
+                for k in range(d.nprocs):
+                    if d.procs[k].want and d.procs[k].state == CS_CLOSING \
+                            and k not in self._conn_active:
+                        self._conn_active.add(k)
+                        threading.Thread(target=self._conn_run, args=(k,), daemon=True,
+                                         name=f"gexmk-ofi-close-{k}").start()
+
+    def _conn_run(self, int j):
+        try:
+            self._conn_close(j)
+        finally:
+            with self._conn_lock:
+                self._conn_active.discard(j)
+                again = (not self._conn_stop and self.domain.d.procs != NULL
+                         and self.domain.d.procs[j].want != 0)
+            if again:
+                # asked for the next close meanwhile (_conn_finish)
+                os.eventfd_write(self._conn_efd, 1)
+
+    cdef _conn_close(self, int j):
+        """Close the pair (this process, job rank j): steps 1-5 of conncap.pxi."""
+        cdef ofi_dom* d = &self.domain.d
+        cdef ofi_proc* pr = &d.procs[j]
+        cdef OfiPeer p
+        cdef bint removed = False, dead = False
+        peers = list(self._by_rank.get(j, ()))
+        me = self.job.rank
+        lo, hi = min(me, j), max(me, j)
+        key = f"gexmk:ofi-close:{lo}:{hi}:{pr.gen}"
+        timeout = self.domain.d.timeout
+        try:
+            if not self._conn_drain(j, peers, _now() + timeout):
+                dead = True
+                return
+            if pr.want == CLOSE_EVICT:
+                self._conn_ask(j, peers)
+            self._exchange(key, [lo, hi], 0 if me == lo else 1, b"", timeout)
+            with self._conn_lock:
+                if self._conn_stop:
+                    return
+                new = self.domain.reinsert([p.name for p in peers if p.name is not None])
+                for p in peers:
+                    if p.name in new:
+                        p.c.net_addr, p.c.net_aaddr = new[p.name]
+                removed = True
+            self._exchange(key + ":done", [lo, hi], 0 if me == lo else 1, b"", timeout)
+        except Exception as exc:
+            dead = dead or isinstance(exc, PeerDeadError) or _peers_dead(peers)
+            self._conn_errors = self._conn_errors[-7:] + [f"job rank {j}: {type(exc).__name__}: {exc}"]
+        finally:
+            with self._conn_lock:
+                if not self._conn_stop:
+                    with nogil:
+                        _conn_finish(d, j, removed, dead)
+
+    cdef bint _conn_drain(self, int j, list peers, double deadline) except *:
+        """Steps 1-2: wait until nothing of this process is on its way to job
+        rank j; False when it died meanwhile."""
+        cdef ofi_dom* d = &self.domain.d
+        cdef ofi_proc* pr = &d.procs[j]
+        cdef OfiPeer p
+        cdef long left
+        cdef int rounds
+        while True:
+            for rounds in range(2):     # quiet twice, the second look after a fence (_flush)
+                with nogil:
+                    left = _conn_unflushed(d, j)
+                    _progress_all(d)
+                    gx_mem_fence()
+                if left or gx_load_long(&pr.holds) or gx_load_long(&d.flushing) \
+                        or _peers_out(peers):
+                    break
+            else:
+                return True
+            if _peers_dead(peers):
+                return False
+            if self._conn_stop:
+                raise StateError("ofi: closing the transport")
+            if _now() > deadline:
+                raise GxTimeoutError(f"ofi: operations to job rank {j} did not complete within "
+                                     f"GEXMK_TIMEOUT while its connections were being closed")
+            with nogil:
+                _conn_nap()
+
+    cdef _conn_ask(self, int j, list peers):
+        """Step 1's request, from one of this process's endpoints to one of
+        j's that takes signal messages (its synchronisation endpoint first:
+        open until finalize, and the pair barriers already connected)."""
+        cdef OfiPeer p
+        cdef OfiEndpoint oe
+        cdef OfiPeer best = None
+        cdef OfiEndpoint via = None
+        for p in peers:
+            if p.c.sig_rx and p.c.g != NULL and p.c.g.size > 0 and not p.c.gone and \
+                    (best is None or p.c.g.ep_index > best.c.g.ep_index):
+                best = p
+        if best is None:
+            raise CommunicationError(f"ofi: job rank {j} has no endpoint that takes control messages")
+        for e in self.domain._eps:
+            oe = e
+            if not oe.closed and (via is None or (oe.plain and not via.plain)):
+                via = oe
+        if via is None:
+            raise StateError("ofi: no open endpoint to ask for a close through")
+        p = best
+        oe = via
+        with nogil:
+            _conn_send_req(&oe.e, &p.c)
 
     @property
     def needs_driving(self):
@@ -769,6 +1069,8 @@ cdef class OfiTransport:
         if p is None:
             p = OfiPeer()
             self._peers[key] = p
+            self._by_rank.setdefault(peer.jobrank, []).append(p)
+        p.name = name
         p.c.g = <gx_target*><uintptr_t>peer.target
         p.c.net_addr, p.c.net_aaddr = self.domain.insert(name)
         p.c.gone = 0            # published as it is now: there (rma.pxi _gone)
@@ -1027,6 +1329,17 @@ cdef class OfiTransport:
                 "ring_stats": self.domain.ring_stats}
 
     def close(self):
+        with self._conn_lock:
+            self._conn_stop = True
+        if self._conn_efd >= 0:
+            os.eventfd_write(self._conn_efd, 1)
+        if self._conn_thread is not None:
+            # one waiting in a rendezvous returns when the bootstrap closes
+            self._conn_thread.join(timeout=2.0)
+        self.domain.d.conn_efd = -1
+        if self._conn_efd >= 0 and (self._conn_thread is None or not self._conn_thread.is_alive()):
+            os.close(self._conn_efd)
+            self._conn_efd = -1
         self.domain.close()
 
 

@@ -50,8 +50,9 @@ Commands (from the repository root, against the installed gexmk)::
 nbrhd-rings (nbrhd-staged, rings released after 2 ms unused),
 ofi-tcp, ofi-shm, ofi-tcp-staged and ofi-shm-staged (``GEXMK_OFI_STAGE=all``),
 ofi-tcp-rings (staged, two rings per landing zone released after 2 ms unused),
-or ``all``; on a GPU machine gpu-nbrhd, gpu-host-staged, gpu-nbrhd-staged, gpu-ofi-tcp,
-gpu-ofi-tcp-staged and gpu-ofi-tcp-rings (the same with device segments and device-memory
+ofi-tcp-capped (``GEXMK_OFI_MAX_PEERS=1``: connections closed and set up again as ranks
+change peers), ofi-tcp-capped-rings (the same over ofi-tcp-rings), or ``all``; on a GPU machine gpu-nbrhd, gpu-host-staged, gpu-nbrhd-staged, gpu-ofi-tcp,
+gpu-ofi-tcp-staged, gpu-ofi-tcp-rings and gpu-ofi-tcp-capped (the same with device segments and device-memory
 buffers: ``GPU_OF``).  ``--ranks`` 2-4 (default: chosen by the seed).  ``--soak`` prints
 every failing seed with the command that replays it (``--out DIR`` keeps each
 failing job's report); keep those in ``test_fuzz.py``'s ``REGRESSIONS``.
@@ -109,6 +110,15 @@ TRANSPORTS = {
     "ofi-tcp-rings": {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm",
                       "GEXMK_OFI_STAGE": "all", "GEXMK_OFI_ZONE_RINGS": "2",
                       "GEXMK_OFI_RING_IDLE": "0.002", **_STAGE_SMALL},
+    # issue 23: connections with at most one peer process at a time (GEXMK_OFI_MAX_PEERS):
+    # every operation to another peer closes the last one's first, both ends agreeing
+    "ofi-tcp-capped": {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm",
+                       "GEXMK_OFI_MAX_PEERS": "1", "GEXMK_OFI_CONNECT": "lazy"},
+    # ... and landing rings on top (staged, two per zone, released after 2 ms unused)
+    "ofi-tcp-capped-rings": {"GEXMK_TRANSPORT": "ofi", "GEXMK_OFI_PROVIDER": "tcp;ofi_rxm",
+                             "GEXMK_OFI_MAX_PEERS": "1", "GEXMK_OFI_CONNECT": "lazy",
+                             "GEXMK_OFI_STAGE": "all", "GEXMK_OFI_ZONE_RINGS": "2",
+                             "GEXMK_OFI_RING_IDLE": "0.002", **_STAGE_SMALL},
 }
 
 #: GPU variants, for the GPU machine (FUZZ_GPU=1 in the job): every library segment a
@@ -122,7 +132,7 @@ GPU_OF = {"gpu-nbrhd": "nbrhd", "gpu-ofi-tcp": "ofi-tcp", "gpu-ofi-tcp-staged": 
           # access: the owner's GPU copies), host segments through landing zones, and
           # staged rings released after 2 ms unused
           "gpu-host-staged": "nbrhd", "gpu-nbrhd-staged": "nbrhd-staged",
-          "gpu-ofi-tcp-rings": "ofi-tcp-rings"}
+          "gpu-ofi-tcp-rings": "ofi-tcp-rings", "gpu-ofi-tcp-capped": "ofi-tcp-capped"}
 GPU_EXTRA = {"gpu-host-staged": {"GEXMK_CUDA_PEER_ACCESS": "off"}}
 for _g, _b in GPU_OF.items():
     TRANSPORTS[_g] = dict(TRANSPORTS[_b], FUZZ_GPU="1", **GPU_EXTRA.get(_g, {}))
@@ -1668,7 +1678,8 @@ class Gen:
 #: alike: seeds 7, 10 and 314; before, tcp took the connection down and shm
 #: stalled the peer's queue.  (--stale keeps such accesses; the regressions
 #: that show it.)
-STALE_UNSAFE = {"ofi-tcp", "ofi-shm", "ofi-tcp-staged", "ofi-shm-staged", "ofi-tcp-rings"}
+STALE_UNSAFE = {"ofi-tcp", "ofi-shm", "ofi-tcp-staged", "ofi-shm-staged", "ofi-tcp-rings",
+                "ofi-tcp-capped", "ofi-tcp-capped-rings"}
 
 
 #: Known bugs: plans on these transports leave out what trips them unless asked

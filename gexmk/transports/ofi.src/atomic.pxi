@@ -120,7 +120,7 @@ cdef ssize_t _issue_atomic(ofi_ep* ep, ofi_peer* t, uintptr_t remote, int dt, fi
         else:
             rc = fi_compare_atomic(ep.aep, &op.operand, 1, d1, &op.compare, d2, &op.result, d3,
                                    peer, _raddr(t, remote), t.net_key, _fi_dt(dt), fop, op)
-        if rc != -FI_EAGAIN:
+        if not _again(rc, ep, t):
             return rc
         rc = _retry(ep, t, &deadline)
         if rc:

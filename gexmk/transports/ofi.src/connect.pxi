@@ -64,6 +64,7 @@ cdef object _connect_pairs(Domain dom, list pairs, double secs):
     cdef ofi_ep* e
     cdef ofi_peer* t
     cdef void* out
+    cdef ofi_proc* held = NULL
     cdef gx_val zero
     cdef uintptr_t remote
     cdef int w
@@ -85,10 +86,16 @@ cdef object _connect_pairs(Domain dom, list pairs, double secs):
                 # peer is known dead, and that notice comes on a thread of its own
                 with nogil:
                     _check_open(e, t, "connection set-up")     # see there: not into a closed one
-                    if w == 0:
-                        net_get(e, t, remote, _CONNECT_SINK, 1, GX_NB, &out)
-                    else:
-                        net_atomic(e, t, remote, GX_DT_U32, GX_OP_GET, zero, zero, NULL, GX_NB, &out)
+                    held = NULL
+                    _gate_enter(e, t, &held, "connection set-up")  # the cap (conncap.pxi)
+                    try:
+                        if w == 0:
+                            net_get(e, t, remote, _CONNECT_SINK, 1, GX_NB, &out)
+                        else:
+                            net_atomic(e, t, remote, GX_DT_U32, GX_OP_GET, zero, zero, NULL,
+                                       GX_NB, &out)
+                    finally:
+                        _gate_exit(held)
             except Exception as exc:
                 failures.append(f"job rank {t.g.jobrank} endpoint {t.g.ep_index}: {exc}")
                 continue

@@ -369,6 +369,25 @@ cdef class Domain:
         self._addrs[name] = out
         return out
 
+    def reinsert(self, names):
+        """Remove the addresses of the peer endpoints ``names`` from the AV
+        (rxm then closes their connections, at both ends: FI_AV_REMOVE_CLEANUP)
+        and insert them again: {name: (fi_addr, atomics fi_addr)} (conncap.pxi).
+        Nothing may use the old addresses meanwhile (the caller gated them)."""
+        cdef fi_addr_t a
+        cdef int rc
+        gone = set()
+        for name in names:
+            got = self._addrs.pop(name, None)
+            if got is not None:
+                gone.update(got)
+        for addr in gone:
+            a = addr
+            with nogil:
+                rc = fi_av_remove(self.d.av, &a, 1, 0)
+            check("fi_av_remove", rc)
+        return {name: self.insert(name) for name in names}
+
     def map_key(self, key, uint64_t base):
         """The 64-bit key to use for a peer's registration: its key itself, or
         for FI_MR_RAW providers the local mapping of its raw key (cached)."""
@@ -568,6 +587,10 @@ cdef class Domain:
         self.d.held = NULL
         free(self.d.dead_ring)
         self.d.dead_ring = NULL
+        self.d.conn_cap = 0
+        free(self.d.procs)
+        self.d.procs = NULL
+        self.d.nprocs = 0
         self.d.nheld = self.d.held_cap = 0
 
     def __dealloc__(self):

@@ -360,6 +360,10 @@ cdef int _flush(ofi_ep* ep, ofi_peer* only) except -1 nogil:
     cdef ssize_t rc
     cdef void* desc
     cdef double deadline = 0
+    # a close under the connection cap waits while a target is out of the list
+    # and its read not yet posted (conncap.pxi)
+    gx_add_long(&ep.dom.flushing, 1)
+    gx_mem_fence()
     for i in range(MAX_TOUCHED + 1):
         if only != NULL:
             if i > 0:
@@ -375,7 +379,7 @@ cdef int _flush(ofi_ep* ep, ofi_peer* only) except -1 nogil:
         rc = _desc(ep, ops[n], &ops[n].result, 1, FI_READ, &desc)
         while rc == 0:
             rc = fi_read(ep.ep, &ops[n].result, 1, desc, t.net_addr, t.net_base, t.net_key, ops[n])
-            if rc != -FI_EAGAIN:
+            if not _again(rc, ep, t):
                 break
             rc = _retry(ep, t, &deadline)
         if rc < 0:
@@ -384,6 +388,7 @@ cdef int _flush(ofi_ep* ep, ofi_peer* only) except -1 nogil:
             bad = t
             continue
         n += 1
+    gx_add_long(&ep.dom.flushing, -1)
     # every read is waited for (or, after one failed, orphaned: not leaked)
     i = 0
     try:
@@ -465,7 +470,7 @@ cdef int _net_put(void* epv, ofi_peer* t, uintptr_t remote, void* local, size_t 
     msg.context = op
     while True:
         rc = fi_writemsg(ep.ep, &msg, flags)
-        if rc != -FI_EAGAIN:
+        if not _again(rc, ep, t):
             break
         rc = _retry(ep, t, &deadline)
         if rc:
@@ -506,7 +511,7 @@ cdef int _inject_write(ofi_ep* ep, fid_ep* fep, ofi_peer* t, const void* local, 
                 rc = fi_inject_writedata(fep, local, n, data, t.net_addr, raddr, key)
             else:
                 rc = fi_inject_write(fep, local, n, t.net_addr, raddr, key)
-            if rc != -FI_EAGAIN:
+            if not _again(rc, ep, t):
                 break
             rc = _retry(ep, t, &deadline)
             if rc:
@@ -530,7 +535,7 @@ cdef int _inject_write(ofi_ep* ep, fid_ep* fep, ofi_peer* t, const void* local, 
     msg.data = data
     while True:
         rc = fi_writemsg(fep, &msg, FI_INJECT | FI_COMPLETION | (FI_REMOTE_CQ_DATA if with_data else 0))
-        if rc != -FI_EAGAIN:
+        if not _again(rc, ep, t):
             break
         rc = _retry(ep, t, &deadline)
         if rc:
@@ -601,7 +606,7 @@ cdef int _net_get(void* epv, ofi_peer* t, uintptr_t remote, void* local, size_t 
         return check("fi_mr_reg", rc)
     while True:
         rc = fi_read(ep.ep, local, n, desc, t.net_addr, _raddr(t, remote), t.net_key, op)
-        if rc != -FI_EAGAIN:
+        if not _again(rc, ep, t):
             break
         rc = _retry(ep, t, &deadline)
         if rc:

@@ -128,7 +128,7 @@ cdef int _post_data(ofi_ep* ep, fid_ep* fep, ofi_peer* t, gx_xfer* x, gx_op** ou
     msg.data = data
     while True:
         rc = fi_writemsg(fep, &msg, FI_COMPLETION | (FI_REMOTE_CQ_DATA if with_data else 0))
-        if rc != -FI_EAGAIN:
+        if not _again(rc, ep, t):
             break
         rc = _retry(ep, t, &deadline)
         if rc:
@@ -196,7 +196,7 @@ cdef int _put_signal_msg(ofi_ep* ep, ofi_peer* t, gx_xfer* x) except -1 nogil:
     try:
         while True:
             rc = fi_inject(ep.ep, m, sizeof(m), t.net_addr)
-            if rc != -FI_EAGAIN:
+            if not _again(rc, ep, t):
                 break
             rc = _retry(ep, t, &deadline)
             if rc:
@@ -230,7 +230,7 @@ cdef int _sig_msg_done(ofi_ep* ep, ofi_peer* t, gx_xfer* x) except -1 nogil:
         return check("fi_mr_reg", rc)
     while True:
         rc = fi_read(ep.ep, &rd.result, 1, desc, t.net_addr, t.net_base, t.net_key, rd)
-        if rc != -FI_EAGAIN:
+        if not _again(rc, ep, t):
             break
         rc = _retry(ep, t, &deadline)
         if rc:
@@ -277,6 +277,10 @@ cdef void _sig_landed(gx_op* op, int err) noexcept nogil:
     cdef uintptr_t word
     if err:
         return              # cancelled: the endpoint is closing
+    if (r.msg[2] & <uint64_t>0xffffffff00000000ULL) == CONN_MSG:
+        _conn_msg(ep.dom, r.msg[2], r.msg[0], r.msg[1])    # the connection cap's (conncap.pxi)
+        _sig_post(r)
+        return
     if (r.msg[3] & 0xff) != (ep.bind_gen & 0xff):
         # sent for a segment unbound since (a peer's stale publication): its
         # word may be another's in the segment bound now

@@ -760,7 +760,7 @@ cdef int _stg_post(ofi_ep* ep, ofi_peer* t, bint write, uint64_t naddr, void* lo
                              else FI_COMPLETION)
         else:
             rc = fi_read(ep.ep, local, n, desc, t.net_addr, naddr, t.stg_key, op)
-        if rc != -FI_EAGAIN:
+        if not _again(rc, ep, t):
             break
         rc = _retry(ep, t, &deadline)
         if rc:
@@ -987,15 +987,21 @@ cdef int _stg_release(ofi_ep* ep, ofi_peer* t) noexcept nogil:
     cdef fi_rma_iov riov
     cdef fi_msg_rma msg
     cdef ssize_t rc = -FI_EAGAIN
+    cdef bint ok
+    cdef ofi_proc* held = _gate_try(ep.dom, t, &ok)     # conncap.pxi
+    if not ok:
+        return 0                # its connections are being closed: a later look
     memset(d, 0, STG_DESC)
     d[0] = q
     d[1] = STG_RELEASE
     d[15] = q
     op = _new_op(ep, t, GX_NB, GX_CAT_PUT)
     if op == NULL:
+        _gate_exit(held)
         return 0
     if _desc(ep, op, d, STG_DESC, FI_WRITE, &desc) < 0:
         _drop_new(op)
+        _gate_exit(held)
         return 0
     iov.iov_base = <void*>d
     iov.iov_len = STG_DESC
@@ -1012,10 +1018,11 @@ cdef int _stg_release(ofi_ep* ep, ofi_peer* t) noexcept nogil:
     msg.context = op
     for tries in range(64):
         rc = fi_writemsg(ep.ep, &msg, FI_COMPLETION)
-        if rc != -FI_EAGAIN:
+        if not _again(rc, ep, t):
             break
         if _progress_all(ep.dom) < 0:
             break
+    _gate_exit(held)
     if rc != 0:
         _drop_new(op)
         return 0

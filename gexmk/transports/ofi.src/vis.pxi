@@ -296,7 +296,7 @@ cdef int net_vis(ofi_ep* ep, ofi_peer* t, bint put, const gx_frag* f, size_t nf,
         deadline = 0
         while True:
             rc = fi_writemsg(ep.ep, &msg, flags) if put else fi_readmsg(ep.ep, &msg, flags)
-            if rc != -FI_EAGAIN:
+            if not _again(rc, ep, t):
                 break
             rc = _retry(ep, t, &deadline)
             if rc:
@@ -335,7 +335,7 @@ cdef ssize_t _vis_flush_read(ofi_ep* ep, ofi_peer* t, gx_op* parent) noexcept no
     gx_add_long(&parent.pending, 1)
     while rc == 0:
         rc = fi_read(ep.ep, &op.result, 1, desc, t.net_addr, t.net_base, t.net_key, op)
-        if rc != -FI_EAGAIN:
+        if not _again(rc, ep, t):
             break
         rc = _retry(ep, t, &deadline)
     if rc < 0:

@@ -1,0 +1,130 @@
+"""GEXMK_OFI_MAX_PEERS: a process holds network connections with at most that
+many peer processes; past it the least recently used one's are closed, both
+ends agreeing through the bootstrap (ofi.src/conncap.pxi), and set up again on
+the next operation.  Nothing in flight may be lost or cut off by a close:
+every byte of every put, get, atomic, put_signal and NBI put between ranks
+that keep evicting one another must arrive, with the cap far below the
+number of peers."""
+import pytest
+
+try:
+    from . import mp_util
+    from .test_ofi import need, ofi_env
+except ImportError:
+    import mp_util
+    from test_ofi import need, ofi_env
+
+pytest.importorskip("gexmk.transports.ofi", reason="gexmk was built without the ofi transport")
+
+PROVIDER = "tcp;ofi_rxm"
+
+WORKER = r'''
+CAP = int(os.environ["GEXMK_OFI_MAX_PEERS"])
+ROUNDS = int(os.environ.get("CAP_ROUNDS", "4"))
+
+def tcp_established():
+    """ESTABLISHED TCP sockets this process owns (rxm's connections: the
+    bootstrap's is a unix socket here)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    n = 0
+    for f in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            rows = open(f).read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            p = row.split()
+            if p[3] == "01" and p[9] in inodes:
+                n += 1
+    return n
+
+with gexmk.init() as c:
+    ofi = c.transports["ofi"]
+    st0 = ofi.peer_cap
+    if CAP:
+        assert st0["cap"] == CAP and st0["note"] == "", st0
+    else:
+        assert st0["cap"] == 0 and "GEXMK_OFI_MAX_PEERS=0" in st0["note"], st0
+    seg = c.segment_attach(1 << 16)
+    tm = c.tm
+    me, n = tm.rank, tm.size
+    ad = tm.ad_create(gexmk.DT_I64, gexmk.OP_FADD)
+    mine = seg.view(np.uint8)
+    words = seg.view(np.int64)
+    SLOT = 64                       # bytes per (source, round) slot
+    BASE = 8192                     # slots from here; counters below
+    def slot(src, rnd):
+        return BASE + (src * ROUNDS + rnd) * SLOT
+    for rnd in range(ROUNDS):
+        order = [(me + k) % n for k in range(1, n)]
+        if rnd % 2:
+            order.reverse()         # the least recently used peer changes every round
+        for r in order:
+            data = np.full(SLOT, (me * 16 + rnd) & 0xff, np.uint8)
+            data[0] = me
+            data[1] = rnd
+            if rnd % 3 == 0:
+                tm.put(r, tm.addr(r, slot(me, rnd)), data)
+            elif rnd % 3 == 1:
+                tm.put_nbi(r, tm.addr(r, slot(me, rnd)), data)
+            else:
+                tm.put_signal(r, tm.addr(r, slot(me, rnd)), data, tm.addr(r, 8 * (100 + me)), 1,
+                              gexmk.SIGNAL_ADD)
+            ad.op(r, tm.addr(r, 0), gexmk.OP_FADD, 1)
+            back = np.zeros(SLOT, np.uint8)
+            tm.get(back, r, tm.addr(r, slot(me, rnd)))
+            if rnd % 3 != 1:            # an NBI put is not ordered before the get
+                assert (back == data).all(), (r, rnd, back[:8], data[:8])
+        tm.quiet()
+        if rnd % 2:
+            tm.barrier()
+    tm.barrier()
+    assert words[0] == (n - 1) * ROUNDS, ("atomics lost", words[0], (n - 1) * ROUNDS)
+    for src in range(n):
+        if src == me:
+            continue
+        for rnd in range(ROUNDS):
+            s = mine[slot(src, rnd):slot(src, rnd) + SLOT]
+            want = np.full(SLOT, (src * 16 + rnd) & 0xff, np.uint8)
+            want[0] = src
+            want[1] = rnd
+            assert (s == want).all(), ("lost put", src, rnd, s[:8])
+        sig = words[100 + src]
+        assert sig == sum(1 for rnd in range(ROUNDS) if rnd % 3 == 2), ("signals", src, sig)
+    # closes still under way finish (each peer's own, then ours)
+    deadline = time.monotonic() + 10
+    while ofi.peer_cap["closing"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    tm.barrier()
+    while ofi.peer_cap["closing"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    st = ofi.peer_cap
+    est = tcp_established()
+    log("peer cap", st, "tcp connections", est)
+    assert not st["errors"], st
+    # at most three connections per peer process (sync, RMA and atomics endpoints)
+    if CAP:
+        assert st["evicts"] > 0 and st["closed"] > 0, st
+        assert est <= 3 * (CAP + 1), ("connections beyond the cap", est, st)
+    else:
+        assert est >= n - 1, ("no cap: a connection per peer expected", est)
+    tm.barrier()
+'''
+
+
+@pytest.mark.parametrize("n,cap", [(4, 1), (6, 2), (6, 0)])
+@pytest.mark.timeout(240)
+def test_connections_capped_and_reused_without_loss(tmp_path, n, cap):
+    need(PROVIDER)
+    env = ofi_env(PROVIDER)
+    env["GEXMK_OFI_MAX_PEERS"] = str(cap)
+    env["GEXMK_OFI_CONNECT"] = "lazy"
+    res = mp_util.run_job(tmp_path, WORKER, n, launcher_timeout=200, env=env)
+    res.check()
