@@ -803,6 +803,7 @@ cdef class OfiTransport:
     cdef int _conn_efd
     cdef list _conn_errors
     cdef set _conn_active              # job ranks whose close a thread runs now
+    cdef readonly dict _conn_at        # job rank -> where its last close got (a hang report)
     cdef readonly str peer_cap_note    # why GEXMK_OFI_MAX_PEERS is not enforced here, or ""
 
     def __init__(self, job):
@@ -833,6 +834,7 @@ cdef class OfiTransport:
         self._conn_efd = -1
         self._conn_errors = []
         self._conn_active = set()
+        self._conn_at = {}
         self.domain.d.conn_efd = -1
         self.peer_cap_note = self._conn_setup(cfg.ofi_max_peers)
         if self.domain.d.conn_cap > 0:
@@ -943,12 +945,14 @@ cdef class OfiTransport:
         lo, hi = min(me, j), max(me, j)
         key = f"gexmk:ofi-close:{lo}:{hi}:{pr.gen}"
         timeout = self.domain.d.timeout
+        self._conn_at[j] = "drain " + key
         try:
             if not self._conn_drain(j, peers, _now() + timeout):
                 dead = True
                 return
             if pr.want == CLOSE_EVICT:
                 self._conn_ask(j, peers)
+            self._conn_at[j] = key
             self._exchange(key, [lo, hi], 0 if me == lo else 1, b"", timeout)
             with self._conn_lock:
                 if self._conn_stop:
@@ -958,7 +962,9 @@ cdef class OfiTransport:
                     if p.name in new:
                         p.c.net_addr, p.c.net_aaddr = new[p.name]
                 removed = True
+            self._conn_at[j] = key + ":done"
             self._exchange(key + ":done", [lo, hi], 0 if me == lo else 1, b"", timeout)
+            self._conn_at[j] = "finished " + key
         except Exception as exc:
             dead = dead or isinstance(exc, PeerDeadError) or _peers_dead(peers)
             self._conn_errors = self._conn_errors[-7:] + [f"job rank {j}: {type(exc).__name__}: {exc}"]

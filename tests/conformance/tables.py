@@ -86,6 +86,11 @@ PATHS = [
          {"host": "ofi-staged", "client": "ofi-staged", "device": "ofi-staged"},
          doc="ofi-staged with one ring per landing zone, released after 1 ms unused: most "
              "operations ask for their ring again (issue 23)"),
+    Path("ofi-capped", 3, dict(_STAGE, GEXMK_OFI_MAX_PEERS="1", GEXMK_OFI_CONNECT="lazy", **_TCP),
+         {"host": "ofi", "client": "ofi", "device": "ofi-staged"},
+         doc="libfabric tcp;ofi_rxm with connections to at most one peer process "
+             "(GEXMK_OFI_MAX_PEERS=1; three ranks): each barrier closes and reopens "
+             "connections between the operations (issue 23)"),
     Path("ofi-hmem", 2, dict(_STAGE, GEXMK_OFI_HMEM="system", **_SHM),
          {"host": "ofi-hmem", "client": "ofi-hmem"},
          doc="libfabric FI_HMEM registration (FI_HMEM_SYSTEM for host segments, to run the "

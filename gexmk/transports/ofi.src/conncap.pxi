@@ -97,12 +97,9 @@ cdef int _gate_enter(ofi_ep* ep, ofi_peer* t, ofi_proc** held, const char* what)
     cdef double deadline = 0
     cdef bint tell = False
     cdef int st
-    cdef timespec ts
     held[0] = NULL
     if pr == NULL:
         return 0
-    ts.tv_sec = 0
-    ts.tv_nsec = GATE_NAP_US * 1000
     while True:
         gx_add_long(&pr.holds, 1)
         gx_mem_fence()
@@ -125,6 +122,17 @@ cdef int _gate_enter(ofi_ep* ep, ofi_peer* t, ofi_proc** held, const char* what)
             return _gate_timeout(t, what)
         _app_active(d)
         _progress_all(d)
+        _gate_nap()
+
+
+cdef void _gate_nap() noexcept with gil:
+    """A nap at a closing peer's gate, without the GIL even where the caller
+    holds it (the collectives call operations so): the close is run by a
+    Python thread of this process (OfiTransport._conn_run)."""
+    cdef timespec ts
+    ts.tv_sec = 0
+    ts.tv_nsec = GATE_NAP_US * 1000
+    with nogil:
         nanosleep(&ts, NULL)
 
 
