@@ -128,3 +128,42 @@ def test_connections_capped_and_reused_without_loss(tmp_path, n, cap):
     env["GEXMK_OFI_CONNECT"] = "lazy"
     res = mp_util.run_job(tmp_path, WORKER, n, launcher_timeout=200, env=env)
     res.check()
+
+
+SHM_WORKER = r'''
+# shm holds no connections: the cap is not enforced there, and says why
+with gexmk.init() as c:
+    ofi = c.transports["ofi"]
+    st = ofi.peer_cap
+    assert st["cap"] == 0 and "not enforced over shm" in st["note"], st
+    seg = c.segment_attach(1 << 12)
+    tm = c.tm
+    peer = (tm.rank + 1) % tm.size
+    tm.put(peer, tm.addr(peer, 8 * tm.rank), np.full(8, tm.rank + 1, np.uint8))
+    tm.barrier()
+    src = (tm.rank - 1) % tm.size
+    assert (seg.view()[8 * src:8 * src + 8] == src + 1).all()
+    assert ofi.peer_cap["admits"] == 0, ofi.peer_cap
+    tm.barrier()
+'''
+
+
+@pytest.mark.timeout(120)
+def test_cap_not_enforced_over_shm_says_why(tmp_path):
+    need("shm")
+    env = ofi_env("shm")
+    env["GEXMK_OFI_MAX_PEERS"] = "1"
+    res = mp_util.run_job(tmp_path, SHM_WORKER, 3, launcher_timeout=90, env=env)
+    res.check()
+
+
+def test_max_peers_setting_checked():
+    from gexmk import config
+    from gexmk.errors import ArgumentError
+    assert config.load({}).ofi_max_peers == 256
+    assert config.load({"GEXMK_OFI_MAX_PEERS": "0"}).ofi_max_peers == 0
+    assert config.load({"GEXMK_OFI_MAX_PEERS": "3"}).ofi_max_peers == 3
+    with pytest.raises(ArgumentError, match="GEXMK_OFI_MAX_PEERS='-1'"):
+        config.load({"GEXMK_OFI_MAX_PEERS": "-1"})
+    with pytest.raises(ArgumentError, match="GEXMK_OFI_MAX_PEERS='many'"):
+        config.load({"GEXMK_OFI_MAX_PEERS": "many"})

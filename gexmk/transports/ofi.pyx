@@ -935,28 +935,36 @@ cdef class OfiTransport:
                 os.eventfd_write(self._conn_efd, 1)
 
     cdef _conn_close(self, int j):
-        """Close the pair (this process, job rank j): steps 1-5 of conncap.pxi."""
+        """Close the pair (this process, job rank j): steps 1-5 of conncap.pxi.
+        Whatever touches the domain runs under _conn_lock after a look at
+        _conn_stop: close() takes the lock, so a close thread still waiting
+        in a rendezvous when the transport closes touches nothing after."""
         cdef ofi_dom* d = &self.domain.d
-        cdef ofi_proc* pr = &d.procs[j]
         cdef OfiPeer p
-        cdef bint removed = False, dead = False
+        cdef bint removed = False, dead = False, asker
         peers = list(self._by_rank.get(j, ()))
         me = self.job.rank
         lo, hi = min(me, j), max(me, j)
-        key = f"gexmk:ofi-close:{lo}:{hi}:{pr.gen}"
-        timeout = self.domain.d.timeout
+        with self._conn_lock:
+            if self._conn_stop:
+                return
+            key = f"gexmk:ofi-close:{lo}:{hi}:{d.procs[j].gen}"
+            asker = d.procs[j].want == CLOSE_EVICT
+        timeout = d.timeout
         self._conn_at[j] = "drain " + key
         try:
             if not self._conn_drain(j, peers, _now() + timeout):
                 dead = True
                 return
-            if pr.want == CLOSE_EVICT:
-                self._conn_ask(j, peers)
+            if asker:
+                with self._conn_lock:
+                    self._conn_live()
+                    self._conn_ask(j, peers)
             self._conn_at[j] = key
             self._exchange(key, [lo, hi], 0 if me == lo else 1, b"", timeout)
             with self._conn_lock:
-                if self._conn_stop:
-                    return
+                self._conn_live()
+                self._conn_reap()
                 new = self.domain.reinsert([p.name for p in peers if p.name is not None])
                 for p in peers:
                     if p.name in new:
@@ -974,33 +982,63 @@ cdef class OfiTransport:
                     with nogil:
                         _conn_finish(d, j, removed, dead)
 
+    cdef _conn_live(self):
+        """Under _conn_lock: raise once the transport is closing."""
+        if self._conn_stop:
+            raise StateError("ofi: the transport is closing")
+
     cdef bint _conn_drain(self, int j, list peers, double deadline) except *:
         """Steps 1-2: wait until nothing of this process is on its way to job
-        rank j; False when it died meanwhile."""
+        rank j: no operation between the gate and its posting, none in
+        flight, no implicit put owing its flush; then a read from every
+        endpoint to every endpoint of j (_conn_flush_peer) and wait for those
+        too.  False when j died meanwhile."""
         cdef ofi_dom* d = &self.domain.d
-        cdef ofi_proc* pr = &d.procs[j]
         cdef OfiPeer p
         cdef long left
+        cdef bint busy, flushed = False
         cdef int rounds
         while True:
             for rounds in range(2):     # quiet twice, the second look after a fence (_flush)
-                with nogil:
-                    left = _conn_unflushed(d, j)
-                    _progress_all(d)
-                    gx_mem_fence()
-                if left or gx_load_long(&pr.holds) or gx_load_long(&d.flushing) \
-                        or _peers_out(peers):
+                with self._conn_lock:
+                    self._conn_live()
+                    with nogil:
+                        left = _conn_unflushed(d, j)
+                        _progress_all(d)
+                        gx_mem_fence()
+                    busy = left or gx_load_long(&d.procs[j].holds) or gx_load_long(&d.flushing) \
+                        or _peers_out(peers)
+                if busy:
                     break
             else:
-                return True
+                if flushed:
+                    return True
+                with self._conn_lock:
+                    self._conn_live()
+                    for p in peers:
+                        with nogil:
+                            left = _conn_flush_peer(d, &p.c)
+                        if left:
+                            break
+                flushed = not left
+                continue
             if _peers_dead(peers):
                 return False
-            if self._conn_stop:
-                raise StateError("ofi: closing the transport")
             if _now() > deadline:
                 raise GxTimeoutError(f"ofi: operations to job rank {j} did not complete within "
                                      f"GEXMK_TIMEOUT while its connections were being closed")
             with nogil:
+                _conn_nap()
+
+    cdef _conn_reap(self):
+        """After both ends drained (step 3): a few progress passes, so that
+        the provider's own sends that answered the peer (rxm's atomic
+        replies) have their completions read before the connections close."""
+        cdef ofi_dom* d = &self.domain.d
+        cdef int i
+        for i in range(3):
+            with nogil:
+                _progress_all(d)
                 _conn_nap()
 
     cdef _conn_ask(self, int j, list peers):
@@ -1340,8 +1378,9 @@ cdef class OfiTransport:
         if self._conn_efd >= 0:
             os.eventfd_write(self._conn_efd, 1)
         if self._conn_thread is not None:
-            # one waiting in a rendezvous returns when the bootstrap closes
             self._conn_thread.join(timeout=2.0)
+        # close threads still in a rendezvous touch nothing once they return
+        # (_conn_close); the bootstrap's close ends their wait
         self.domain.d.conn_efd = -1
         if self._conn_efd >= 0 and (self._conn_thread is None or not self._conn_thread.is_alive()):
             os.close(self._conn_efd)

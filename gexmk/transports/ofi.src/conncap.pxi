@@ -433,3 +433,42 @@ cdef void _conn_finish(ofi_dom* d, int j, bint removed, bint dead) noexcept nogi
     if kick:
         gx_mem_fence()
         gx_efd_kick(d.conn_efd)
+
+
+cdef long _conn_flush_peer(ofi_dom* d, ofi_peer* t) noexcept nogil:
+    """Post a 1-byte read from every live endpoint of this process to t's
+    endpoint (its ops orphaned, counted in t.out until answered): ordered
+    after everything the endpoint wrote or sent to it (FI_ORDER_RAW and
+    RAS), so once they complete nothing of ours to t is left on a
+    connection -- the library's own writes too, which no one waits for (a
+    ring's release, a doorbell, a control message).  How many could not be
+    posted."""
+    cdef long i, n, left = 0
+    cdef int tries
+    cdef ofi_ep* ep
+    cdef gx_op* op
+    cdef void* desc
+    cdef ssize_t rc
+    if t.g == NULL or t.g.size == 0 or t.gone or t.g.dead:
+        return 0
+    gx_add_long(&d.readers, 1)
+    gx_mem_fence()
+    n = gx_load_long(&d.neps)
+    for i in range(n):
+        ep = d.eps[i]
+        op = _new_op(ep, t, GX_NB, GX_CAT_GET)
+        rc = _desc(ep, op, &op.result, 1, FI_READ, &desc)
+        for tries in range(64):
+            if rc < 0:
+                break
+            rc = fi_read(ep.ep, &op.result, 1, desc, t.net_addr, t.net_base, t.net_key, op)
+            if rc != -FI_EAGAIN:
+                break
+            _progress_quiet(ep)
+        if rc < 0:
+            _drop_new(op)
+            left += 1
+        else:
+            _orphan(op)
+    gx_add_long(&d.readers, -1)
+    return left
