@@ -941,7 +941,7 @@ cdef class OfiTransport:
         in a rendezvous when the transport closes touches nothing after."""
         cdef ofi_dom* d = &self.domain.d
         cdef OfiPeer p
-        cdef bint removed = False, dead = False, asker
+        cdef bint removed = False, dead = False, asker, gone
         peers = list(self._by_rank.get(j, ()))
         me = self.job.rank
         lo, hi = min(me, j), max(me, j)
@@ -962,16 +962,39 @@ cdef class OfiTransport:
                     self._conn_ask(j, peers)
             self._conn_at[j] = key
             self._exchange(key, [lo, hi], 0 if me == lo else 1, b"", timeout)
-            with self._conn_lock:
-                self._conn_live()
-                self._conn_reap()
-                new = self.domain.reinsert([p.name for p in peers if p.name is not None])
-                for p in peers:
-                    if p.name in new:
-                        p.c.net_addr, p.c.net_aaddr = new[p.name]
-                removed = True
-            self._conn_at[j] = key + ":done"
-            self._exchange(key + ":done", [lo, hi], 0 if me == lo else 1, b"", timeout)
+            if me > j:
+                # the higher rank of the pair removes, always (rxm 1.17 removes
+                # a connection by closing its msg endpoint without looking:
+                # one the peer already shut down has none, and fi_av_remove
+                # then crashes -- so never at the end that sees the shutdown)
+                with self._conn_lock:
+                    self._conn_live()
+                    self._conn_reap()
+                    names = []
+                    for p in peers:
+                        if p.name is None:
+                            continue
+                        with nogil:
+                            gone = p.c.gone or _closed_now(d, &p.c)
+                        if not gone:
+                            names.append(p.name)
+                    new = self.domain.reinsert(names)
+                    for p in peers:
+                        if p.name in new:
+                            p.c.net_addr, p.c.net_aaddr = new[p.name]
+            removed = True
+            self._conn_at[j] = key + ":removed"
+            self._exchange(key + ":removed", [lo, hi], 0 if me == lo else 1, b"", timeout)
+            if me < j:
+                # the lower rank's provider must have read the shutdown of
+                # every closed connection before either end connects again:
+                # rxm refuses a new connection from a process whose old one
+                # it still holds open (EALREADY), failing the operation that
+                # asked for it.  rxm looks at connection events once per
+                # FI_OFI_RXM_CM_PROGRESS_INTERVAL of progress passes.
+                self._conn_settle()
+            self._conn_at[j] = key + ":settled"
+            self._exchange(key + ":settled", [lo, hi], 0 if me == lo else 1, b"", timeout)
             self._conn_at[j] = "finished " + key
         except Exception as exc:
             dead = dead or isinstance(exc, PeerDeadError) or _peers_dead(peers)
@@ -990,18 +1013,25 @@ cdef class OfiTransport:
     cdef bint _conn_drain(self, int j, list peers, double deadline) except *:
         """Steps 1-2: wait until nothing of this process is on its way to job
         rank j: no operation between the gate and its posting, none in
-        flight, no implicit put owing its flush; then a read from every
-        endpoint to every endpoint of j (_conn_flush_peer) and wait for those
-        too.  False when j died meanwhile."""
+        flight, no write owing its flush (implicit puts, a ring's release:
+        each endpoint's touched list, flushed by a read ordered after them).
+        False when j died meanwhile."""
         cdef ofi_dom* d = &self.domain.d
         cdef OfiPeer p
         cdef long left
-        cdef bint busy, flushed = False
+        cdef bint busy, released = False
         cdef int rounds
         while True:
             for rounds in range(2):     # quiet twice, the second look after a fence (_flush)
                 with self._conn_lock:
                     self._conn_live()
+                    if not released and not gx_load_long(&d.procs[j].holds):
+                        # releases the touched list could not keep (it was full)
+                        left = 0
+                        for p in peers:
+                            with nogil:
+                                left += _conn_release_flush(d, &p.c)
+                        released = left == 0
                     with nogil:
                         left = _conn_unflushed(d, j)
                         _progress_all(d)
@@ -1011,17 +1041,7 @@ cdef class OfiTransport:
                 if busy:
                     break
             else:
-                if flushed:
-                    return True
-                with self._conn_lock:
-                    self._conn_live()
-                    for p in peers:
-                        with nogil:
-                            left = _conn_flush_peer(d, &p.c)
-                        if left:
-                            break
-                flushed = not left
-                continue
+                return True
             if _peers_dead(peers):
                 return False
             if _now() > deadline:
@@ -1029,6 +1049,26 @@ cdef class OfiTransport:
                                      f"GEXMK_TIMEOUT while its connections were being closed")
             with nogil:
                 _conn_nap()
+
+    cdef _conn_settle(self):
+        """Progress passes over 2.5 of rxm's connection-event intervals
+        (FI_OFI_RXM_CM_PROGRESS_INTERVAL, 10 ms unless set), at least 8."""
+        cdef ofi_dom* d = &self.domain.d
+        cdef double until
+        cdef int passes = 0
+        try:
+            interval = float(os.environ.get("FI_OFI_RXM_CM_PROGRESS_INTERVAL", "10000")) * 1e-6
+        except ValueError:
+            interval = 0.01
+        until = _now() + 2.5 * max(interval, 0.001)
+        while passes < 8 or _now() < until:
+            with self._conn_lock:
+                self._conn_live()
+                with nogil:
+                    _progress_all(d)
+            with nogil:
+                _conn_nap()
+            passes += 1
 
     cdef _conn_reap(self):
         """After both ends drained (step 3): a few progress passes, so that

@@ -435,40 +435,36 @@ cdef void _conn_finish(ofi_dom* d, int j, bint removed, bint dead) noexcept nogi
         gx_efd_kick(d.conn_efd)
 
 
-cdef long _conn_flush_peer(ofi_dom* d, ofi_peer* t) noexcept nogil:
-    """Post a 1-byte read from every live endpoint of this process to t's
-    endpoint (its ops orphaned, counted in t.out until answered): ordered
-    after everything the endpoint wrote or sent to it (FI_ORDER_RAW and
-    RAS), so once they complete nothing of ours to t is left on a
-    connection -- the library's own writes too, which no one waits for (a
-    ring's release, a doorbell, a control message).  How many could not be
-    posted."""
-    cdef long i, n, left = 0
-    cdef int tries
-    cdef ofi_ep* ep
+
+cdef long _conn_release_flush(ofi_dom* d, ofi_peer* t) noexcept nogil:
+    """A ring release of ours to t's zone (t.stg_open 3: sent, its answer not
+    read) whose flush the touched list could not keep: a read from the
+    endpoint it went through, ordered after it.  1 when it could not be
+    posted (tried again)."""
+    cdef ofi_ep* ep = t.stg_ep
     cdef gx_op* op
     cdef void* desc
     cdef ssize_t rc
-    if t.g == NULL or t.g.size == 0 or t.gone or t.g.dead:
+    cdef int tries
+    if t.stg_open != 3 or ep == NULL or t.g == NULL or t.g.dead or t.gone:
         return 0
     gx_add_long(&d.readers, 1)
     gx_mem_fence()
-    n = gx_load_long(&d.neps)
-    for i in range(n):
-        ep = d.eps[i]
-        op = _new_op(ep, t, GX_NB, GX_CAT_GET)
-        rc = _desc(ep, op, &op.result, 1, FI_READ, &desc)
-        for tries in range(64):
-            if rc < 0:
-                break
-            rc = fi_read(ep.ep, &op.result, 1, desc, t.net_addr, t.net_base, t.net_key, op)
-            if rc != -FI_EAGAIN:
-                break
-            _progress_quiet(ep)
+    if not _ep_live(d, ep):
+        gx_add_long(&d.readers, -1)
+        return 0
+    op = _new_op(ep, t, GX_NB, GX_CAT_GET)
+    rc = _desc(ep, op, &op.result, 1, FI_READ, &desc)
+    for tries in range(64):
         if rc < 0:
-            _drop_new(op)
-            left += 1
-        else:
-            _orphan(op)
+            break
+        rc = fi_read(ep.ep, &op.result, 1, desc, t.net_addr, t.net_base, t.net_key, op)
+        if rc != -FI_EAGAIN:
+            break
+        _progress_quiet(ep)
+    if rc < 0:
+        _drop_new(op)
+    else:
+        _orphan(op)
     gx_add_long(&d.readers, -1)
-    return left
+    return 1 if rc < 0 else 0

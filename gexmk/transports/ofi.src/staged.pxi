@@ -1022,17 +1022,21 @@ cdef int _stg_release(ofi_ep* ep, ofi_peer* t) noexcept nogil:
             break
         if _progress_all(ep.dom) < 0:
             break
-    _gate_exit(held)
     if rc != 0:
         _drop_new(op)
+        _gate_exit(held)
         return 0
     _orphan(op)
+    # no one waits for the release: a close under the connection cap flushes
+    # it first (conncap.pxi _conn_unflushed), as it does implicit puts
+    _touch(ep, t)
     t.stg_seq = q
     t.stg_last[s] = q
     t.stg_open = 3
     t.stg_wanted = 0
     _held_drop(ep.dom, t)
     gx_add_long(&ep.dom.n_ring_releases, 1)
+    _gate_exit(held)            # recorded (touched, stg_open): a close's drain sees it
     return 1
 
 
