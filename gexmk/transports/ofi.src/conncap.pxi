@@ -10,24 +10,35 @@
 # closes the connections of the one it used least recently.
 #
 # A close must lose nothing in flight either way, and neither end may connect
-# again before both have let go: rxm closes a connection at both ends when an
-# address leaves the AV (FI_AV_REMOVE_CLEANUP, bench/README.md "Closing a
-# network connection"), so an end that removed late would cut a connection its
-# peer had set up again meanwhile.  So a close goes:
+# again before both have let go of the old connections.  rxm closes a
+# connection at both ends when an address leaves the AV (FI_AV_REMOVE_CLEANUP,
+# bench/README.md "Closing a network connection"), with two traps in
+# libfabric 1.17: its removal closes the connection's msg endpoint without
+# looking, and one whose shutdown by the peer rxm has already read has none
+# (SIGSEGV inside fi_av_remove); and while it holds an old connection from a
+# process open, it refuses a new one from that process (EALREADY), failing
+# the operation that asked for it.  So a close goes:
 #   1. the closing end gates operations to the peer (_gate_enter: new ones
 #      wait), drains its own (operations between the gate and their posting,
-#      ops in flight, implicit puts owing a flush), then asks the peer with a
-#      control message (CONN_REQ) on a connection that is still up;
+#      ops in flight, writes owing a flush: implicit puts, ring releases), then
+#      asks the peer with a control message (CONN_REQ) on a connection that is
+#      still up, and waits for a read ordered after it;
 #   2. the peer gates and drains the same way;
 #   3. both meet in a rendezvous of the bootstrap (a channel of its own, not a
 #      network connection): nothing is in flight between them either way;
-#   4. each removes the other's addresses from its AV and inserts them again;
-#   5. both meet again, so neither connects before both have removed; ungated.
-# Steps 1-5 are the manager thread's work (OfiTransport._conn_manager, woken
-# through an eventfd); the first operation afterwards connects again (the
-# provider's -FI_ENOTCONN at a re-inserted address is retried: _again).
-# Control messages travel as signal messages (signal.pxi), so the cap is
-# enforced where the domain takes those (Domain.put_signal_mode "message").
+#   4. the higher job rank of the pair, always that one, removes the lower's
+#      addresses from its AV (closing every connection of the pair, at both
+#      ends) and inserts them again; the lower one never removes the higher's,
+#      so no removal meets a connection already shut down;
+#   5. both meet again; the lower rank then drives progress for 2.5 of rxm's
+#      connection-event intervals, so that it has read every shutdown;
+#   6. both meet a third time: ungated.
+# Steps 1-6 are the work of a thread per close (OfiTransport._conn_close,
+# started by the manager thread, which an eventfd wakes); the first operation
+# afterwards connects again (the provider's -FI_ENOTCONN at a re-inserted
+# address is retried: _again).  Control messages travel as signal messages
+# (signal.pxi), so the cap is enforced where the domain takes those
+# (Domain.put_signal_mode "message").
 
 cdef enum:
     CS_IDLE = 0             # ofi_proc.state: no connection counted
