@@ -421,6 +421,7 @@ cdef struct ofi_proc:       # a peer process, under the connection cap (conncap.
     int hello               # it announced a connection while closing: open again after
     long gen                # closes of the pair so far (the rendezvous keys; _again)
     long req                # a close its peer asked for while one was under way: its gen + 1
+    double reopened         # when the last close ended (_now(): _reconnect_refused)
 
 
 cdef struct ofi_dom:
@@ -526,6 +527,7 @@ cdef struct ofi_dom:
     long n_asked            # closes peers asked for
     long n_closed           # closes completed (both ends)
     long n_conn_msgs        # control messages received
+    long n_reissued         # blocking operations issued again after a refused reconnection
 
 
 cdef struct ofi_ep:
@@ -885,7 +887,7 @@ cdef class OfiTransport:
                 closing += 1
         return {"cap": d.conn_cap, "open": d.nopen, "closing": closing,
                 "admits": d.n_admits, "evicts": d.n_evicts,
-                "asked": d.n_asked, "closed": d.n_closed, "messages": d.n_conn_msgs,
+                "asked": d.n_asked, "closed": d.n_closed, "messages": d.n_conn_msgs, "reissued": d.n_reissued,
                 "errors": list(self._conn_errors), "note": self.peer_cap_note}
 
     def _conn_debug(self):
@@ -1026,7 +1028,7 @@ cdef class OfiTransport:
                 with self._conn_lock:
                     self._conn_live()
                     if not released and not gx_load_long(&d.procs[j].holds):
-                        # releases the touched list could not keep (it was full)
+                        # ring releases in flight (no one waits for them)
                         left = 0
                         for p in peers:
                             with nogil:

@@ -368,6 +368,8 @@ cdef int _wait_op(gx_op* op, ofi_peer* t, const char* what, gx_val* result=NULL,
         result[0] = op.result
     err = op.err
     free(op)
+    if err and reissue and _reconnect_refused(ep.dom, t, err):
+        return 1                    # never reached the target: issued again
     if err:
         return _failed(err, t, what)
     return 0

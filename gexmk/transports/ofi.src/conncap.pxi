@@ -415,6 +415,7 @@ cdef void _conn_finish(ofi_dom* d, int j, bint removed, bint dead) noexcept nogi
     pr.want = 0
     if removed:
         pr.gen += 1
+        pr.reopened = _now()
         gx_add_long(&d.n_closed, 1)
     if removed or dead:
         if pr.counted:
@@ -449,9 +450,9 @@ cdef void _conn_finish(ofi_dom* d, int j, bint removed, bint dead) noexcept nogi
 
 cdef long _conn_release_flush(ofi_dom* d, ofi_peer* t) noexcept nogil:
     """A ring release of ours to t's zone (t.stg_open 3: sent, its answer not
-    read) whose flush the touched list could not keep: a read from the
-    endpoint it went through, ordered after it.  1 when it could not be
-    posted (tried again)."""
+    read, no one waiting for it): a read from the endpoint it went through,
+    ordered after it, so that it has landed before a close.  1 when it could
+    not be posted (tried again)."""
     cdef ofi_ep* ep = t.stg_ep
     cdef gx_op* op
     cdef void* desc
@@ -479,3 +480,21 @@ cdef long _conn_release_flush(ofi_dom* d, ofi_peer* t) noexcept nogil:
         _orphan(op)
     gx_add_long(&d.readers, -1)
     return 1 if rc < 0 else 0
+
+
+cdef bint _reconnect_refused(ofi_dom* d, ofi_peer* t, int err) noexcept nogil:
+    """Whether a blocking put or get that failed with ``err`` (its buffers
+    still held by the call: _wait_op's reissue) met a connection to t's
+    process refused while that process's provider still held the one a
+    close under the cap shut (rxm: EALREADY, reported as -FI_ENOTCONN) --
+    the operation never reached it, and is issued again, after a nap with
+    progress, within GEXMK_TIMEOUT of the close."""
+    cdef ofi_proc* pr = _proc(d, t)
+    if pr == NULL or pr.gen == 0 or t.g.dead or err != FI_ENOTCONN:
+        return False
+    if _now() > pr.reopened + d.timeout:
+        return False
+    gx_add_long(&d.n_reissued, 1)
+    _progress_all(d)
+    _conn_nap()
+    return True

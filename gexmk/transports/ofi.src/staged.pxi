@@ -1028,8 +1028,9 @@ cdef int _stg_release(ofi_ep* ep, ofi_peer* t) noexcept nogil:
         return 0
     _orphan(op)
     # no one waits for the release: a close under the connection cap flushes
-    # it first (conncap.pxi _conn_unflushed), as it does implicit puts
-    _touch(ep, t)
+    # it first (conncap.pxi _conn_release_flush; not the touched list, which
+    # the application's nbi_wait flushes: a release to a peer that died or
+    # closed its endpoint since would fail the application's sync)
     t.stg_seq = q
     t.stg_last[s] = q
     t.stg_open = 3
