@@ -22,10 +22,9 @@ pytest.importorskip("gexmk.transports.ofi", reason="gexmk was built without the 
 
 PROVIDER = "tcp;ofi_rxm"
 
-WORKER = r'''
-EAGER = os.environ.get("GEXMK_OFI_CONNECT", "eager") == "eager"
-CAP = int(os.environ.get("GEXMK_OFI_CONNECT_MAX") or 32)
-
+#: ESTABLISHED TCP sockets the worker process owns (prepended to workers here and
+#: in test_ofi_peer_cap.py)
+TCP_ESTABLISHED = r'''
 def tcp_established():
     """ESTABLISHED TCP sockets owned by this process."""
     inodes = set()
@@ -47,6 +46,11 @@ def tcp_established():
             if p[3] == "01" and p[9] in inodes:
                 n += 1
     return n
+'''
+
+WORKER = TCP_ESTABLISHED + r'''
+EAGER = os.environ.get("GEXMK_OFI_CONNECT", "eager") == "eager"
+CAP = int(os.environ.get("GEXMK_OFI_CONNECT_MAX") or 32)
 
 with gexmk.init() as c:
     ofi = c.transports["ofi"]

@@ -10,40 +10,19 @@ import pytest
 try:
     from . import mp_util
     from .test_ofi import need, ofi_env
+    from .test_ofi_connect import TCP_ESTABLISHED
 except ImportError:
     import mp_util
     from test_ofi import need, ofi_env
+    from test_ofi_connect import TCP_ESTABLISHED
 
 pytest.importorskip("gexmk.transports.ofi", reason="gexmk was built without the ofi transport")
 
 PROVIDER = "tcp;ofi_rxm"
 
-WORKER = r'''
+WORKER = TCP_ESTABLISHED + r'''
 CAP = int(os.environ["GEXMK_OFI_MAX_PEERS"])
 ROUNDS = int(os.environ.get("CAP_ROUNDS", "4"))
-
-def tcp_established():
-    """ESTABLISHED TCP sockets this process owns (rxm's connections: the
-    bootstrap's is a unix socket here)."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    n = 0
-    for f in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        try:
-            rows = open(f).read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            p = row.split()
-            if p[3] == "01" and p[9] in inodes:
-                n += 1
-    return n
 
 with gexmk.init() as c:
     ofi = c.transports["ofi"]
