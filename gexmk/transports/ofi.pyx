@@ -980,7 +980,7 @@ cdef class OfiTransport:
                             gone = p.c.gone or _closed_now(d, &p.c)
                         if not gone:
                             names.append(p.name)
-                    new = self.domain.reinsert(names)
+                    new = self.domain._reinsert(names)
                     for p in peers:
                         if p.name in new:
                             p.c.net_addr, p.c.net_aaddr = new[p.name]

@@ -359,12 +359,9 @@ cdef long _conn_unflushed(ofi_dom* d, int j) noexcept nogil:
     their ops then count in ofi_peer.out until the puts have landed.  How
     many could not be posted (a full queue: left in the list, tried again)."""
     cdef long i, n, left = 0
-    cdef int k, tries
+    cdef int k
     cdef ofi_ep* ep
     cdef ofi_peer* t
-    cdef gx_op* op
-    cdef void* desc
-    cdef ssize_t rc
     gx_add_long(&d.readers, 1)
     gx_mem_fence()
     n = gx_load_long(&d.neps)
@@ -376,22 +373,9 @@ cdef long _conn_unflushed(ofi_dom* d, int j) noexcept nogil:
                 continue
             if not gx_cas_ptr(<void**>&ep.touched[k], <void*>t, NULL):
                 continue
-            op = _new_op(ep, t, GX_NB, GX_CAT_GET)
-            rc = _desc(ep, op, &op.result, 1, FI_READ, &desc)
-            for tries in range(64):
-                if rc < 0:
-                    break
-                rc = fi_read(ep.ep, &op.result, 1, desc, t.net_addr, t.net_base, t.net_key, op)
-                if rc != -FI_EAGAIN:
-                    break
-                _progress_quiet(ep)
-            if rc < 0:
-                _drop_new(op)
-                if not t.g.dead:
-                    gx_claim_ptr(<void**>&ep.touched[k], <void*>t)
-                    left += 1
-            else:
-                _orphan(op)
+            if _read_behind(ep, t) and not t.g.dead:
+                gx_claim_ptr(<void**>&ep.touched[k], <void*>t)
+                left += 1
     gx_add_long(&d.readers, -1)
     return left
 
@@ -454,10 +438,7 @@ cdef long _conn_release_flush(ofi_dom* d, ofi_peer* t) noexcept nogil:
     ordered after it, so that it has landed before a close.  1 when it could
     not be posted (tried again)."""
     cdef ofi_ep* ep = t.stg_ep
-    cdef gx_op* op
-    cdef void* desc
-    cdef ssize_t rc
-    cdef int tries
+    cdef long left
     if t.stg_open != 3 or ep == NULL or t.g == NULL or t.g.dead or t.gone:
         return 0
     gx_add_long(&d.readers, 1)
@@ -465,8 +446,20 @@ cdef long _conn_release_flush(ofi_dom* d, ofi_peer* t) noexcept nogil:
     if not _ep_live(d, ep):
         gx_add_long(&d.readers, -1)
         return 0
-    op = _new_op(ep, t, GX_NB, GX_CAT_GET)
-    rc = _desc(ep, op, &op.result, 1, FI_READ, &desc)
+    left = _read_behind(ep, t)
+    gx_add_long(&d.readers, -1)
+    return left
+
+
+cdef long _read_behind(ofi_ep* ep, ofi_peer* t) noexcept nogil:
+    """Post a 1-byte read from ep to t, ordered after what ep wrote or sent
+    to it (FI_ORDER_RAW, RAS), its op orphaned and counted in t.out until
+    answered: what a close's drain waits for.  1 when the queue stayed full
+    (the caller tries again), else 0."""
+    cdef gx_op* op = _new_op(ep, t, GX_NB, GX_CAT_GET)
+    cdef void* desc
+    cdef ssize_t rc = _desc(ep, op, &op.result, 1, FI_READ, &desc)
+    cdef int tries
     for tries in range(64):
         if rc < 0:
             break
@@ -476,10 +469,9 @@ cdef long _conn_release_flush(ofi_dom* d, ofi_peer* t) noexcept nogil:
         _progress_quiet(ep)
     if rc < 0:
         _drop_new(op)
-    else:
-        _orphan(op)
-    gx_add_long(&d.readers, -1)
-    return 1 if rc < 0 else 0
+        return 1
+    _orphan(op)
+    return 0
 
 
 cdef bint _reconnect_refused(ofi_dom* d, ofi_peer* t, int err) noexcept nogil:

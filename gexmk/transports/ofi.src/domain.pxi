@@ -369,13 +369,18 @@ cdef class Domain:
         self._addrs[name] = out
         return out
 
-    def reinsert(self, names):
+    def _reinsert(self, names):
         """Remove the addresses of the peer endpoints ``names`` from the AV
         (rxm then closes their connections, at both ends: FI_AV_REMOVE_CLEANUP)
         and insert them again: {name: (fi_addr, atomics fi_addr)} (conncap.pxi).
         Nothing may use the old addresses meanwhile (the caller gated them)."""
         cdef fi_addr_t a
         cdef int rc
+        names = list(names)
+        for name in names:
+            if type(name) is not bytes:
+                raise ArgumentError(f"_reinsert(names): expected endpoint names (bytes), got "
+                                    f"{type(name).__name__}")
         gone = set()
         for name in names:
             got = self._addrs.pop(name, None)
