@@ -406,6 +406,60 @@ def test_ring_in_an_unbound_zone_is_never_released(tmp_path):
     assert r.stdout.count("OK") == 2, r.report()
 
 
+# The same, with the release sent before the republication: the ring's state
+# says "released, its answer not read" when rank 1 applies "nothing bound", and
+# the release may still be on its way (in the CI run of 2177e8f, seed 815274
+# again: the lander's release, posted just before the apply, reached rank 0
+# after it freed the key).  The apply waits until it has landed -- a read of
+# its done word, ordered after it, under the retired key the owner keeps until
+# then -- and counts it in ring_stats["landed"].
+RELEASED_WORKER = r'''
+with gexmk.init() as c:
+    tm = c.tm
+    ep0 = c.ep(0)
+    ctx = ep0.contexts["ofi"]
+    dom = c.transports["ofi"].domain
+    ep0.bind_segment(c.segment_create(1 << 16))
+    tm.publish_bound_segment([ep0])
+    if tm.rank == 1:
+        tm.put(0, tm.addr(0, 0), pattern(1000, 1))
+        t0 = time.monotonic()
+        while dom.ring_stats["released"] == 0 and time.monotonic() < t0 + 20:
+            time.sleep(0.01)
+        assert dom.ring_stats["released"] == 1, dom.ring_stats
+    tm.barrier()
+    if tm.rank == 0:
+        ep0.unbind_segment()
+    tm.publish_bound_segment([ep0])                    # rank 0's: nothing bound
+    if tm.rank == 1:
+        assert dom.ring_stats["landed"] == 1, dom.ring_stats
+    tm.barrier()                                       # applied everywhere: the key is freed
+    if tm.rank == 0:
+        assert ctx.retired == 0, ctx.retired
+        seg = c.segment_create(1 << 16)
+        ep0.bind_segment(seg)
+    tm.publish_bound_segment([ep0])
+    if tm.rank == 1:
+        tm.put(0, tm.addr(0, 64), pattern(1000, 2))
+        st = dom.ring_stats
+        assert (st["opened"], st["released"], st["landed"]) == (2, 1, 1), st
+    tm.barrier()
+    if tm.rank == 0:
+        assert np.array_equal(seg.view(np.uint8)[64:1064], pattern(1000, 2)), "put lost"
+    tm.barrier()
+print("OK")
+'''
+
+
+@pytest.mark.timeout(120)
+def test_release_in_flight_lands_before_the_apply(tmp_path):
+    need(PROVIDER)
+    r = mp_util.run_job(tmp_path, RELEASED_WORKER, 2, launcher_timeout=100,
+                        env=rings_env(GEXMK_OFI_RING_IDLE="0.2"))
+    assert r.returncode == 0, r.report()
+    assert r.stdout.count("OK") == 2, r.report()
+
+
 # GPU machines: a device segment's zone (the path ofi-staged takes by default):
 # the released ring is unpinned and its pages given back, the next put pins it
 # again and lands in device memory.

@@ -485,6 +485,7 @@ cdef struct ofi_dom:
     double idle_next        # the next look for idle rings (_now_coarse())
     long n_ring_opens       # rings this process had backed in peers' zones (first use or again)
     long n_ring_releases    # ... and released
+    long n_release_landed   # ... releases in flight when their zone was republished, waited for
     long n_ring_waits       # first requests refused that a staged operation waited out (cap)
     int vis_zone            # host segments get a VIS landing zone (GEXMK_OFI_VIS_LAND > 0)
     size_t vis_land         # ... fragments up to this size are packed through it

@@ -456,6 +456,16 @@ cdef long _read_behind(ofi_ep* ep, ofi_peer* t) noexcept nogil:
     to it (FI_ORDER_RAW, RAS), its op orphaned and counted in t.out until
     answered: what a close's drain waits for.  1 when the queue stayed full
     (the caller tries again), else 0."""
+    cdef gx_op* op = _read_one(ep, t, t.net_base, t.net_key)
+    if op == NULL:
+        return 1
+    _orphan(op)
+    return 0
+
+
+cdef gx_op* _read_one(ofi_ep* ep, ofi_peer* t, uint64_t addr, uint64_t key) noexcept nogil:
+    """Post a 1-byte read from ep of t's address addr under key (into the
+    op's result word); the op, or NULL when the queue stayed full."""
     cdef gx_op* op = _new_op(ep, t, GX_NB, GX_CAT_GET)
     cdef void* desc
     cdef ssize_t rc = _desc(ep, op, &op.result, 1, FI_READ, &desc)
@@ -463,15 +473,14 @@ cdef long _read_behind(ofi_ep* ep, ofi_peer* t) noexcept nogil:
     for tries in range(64):
         if rc < 0:
             break
-        rc = fi_read(ep.ep, &op.result, 1, desc, t.net_addr, t.net_base, t.net_key, op)
+        rc = fi_read(ep.ep, &op.result, 1, desc, t.net_addr, addr, key, op)
         if rc != -FI_EAGAIN:
             break
         _progress_quiet(ep)
     if rc < 0:
         _drop_new(op)
-        return 1
-    _orphan(op)
-    return 0
+        return NULL
+    return op
 
 
 cdef bint _reconnect_refused(ofi_dom* d, ofi_peer* t, int err) noexcept nogil:

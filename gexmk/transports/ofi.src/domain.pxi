@@ -508,9 +508,12 @@ cdef class Domain:
         after GEXMK_OFI_RING_IDLE seconds unused (or sooner, when the zone
         asked: another initiator was waiting), ``waited`` -- first requests a
         zone refused (GEXMK_OFI_ZONE_RINGS reached) that a staged operation
-        waited out, ``held`` -- rings it holds now."""
+        waited out, ``held`` -- rings it holds now, ``landed`` -- releases
+        still on their way when their zone's owner published the endpoint
+        again without it, waited for before the publication was applied."""
         return {"opened": self.d.n_ring_opens, "released": self.d.n_ring_releases,
-                "waited": self.d.n_ring_waits, "held": self.d.nheld}
+                "waited": self.d.n_ring_waits, "held": self.d.nheld,
+                "landed": self.d.n_release_landed}
 
     @property
     def landed(self):

@@ -1034,6 +1034,7 @@ cdef int _stg_release(ofi_ep* ep, ofi_peer* t) noexcept nogil:
     t.stg_seq = q
     t.stg_last[s] = q
     t.stg_open = 3
+    t.stg_ep = ep               # where a read ordered after it must go
     t.stg_wanted = 0
     _held_drop(ep.dom, t)
     gx_add_long(&ep.dom.n_ring_releases, 1)
@@ -1059,8 +1060,14 @@ cdef void _stg_new_ring(ofi_dom* d, ofi_peer* t) noexcept nogil:
     (OfiEndpoint._retire_mr), and over tcp;ofi_rxm a write with a key it no
     longer knows takes the pair's connection down (fuzz seed 815274: an
     idle release sent after the apply; the next put raised ENOTCONN).
-    Under t.stg_lock: the lander thread releases idle rings too."""
+    Under t.stg_lock: the lander thread releases idle rings too.  A release
+    sent before (t.stg_open 3), which no one waits for, may still be on its
+    way: it lands first (_stg_release_landed), before this process counts as
+    having applied the publication (fuzz seed 815274 again, 1 replay in ~30:
+    the lander's release, posted just before the apply, reached the owner
+    after it had freed the old key)."""
     _spin_lock(&t.stg_lock)
+    _stg_release_landed(d, t)
     t.stg_seq = 0
     t.stg_open = 0
     t.stg_wanted = 0
@@ -1069,6 +1076,34 @@ cdef void _stg_new_ring(ofi_dom* d, ofi_peer* t) noexcept nogil:
     memset(t.stg_rb, 0, sizeof(t.stg_rb))
     _held_drop(d, t)
     gx_xchg_int(&t.stg_lock, 0)
+
+
+cdef void _stg_release_landed(ofi_dom* d, ofi_peer* t) noexcept nogil:
+    """Wait until a release of ours to t's zone (t.stg_open 3: sent, its
+    answer not read) has landed, by a read of its done word from the
+    endpoint it went through, ordered after it (FI_ORDER_RAW), with the zone's
+    key, which the owner keeps until this process has applied its new
+    publication (caller holds t.stg_lock).  Bounded like any op (death,
+    GEXMK_TIMEOUT); its failure, like the release's own, is left to the next
+    operation to t to report."""
+    cdef ofi_ep* ep = t.stg_ep
+    cdef gx_op* op
+    cdef int s
+    if t.stg_open != 3 or ep == NULL or t.g == NULL or t.g.dead or t.gone or t.stg_slots <= 0:
+        return
+    gx_add_long(&d.readers, 1)
+    gx_mem_fence()
+    if _ep_live(d, ep):
+        s = <int>((t.stg_seq - 1) % t.stg_slots)
+        op = _read_one(ep, t, t.stg_ring + _stg_words_off(t.stg_slots) + 8 * <uint64_t>s,
+                       t.stg_key)
+        if op != NULL:
+            if _spin(op, t):
+                _orphan(op)
+            else:
+                free(op)
+            gx_add_long(&d.n_release_landed, 1)
+    gx_add_long(&d.readers, -1)
 
 
 cdef void _held_add(ofi_dom* d, ofi_peer* t) noexcept nogil:
