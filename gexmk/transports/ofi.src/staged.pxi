@@ -1085,11 +1085,16 @@ cdef void _stg_release_landed(ofi_dom* d, ofi_peer* t) noexcept nogil:
     key, which the owner keeps until this process has applied its new
     publication (caller holds t.stg_lock).  Bounded like any op (death,
     GEXMK_TIMEOUT); its failure, like the release's own, is left to the next
-    operation to t to report."""
+    operation to t to report.  Only where the owner keeps retired keys (keys
+    of gexmk's choosing, offset addressing: OfiEndpoint._retire); elsewhere
+    it closed the registration at the unbinding, and the read would be the
+    stale access itself."""
     cdef ofi_ep* ep = t.stg_ep
     cdef gx_op* op
     cdef int s
     if t.stg_open != 3 or ep == NULL or t.g == NULL or t.g.dead or t.gone or t.stg_slots <= 0:
+        return
+    if d.mr_mode & (FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_RAW | FI_MR_ENDPOINT):
         return
     gx_add_long(&d.readers, 1)
     gx_mem_fence()
