@@ -545,6 +545,72 @@ def test_ops_to_closed_endpoint_raise_promptly(tmp_path, provider, how):
     assert "leaked" not in res.stderr, res.report()
 
 
+# A quiet that waits for an atomic to a live target stopped for a while is not
+# blamed on an endpoint closed since its publication (fuzz seed 5068, failed in
+# a CI run on a loaded machine).  Rank 1 destroys an endpoint and rank 0 makes a
+# TM-pair with it, which puts that closed endpoint among the recent targets of
+# rank 0's endpoint; rank 2 stops itself for STOP seconds; rank 0 issues an NBI
+# atomic to it and waits in quiet().  A wait that sees nothing complete for
+# 200 ms probes its recent targets, and blamed a closed one whose ops in flight
+# (t.out) numbered as many as the wait's own: in seed 5068 a connection touch,
+# orphaned when the pair's creation raced the destroy, counted there, and the
+# quiet raised CommunicationError naming rank 1 while the atomic to the starved
+# live rank was what it waited for.  Now a wait blames a closed endpoint only
+# while no live recent target has anything in flight (completion.pxi
+# _recent_gone).  Here the touches fail at issue (the destroy came first), so
+# this job checks the outcome -- the quiet returns once rank 2 runs again, and
+# the atomic has landed -- not that race, which no job here makes on demand.
+QUIET_BLAME = r'''
+import subprocess
+import warnings
+STOP = 1.5
+c = gexmk.init()
+tm = c.tm
+seg0 = c.segment_attach(1 << 16)
+ep = c.ep_create()
+seg = c.segment_attach(1 << 16, ep=ep)
+t = tm.create_for(ep)
+mine = np.asarray(seg0).view(np.uint64)
+ad = tm.ad_create(gexmk.DT_U64, gexmk.OP_SET)
+tm.barrier()
+if tm.rank == 1:
+    ep.destroy()
+tm.barrier()
+if tm.rank == 0:
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        h = c.ep(0).pair(ep.index)          # its touch of rank 1's closed endpoint: orphaned
+    log(f"pair: {[str(w.message) for w in got]}")
+    tm.barrier()
+    time.sleep(0.3)                          # rank 2 has stopped
+    ad.op_nbi(2, tm.addr(2, 64), gexmk.OP_SET, 77)
+    t0 = time.monotonic()
+    tm.quiet()
+    took = time.monotonic() - t0
+    log(f"quiet took {took:.2f} s")
+    assert took > 0.5, f"quiet returned after {took:.2f} s, before rank 2 ran again"
+elif tm.rank == 2:
+    subprocess.Popen(["sh", "-c", f"sleep {STOP}; kill -CONT {os.getpid()}"])
+    tm.barrier()
+    os.kill(os.getpid(), signal.SIGSTOP)
+else:
+    tm.barrier()
+tm.barrier()
+if tm.rank == 2:
+    assert mine[8] == 77, f"the atomic did not land: {mine[8]}"
+tm.barrier()
+print("QUIET-OK", flush=True)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_quiet_waiting_on_a_stopped_peer_is_not_blamed_on_a_closed_endpoint(tmp_path):
+    need("tcp;ofi_rxm")
+    res = run(tmp_path, QUIET_BLAME, 3, "tcp;ofi_rxm", launcher_timeout=60)
+    no_signal_death(res, range(3))
+    assert res.returncode == 0 and res.stdout.count("QUIET-OK") == 3, res.report()
+
+
 # ---- a stale access in the middle of a registration's retirement ---------------
 
 # Rank 1 unbinds the segment it published while rank 0, not told, keeps using

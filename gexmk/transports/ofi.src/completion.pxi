@@ -483,12 +483,17 @@ cdef ofi_peer* _recent_gone(ofi_ep* ep, double since, long need) noexcept nogil:
     """For a wait of the endpoint that has seen nothing complete since
     ``since`` with ``need`` ops still out: one of its recent targets whose
     endpoint closed (rma.pxi _gone), provided the ops in flight to such
-    targets can account for all ``need`` (a slow live target must not be
-    blamed on a closed one); NULL otherwise."""
+    targets can account for all ``need`` and no recent target that is still
+    there has any in flight (a slow live target must not be blamed on a
+    closed one: fuzz seed 5068, where a connection touch orphaned towards
+    the closed endpoint (connect.pxi) counted in its t.out as much as the
+    wait's own ops, while an atomic to a live target starved of CPU was what
+    the wait waited for); NULL otherwise."""
     cdef int i, j
     cdef ofi_peer* t
     cdef ofi_peer* found = NULL
     cdef long n, out = 0
+    cdef bint live_busy = False
     if not ep.dom.probe or need <= 0:
         return NULL
     for i in range(8):
@@ -502,10 +507,14 @@ cdef ofi_peer* _recent_gone(ofi_ep* ep, double since, long need) noexcept nogil:
         if t == NULL:
             continue
         n = gx_load_long(&t.out)
-        if n > 0 and _gone(ep.dom, t, since):
+        if n <= 0:
+            continue
+        if _gone(ep.dom, t, since):
             out += n
             found = t
-    return found if out >= need else NULL
+        else:
+            live_busy = True
+    return found if out >= need and not live_busy else NULL
 
 
 cdef long _drain(ofi_ep* ep, double secs) noexcept nogil:
