@@ -75,7 +75,7 @@ def run(n, provider, cap, tmp):
     for name in os.listdir(tmp):
         if name.endswith(".json"):
             os.unlink(os.path.join(tmp, name))
-    subprocess.run([sys.executable, "-m", "gexmk.run", "-n", str(n), script, tmp], env=env,
+    subprocess.run([sys.executable, "-P", "-m", "gexmk.run", "-n", str(n), script, tmp], env=env,
                    check=True, timeout=300)
     with open(os.path.join(tmp, "r0.json")) as f:
         return json.load(f)

@@ -1054,21 +1054,31 @@ cdef class OfiTransport:
                 _conn_nap()
 
     cdef _conn_settle(self):
-        """Progress passes over 2.5 of rxm's connection-event intervals
-        (FI_OFI_RXM_CM_PROGRESS_INTERVAL, 10 ms unless set), at least 8."""
+        """Progress passes until rxm's connection events have been read at
+        least 3 times since the start: passes in 3 distinct intervals of
+        FI_OFI_RXM_CM_PROGRESS_INTERVAL (10 ms unless set; rxm reads its
+        event queue from a pass at most once per interval), and at least 8
+        passes.  Bounded by the pass count, not the clock alone: a thread
+        starved of CPU for the whole window made one pass in it, and the
+        peer's shutdown could still be unread when the pair reconnected
+        (rxm then refuses the new connection: -FI_ENOTCONN)."""
         cdef ofi_dom* d = &self.domain.d
-        cdef double until
-        cdef int passes = 0
+        cdef double last
+        cdef int passes = 0, reads = 0
         try:
             interval = float(os.environ.get("FI_OFI_RXM_CM_PROGRESS_INTERVAL", "10000")) * 1e-6
         except ValueError:
             interval = 0.01
-        until = _now() + 2.5 * max(interval, 0.001)
-        while passes < 8 or _now() < until:
+        interval = max(interval, 0.001)
+        last = _now()
+        while passes < 8 or reads < 3:
             with self._conn_lock:
                 self._conn_live()
                 with nogil:
                     _progress_all(d)
+            if _now() - last >= interval:
+                reads += 1
+                last = _now()
             with nogil:
                 _conn_nap()
             passes += 1

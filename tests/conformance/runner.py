@@ -10,6 +10,7 @@ killed whole (tests/mp_util.py).
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -100,12 +101,23 @@ def _read_counters(path):
     return got
 
 
+_RAISED = re.compile(r"^[\w.]*(Error|Exception)(: |$)")
+
+
 def _tail(path, n=3000):
+    """The end of a job's stderr, after the exceptions raised in it: a rank's
+    error is otherwise pushed out by the others' stacks (faulthandler, on the
+    launcher's SIGTERM) -- a CI run's crashed ofi-capped cell showed only those."""
     try:
         with open(path, errors="replace") as f:
-            return f.read()[-n:]
+            text = f.read()
     except FileNotFoundError:
         return ""
+    tail = text[-n:]
+    raised = [l for l in text.splitlines() if _RAISED.match(l) and l not in tail][:10]
+    if raised:
+        return "raised (earlier in stderr):\n" + "\n".join(raised) + "\n...\n" + tail
+    return tail
 
 
 def _shm_entries():
