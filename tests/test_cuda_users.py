@@ -362,7 +362,7 @@ def _run_child(script, **env):
     import os
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, **env),
+    r = subprocess.run([sys.executable, "-P", "-c", script], env=dict(os.environ, **env),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "OK" in r.stdout, (r.stdout, r.stderr[-3000:])
 
