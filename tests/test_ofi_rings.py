@@ -352,7 +352,16 @@ def test_holder_outside_gexmk_releases_in_the_background(tmp_path):
 # connection down: rank 1's idle release, sent by its lander thread after that
 # barrier, made its next put -- to rank 0's new segment -- fail with ENOTCONN
 # (fuzz seed 815274).
+#
+# "released": the same, with the release sent before the republication: the
+# ring's state says "released, its answer not read" when rank 1 applies
+# "nothing bound", and the release may still be on its way (seed 815274 again,
+# in the CI run of 2177e8f: the lander's release, posted just before the apply,
+# reached rank 0 after it freed the key).  The apply waits until it has landed
+# -- a read of its done word, ordered after it, under the retired key the owner
+# keeps until then -- and counts it in ring_stats["landed"].
 UNBOUND_WORKER = r'''
+RELEASED = sys.argv[1] == "released"
 with gexmk.init() as c:
     tm = c.tm
     ep0 = c.ep(0)
@@ -363,15 +372,21 @@ with gexmk.init() as c:
     if tm.rank == 1:
         tm.put(0, tm.addr(0, 0), pattern(1000, 1))     # takes a ring in rank 0's zone
         assert dom.ring_stats["held"] == 1, dom.ring_stats
+        t0 = time.monotonic()
+        while RELEASED and dom.ring_stats["released"] == 0 and time.monotonic() < t0 + 20:
+            time.sleep(0.01)
+        assert dom.ring_stats["released"] == RELEASED, dom.ring_stats
     tm.barrier()
     if tm.rank == 0:
         ep0.unbind_segment()
         assert ctx.retired == 1, ctx.retired
     tm.publish_bound_segment([ep0])                    # rank 0's: nothing bound
+    if tm.rank == 1:
+        assert dom.ring_stats["landed"] == RELEASED, dom.ring_stats
     tm.barrier()                                       # applied everywhere: the key is freed
     if tm.rank == 0:
         assert ctx.retired == 0, ctx.retired
-    else:
+    elif not RELEASED:
         # past GEXMK_OFI_RING_IDLE, outside gexmk: the lander's turn (a release
         # sent, the put follows at once: before rank 1 saw the connection go)
         t0 = time.monotonic()
@@ -388,7 +403,7 @@ with gexmk.init() as c:
         tm.get(back, 0, tm.addr(0, 64))
         assert np.array_equal(back, pattern(1000, 2)), "staged get after the republication"
         st = dom.ring_stats
-        assert (st["opened"], st["released"]) == (2, 0), st
+        assert (st["opened"], st["released"], st["landed"]) == (2, RELEASED, RELEASED), st
     tm.barrier()
     if tm.rank == 0:
         assert np.array_equal(seg.view(np.uint8)[64:1064], pattern(1000, 2)), "put lost"
@@ -398,64 +413,11 @@ print("OK")
 
 
 @pytest.mark.timeout(120)
-def test_ring_in_an_unbound_zone_is_never_released(tmp_path):
+@pytest.mark.parametrize("when,idle", [("unbound", "0.5"), ("released", "0.2")])
+def test_ring_in_an_unbound_zone_is_never_released(tmp_path, when, idle):
     need(PROVIDER)
-    r = mp_util.run_job(tmp_path, UNBOUND_WORKER, 2, launcher_timeout=100,
-                        env=rings_env(GEXMK_OFI_RING_IDLE="0.5"))
-    assert r.returncode == 0, r.report()
-    assert r.stdout.count("OK") == 2, r.report()
-
-
-# The same, with the release sent before the republication: the ring's state
-# says "released, its answer not read" when rank 1 applies "nothing bound", and
-# the release may still be on its way (in the CI run of 2177e8f, seed 815274
-# again: the lander's release, posted just before the apply, reached rank 0
-# after it freed the key).  The apply waits until it has landed -- a read of
-# its done word, ordered after it, under the retired key the owner keeps until
-# then -- and counts it in ring_stats["landed"].
-RELEASED_WORKER = r'''
-with gexmk.init() as c:
-    tm = c.tm
-    ep0 = c.ep(0)
-    ctx = ep0.contexts["ofi"]
-    dom = c.transports["ofi"].domain
-    ep0.bind_segment(c.segment_create(1 << 16))
-    tm.publish_bound_segment([ep0])
-    if tm.rank == 1:
-        tm.put(0, tm.addr(0, 0), pattern(1000, 1))
-        t0 = time.monotonic()
-        while dom.ring_stats["released"] == 0 and time.monotonic() < t0 + 20:
-            time.sleep(0.01)
-        assert dom.ring_stats["released"] == 1, dom.ring_stats
-    tm.barrier()
-    if tm.rank == 0:
-        ep0.unbind_segment()
-    tm.publish_bound_segment([ep0])                    # rank 0's: nothing bound
-    if tm.rank == 1:
-        assert dom.ring_stats["landed"] == 1, dom.ring_stats
-    tm.barrier()                                       # applied everywhere: the key is freed
-    if tm.rank == 0:
-        assert ctx.retired == 0, ctx.retired
-        seg = c.segment_create(1 << 16)
-        ep0.bind_segment(seg)
-    tm.publish_bound_segment([ep0])
-    if tm.rank == 1:
-        tm.put(0, tm.addr(0, 64), pattern(1000, 2))
-        st = dom.ring_stats
-        assert (st["opened"], st["released"], st["landed"]) == (2, 1, 1), st
-    tm.barrier()
-    if tm.rank == 0:
-        assert np.array_equal(seg.view(np.uint8)[64:1064], pattern(1000, 2)), "put lost"
-    tm.barrier()
-print("OK")
-'''
-
-
-@pytest.mark.timeout(120)
-def test_release_in_flight_lands_before_the_apply(tmp_path):
-    need(PROVIDER)
-    r = mp_util.run_job(tmp_path, RELEASED_WORKER, 2, launcher_timeout=100,
-                        env=rings_env(GEXMK_OFI_RING_IDLE="0.2"))
+    r = mp_util.run_job(tmp_path, UNBOUND_WORKER, 2, launcher_timeout=100, args=[when],
+                        env=rings_env(GEXMK_OFI_RING_IDLE=idle))
     assert r.returncode == 0, r.report()
     assert r.stdout.count("OK") == 2, r.report()
 
