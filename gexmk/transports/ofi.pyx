@@ -392,6 +392,8 @@ cdef struct ofi_peer:       # what an initiator knows of one target endpoint
     uint64_t stg_dbuf[16]   # a descriptor being sent
     uint64_t stg_rel[16]    # a release (staged.pxi _stg_release), sent without waiting: its
                             # own buffer, in flight while the application sends others
+    int stg_rel_out         # ... 1 until its write completes (_complete)
+    int stg_rel_lost        # ... its write failed: written again before its answer is awaited
     int gone                # its endpoint was found closed since its publication (rma.pxi
                             # _gone): operations that meet a full queue fail at once
     double probe_at         # when that was last looked into (_now())
@@ -486,6 +488,7 @@ cdef struct ofi_dom:
     long n_ring_opens       # rings this process had backed in peers' zones (first use or again)
     long n_ring_releases    # ... and released
     long n_release_landed   # ... releases in flight when their zone was republished, waited for
+    long n_release_resent   # ... releases whose write failed, written again
     long n_ring_waits       # first requests refused that a staged operation waited out (cap)
     int vis_zone            # host segments get a VIS landing zone (GEXMK_OFI_VIS_LAND > 0)
     size_t vis_land         # ... fragments up to this size are packed through it
@@ -597,6 +600,7 @@ cdef struct gx_op:
     long epoch              # ... issued in this nbi epoch of the endpoint
     int amo                 # an atomic: counted in ep.amo_out until it completes
     int lost                # orphaned because its target endpoint closed: counted in ep.lost
+    int rel                 # a ring's release (staged.pxi): its end is noted in its ofi_peer
     long born_deaths        # ep.fresh_deaths at issue (_poisoned)
     int nmr
     fid_mr* mr[3]           # on-the-fly registrations, closed at completion

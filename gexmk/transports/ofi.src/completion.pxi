@@ -139,6 +139,12 @@ cdef void _complete(gx_op* op, int err) noexcept nogil:
     gx_add_long(&ep.live, -1)
     if op.t != NULL:
         gx_add_long(&op.t.out, -1)
+        if op.rel:
+            # a ring's release, which no one waits for (staged.pxi _stg_open
+            # writes it again when it failed)
+            if err:
+                gx_xchg_int(&op.t.stg_rel_lost, 1)
+            gx_xchg_int(&op.t.stg_rel_out, 0)
     if op.amo:
         gx_add_long(&ep.amo_out, -1)
     if op.nbi:

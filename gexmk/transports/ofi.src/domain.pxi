@@ -510,10 +510,13 @@ cdef class Domain:
         zone refused (GEXMK_OFI_ZONE_RINGS reached) that a staged operation
         waited out, ``held`` -- rings it holds now, ``landed`` -- releases
         still on their way when their zone's owner published the endpoint
-        again without it, waited for before the publication was applied."""
+        again without it, waited for before the publication was applied,
+        ``resent`` -- releases whose write failed (a connection closed under
+        the cap, its reconnection refused), written again before their answer
+        was awaited."""
         return {"opened": self.d.n_ring_opens, "released": self.d.n_ring_releases,
                 "waited": self.d.n_ring_waits, "held": self.d.nheld,
-                "landed": self.d.n_release_landed}
+                "landed": self.d.n_release_landed, "resent": self.d.n_release_resent}
 
     @property
     def landed(self):

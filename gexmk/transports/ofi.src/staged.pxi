@@ -905,6 +905,7 @@ cdef int _stg_open(ofi_ep* ep, ofi_peer* t, bint wait=True) except -1 nogil:
         # released: its answer first (the lander has given the ring's pages
         # back by then; nothing may land in it before)
         s = <int>((t.stg_seq - 1) % S)
+        _stg_release_resend(ep, t, s)
         _stg_wait_slot(ep, t, s, t.stg_seq)
         t.stg_open = 0
     if t.stg_open == 2:
@@ -1016,6 +1017,9 @@ cdef int _stg_release(ofi_ep* ep, ofi_peer* t) noexcept nogil:
     msg.rma_iov = &riov
     msg.rma_iov_count = 1
     msg.context = op
+    op.rel = 1
+    gx_xchg_int(&t.stg_rel_lost, 0)
+    gx_xchg_int(&t.stg_rel_out, 1)
     for tries in range(64):
         rc = fi_writemsg(ep.ep, &msg, FI_COMPLETION)
         if not _again(rc, ep, t):
@@ -1023,6 +1027,7 @@ cdef int _stg_release(ofi_ep* ep, ofi_peer* t) noexcept nogil:
         if _progress_all(ep.dom) < 0:
             break
     if rc != 0:
+        gx_xchg_int(&t.stg_rel_out, 0)
         _drop_new(op)
         _gate_exit(held)
         return 0
@@ -1052,6 +1057,40 @@ cdef int _stg_done(ofi_ep* ep, ofi_peer* t) noexcept nogil:
     return 0
 
 
+cdef int _stg_release_resend(ofi_ep* ep, ofi_peer* t, int s) except -1 nogil:
+    """Before the answer to this process's release is awaited (caller holds
+    t.stg_lock): once its write has ended, write it again where it failed --
+    a connection closed under the cap whose reconnection the peer's rxm
+    refused (-FI_ENOTCONN) lost it, and its answer would never come
+    (ofi-tcp-capped-rings soak, seed 890204: the next operation to that
+    target waited for GEXMK_TIMEOUT).  The same descriptor, the same sequence
+    number: a lander that did serve it serves a number once."""
+    cdef double deadline = 0
+    cdef bint live
+    gx_add_long(&ep.dom.readers, 1)
+    gx_mem_fence()
+    live = t.stg_ep != NULL and _ep_live(ep.dom, t.stg_ep)
+    gx_add_long(&ep.dom.readers, -1)
+    if not live:
+        # the endpoint it went through has closed since: its completion may
+        # never be read; its answer is awaited as before
+        gx_xchg_int(&t.stg_rel_out, 0)
+        gx_xchg_int(&t.stg_rel_lost, 0)
+        return 0
+    while gx_load_int(&t.stg_rel_out):
+        if t.g.dead:
+            return _raise_dead(t, "staged transfer (a ring's release)")
+        if deadline == 0:
+            deadline = _now() + ep.dom.timeout
+        elif _now() > deadline:
+            return _raise_timeout(t, ep.dom.timeout, "staged transfer (a ring's release)")
+        _progress_all(ep.dom)
+    if gx_xchg_int(&t.stg_rel_lost, 0):
+        gx_add_long(&ep.dom.n_release_resent, 1)
+        _stg_post(ep, t, True, t.stg_ring + <uint64_t>s * STG_DESC, t.stg_rel, STG_DESC, NULL)
+    return 0
+
+
 cdef void _stg_new_ring(ofi_dom* d, ofi_peer* t) noexcept nogil:
     """t's endpoint was published again without the zone this process's ring
     was in (its segment unbound, or another bound): forget the ring, never
@@ -1074,6 +1113,7 @@ cdef void _stg_new_ring(ofi_dom* d, ofi_peer* t) noexcept nogil:
     memset(t.stg_last, 0, sizeof(t.stg_last))
     memset(t.stg_ok, 0, sizeof(t.stg_ok))
     memset(t.stg_rb, 0, sizeof(t.stg_rb))
+    gx_xchg_int(&t.stg_rel_lost, 0)
     _held_drop(d, t)
     gx_xchg_int(&t.stg_lock, 0)
 
