@@ -942,7 +942,7 @@ cdef class OfiTransport:
                 os.eventfd_write(self._conn_efd, 1)
 
     cdef _conn_close(self, int j):
-        """Close the pair (this process, job rank j): steps 1-5 of conncap.pxi.
+        """Close the pair (this process, job rank j): steps 1-6 of conncap.pxi.
         Whatever touches the domain runs under _conn_lock after a look at
         _conn_stop: close() takes the lock, so a close thread still waiting
         in a rendezvous when the transport closes touches nothing after."""
@@ -967,8 +967,7 @@ cdef class OfiTransport:
                 with self._conn_lock:
                     self._conn_live()
                     self._conn_ask(j, peers)
-            self._conn_at[j] = key
-            self._exchange(key, [lo, hi], 0 if me == lo else 1, b"", timeout)
+            self._conn_meet(j, key, lo, hi, timeout)
             if me > j:
                 # the higher rank of the pair removes, always (rxm 1.17 removes
                 # a connection by closing its msg endpoint without looking:
@@ -990,8 +989,7 @@ cdef class OfiTransport:
                         if p.name in new:
                             p.c.net_addr, p.c.net_aaddr = new[p.name]
             removed = True
-            self._conn_at[j] = key + ":removed"
-            self._exchange(key + ":removed", [lo, hi], 0 if me == lo else 1, b"", timeout)
+            self._conn_meet(j, key + ":removed", lo, hi, timeout)
             if me < j:
                 # the lower rank's provider must have read the shutdown of
                 # every closed connection before either end connects again:
@@ -1000,8 +998,7 @@ cdef class OfiTransport:
                 # asked for it.  rxm looks at connection events once per
                 # FI_OFI_RXM_CM_PROGRESS_INTERVAL of progress passes.
                 self._conn_settle()
-            self._conn_at[j] = key + ":settled"
-            self._exchange(key + ":settled", [lo, hi], 0 if me == lo else 1, b"", timeout)
+            self._conn_meet(j, key + ":settled", lo, hi, timeout)
             self._conn_at[j] = "finished " + key
         except Exception as exc:
             dead = dead or isinstance(exc, PeerDeadError) or _peers_dead(peers)
@@ -1056,6 +1053,12 @@ cdef class OfiTransport:
                                      f"GEXMK_TIMEOUT while its connections were being closed")
             with nogil:
                 _conn_nap()
+
+    cdef _conn_meet(self, int j, str key, int lo, int hi, double timeout):
+        """A rendezvous of the pair (lo, hi) under key (the bootstrap's keyed
+        exchange), noted in _conn_at for hang diagnostics."""
+        self._conn_at[j] = key
+        self._exchange(key, [lo, hi], 0 if self.job.rank == lo else 1, b"", timeout)
 
     cdef _conn_settle(self):
         """Progress passes until rxm's connection events have been read at

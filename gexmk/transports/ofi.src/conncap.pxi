@@ -30,8 +30,9 @@
 #      addresses from its AV (closing every connection of the pair, at both
 #      ends) and inserts them again; the lower one never removes the higher's,
 #      so no removal meets a connection already shut down;
-#   5. both meet again; the lower rank then drives progress for 2.5 of rxm's
-#      connection-event intervals, so that it has read every shutdown;
+#   5. both meet again; the lower rank then drives progress until rxm has
+#      read its connection events three times (_conn_settle), so that it has
+#      read every shutdown;
 #   6. both meet a third time: ungated.
 # Steps 1-6 are the work of a thread per close (OfiTransport._conn_close,
 # started by the manager thread, which an eventfd wakes); the first operation
@@ -439,7 +440,7 @@ cdef long _conn_release_flush(ofi_dom* d, ofi_peer* t) noexcept nogil:
     not be posted (tried again)."""
     cdef ofi_ep* ep = t.stg_ep
     cdef long left
-    if t.stg_open != 3 or ep == NULL or t.g == NULL or t.g.dead or t.gone:
+    if not _release_unanswered(t):
         return 0
     gx_add_long(&d.readers, 1)
     gx_mem_fence()
@@ -449,6 +450,13 @@ cdef long _conn_release_flush(ofi_dom* d, ofi_peer* t) noexcept nogil:
     left = _read_behind(ep, t)
     gx_add_long(&d.readers, -1)
     return left
+
+
+cdef inline bint _release_unanswered(ofi_peer* t) noexcept nogil:
+    """A ring release of ours to t's zone was sent and its answer not read
+    (t.stg_open 3), through an endpoint known (t.stg_ep), to a live target
+    still published: one that a read ordered after it can make land."""
+    return t.stg_open == 3 and t.stg_ep != NULL and t.g != NULL and not t.g.dead and not t.gone
 
 
 cdef long _read_behind(ofi_ep* ep, ofi_peer* t) noexcept nogil:

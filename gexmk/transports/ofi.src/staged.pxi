@@ -1132,7 +1132,7 @@ cdef void _stg_release_landed(ofi_dom* d, ofi_peer* t) noexcept nogil:
     cdef ofi_ep* ep = t.stg_ep
     cdef gx_op* op
     cdef int s
-    if t.stg_open != 3 or ep == NULL or t.g == NULL or t.g.dead or t.gone or t.stg_slots <= 0:
+    if not _release_unanswered(t) or t.stg_slots <= 0:
         return
     if d.mr_mode & (FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_RAW | FI_MR_ENDPOINT):
         return
