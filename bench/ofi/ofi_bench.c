@@ -136,7 +136,7 @@ static struct {
     double op_timeout_s;     /* max seconds waiting for one completion batch */
     int watchdog_s;
     int pin;
-    enum { TP_AUTO, TP_POLL, TP_BLOCK, TP_WAIT, TP_POLLFD, TP_POLLRX } target_progress;
+    enum { TP_AUTO, TP_POLL, TP_BLOCK, TP_WAIT, TP_POLLFD, TP_POLLRX, TP_POLLFDT } target_progress;
     enum { Y_AUTO, Y_ON, Y_OFF } yield;
 } opt = {
     .prov = "tcp;ofi_rxm",
@@ -193,7 +193,8 @@ static void usage(const char *argv0, int code)
         "      fi_trywait + poll), pollfd (poll, but both sides' CQs have an FI_WAIT_FD\n"
         "      wait object, as gexmk's do: what its signalling costs), pollrx (poll, both\n"
         "      sides' transmit completions in a CQ without a wait object, receives in one\n"
-        "      with an FI_WAIT_FD: what a split costs), or auto\n"
+        "      with an FI_WAIT_FD: what a split costs), pollfdt (poll, only the target's CQ\n"
+        "      with an FI_WAIT_FD: what the initiator's own signalling costs), or auto\n"
         "      (auto = poll unless data_progress is FI_PROGRESS_AUTO; default auto)\n"
         "  -y  sched_yield() after each empty CQ poll on the active side\n"
         "      (auto = on when data_progress is FI_PROGRESS_AUTO, so that provider\n"
@@ -233,6 +234,7 @@ static void parse_args(int argc, char **argv)
             else if (!strcmp(optarg, "wait")) opt.target_progress = TP_WAIT;
             else if (!strcmp(optarg, "pollfd")) opt.target_progress = TP_POLLFD;
             else if (!strcmp(optarg, "pollrx")) opt.target_progress = TP_POLLRX;
+            else if (!strcmp(optarg, "pollfdt")) opt.target_progress = TP_POLLFDT;
             else usage(argv[0], 2);
             break;
         case 'y':
@@ -506,6 +508,7 @@ static int target_polls(void)
 {
     return opt.target_progress == TP_POLL || opt.target_progress == TP_WAIT ||
            opt.target_progress == TP_POLLFD || opt.target_progress == TP_POLLRX ||
+           opt.target_progress == TP_POLLFDT ||
            (opt.target_progress == TP_AUTO &&
             info->domain_attr->data_progress != FI_PROGRESS_AUTO);
 }
@@ -598,7 +601,8 @@ static void setup_fabric(void)
     struct fi_cq_attr cq_attr = {
         .size = 0, .format = FI_CQ_FORMAT_CONTEXT, .wait_obj = FI_WAIT_NONE,
     };
-    if ((!is_active && opt.target_progress == TP_WAIT) || opt.target_progress == TP_POLLFD) {
+    if ((!is_active && (opt.target_progress == TP_WAIT || opt.target_progress == TP_POLLFDT)) ||
+        opt.target_progress == TP_POLLFD) {
         cq_attr.wait_obj = FI_WAIT_FD;
         cq_attr.wait_cond = FI_CQ_COND_NONE;
     }
@@ -708,7 +712,7 @@ static void teardown(void)
 static void target_loop(void)
 {
     int poll_cq = opt.target_progress == TP_POLL || opt.target_progress == TP_POLLFD ||
-                  opt.target_progress == TP_POLLRX ||
+                  opt.target_progress == TP_POLLRX || opt.target_progress == TP_POLLFDT ||
                   (opt.target_progress == TP_AUTO &&
                    info->domain_attr->data_progress != FI_PROGRESS_AUTO);
     char c = 0;

@@ -271,6 +271,11 @@ if _tune:
     if len(_tv) > 7:
         SPIN_SLEEP_AFTER = _tv[7] * 1e-6
 
+# Private, for experiments (bench/diagnostics/wait_floor.py): GEXMK_OFI_SPIN_FD=1
+# gives a spinning progress thread's endpoints CQs with wait fds all the same,
+# which separates what the wait objects cost from what sleeping costs.
+cdef bint SPIN_FD = os.environ.get("GEXMK_OFI_SPIN_FD", "0") == "1"
+
 # Leads the published name of a split endpoint (RMA name + atomics name).
 _SPLIT_TAG = b"gexmk-split:"
 _SINGLE_TAG = b"gexmk-rma:"     # a split domain's endpoint without atomics (the sync endpoint)

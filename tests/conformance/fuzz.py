@@ -52,7 +52,7 @@ ofi-tcp, ofi-shm, ofi-tcp-staged and ofi-shm-staged (``GEXMK_OFI_STAGE=all``),
 ofi-tcp-rings (staged, two rings per landing zone released after 2 ms unused),
 ofi-tcp-capped (``GEXMK_OFI_MAX_PEERS=1``: connections closed and set up again as ranks
 change peers), ofi-tcp-capped-rings (the same over ofi-tcp-rings), or ``all``; on a GPU machine gpu-nbrhd, gpu-host-staged, gpu-nbrhd-staged, gpu-ofi-tcp,
-gpu-ofi-tcp-staged, gpu-ofi-tcp-rings and gpu-ofi-tcp-capped (the same with device segments and device-memory
+gpu-ofi-tcp-staged, gpu-ofi-tcp-rings, gpu-ofi-tcp-capped and gpu-ofi-tcp-capped-rings (the same with device segments and device-memory
 buffers: ``GPU_OF``).  ``--ranks`` 2-4 (default: chosen by the seed).  ``--soak`` prints
 every failing seed with the command that replays it (``--out DIR`` keeps each
 failing job's report); keep those in ``test_fuzz.py``'s ``REGRESSIONS``.
@@ -132,7 +132,9 @@ GPU_OF = {"gpu-nbrhd": "nbrhd", "gpu-ofi-tcp": "ofi-tcp", "gpu-ofi-tcp-staged": 
           # access: the owner's GPU copies), host segments through landing zones, and
           # staged rings released after 2 ms unused
           "gpu-host-staged": "nbrhd", "gpu-nbrhd-staged": "nbrhd-staged",
-          "gpu-ofi-tcp-rings": "ofi-tcp-rings", "gpu-ofi-tcp-capped": "ofi-tcp-capped"}
+          "gpu-ofi-tcp-rings": "ofi-tcp-rings", "gpu-ofi-tcp-capped": "ofi-tcp-capped",
+          # device segments' rings released and written again under the connection cap
+          "gpu-ofi-tcp-capped-rings": "ofi-tcp-capped-rings"}
 GPU_EXTRA = {"gpu-host-staged": {"GEXMK_CUDA_PEER_ACCESS": "off"}}
 for _g, _b in GPU_OF.items():
     TRANSPORTS[_g] = dict(TRANSPORTS[_b], FUZZ_GPU="1", **GPU_EXTRA.get(_g, {}))

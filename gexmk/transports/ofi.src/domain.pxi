@@ -438,7 +438,7 @@ cdef class Domain:
         self._spin = spin
         # endpoints opened from now on get a CQ the thread can sleep on (those
         # opened before keep theirs and are polled with naps)
-        self.d.cq_wait = not spin
+        self.d.cq_wait = not spin or SPIN_FD
         self.d.thread_on = 1
         self._thread = threading.Thread(target=self._progress_loop, name="gexmk-ofi-progress",
                                         daemon=True)
