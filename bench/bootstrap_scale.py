@@ -112,8 +112,10 @@ def main():
           f"{'RSS r0/max MB':>14} {'maps r0':>7} {'fds r0':>6}")
     try:
         for n in map(int, args.ranks.split(",")):
-            cmds = [("gexmk.run", [sys.executable, "-m", "gexmk.run", "-n", str(n), "--timeout",
-                                   "900", script])]
+            # -P (both interpreters): run from the repository root, the source
+            # tree would otherwise shadow the installed package
+            cmds = [("gexmk.run", [sys.executable, "-P", "-m", "gexmk.run", "-n", str(n),
+                                   "--timeout", "900", "--", "-P", script])]
             if mpirun:
                 root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
                 cmds.append(("mpirun", [mpirun, *root, "--oversubscribe", "-n", str(n),
