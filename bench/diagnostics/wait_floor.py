@@ -13,6 +13,7 @@ gexmk ranks) and, with ``--unpinned``, unpinned too:
               whose own completions are not signalled)
   gx default  a 2-rank gexmk job over ofi, default settings: the target idle in
               Python (its progress thread serves) and in ``tm.barrier()``
+              (bench/waiting.py's worker, its ``idle`` and ``barrier`` states)
   gx spin     the same with ``GEXMK_PROGRESS_THREAD=spin`` (no wait fds: the
               progress thread polls; a rank that waits burns a core)
   gx spin0    ``spin`` in the initiator (rank 0) only: the target's CQs have
@@ -35,63 +36,22 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 GX_STATES = ("idle", "barrier")
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # bench/
 
 
 def _worker(out, iters, pin):
+    """A rank of a gexmk job: its settings (pinned, spinning), then
+    bench/waiting.py's own worker over the states of GX_STATES."""
     spin_rank = os.environ.get("WAIT_FLOOR_SPIN_RANK")
     if spin_rank and os.environ.get("GEXMK_RANK") == spin_rank:
         os.environ["GEXMK_PROGRESS_THREAD"] = "spin"
     if pin:
         os.sched_setaffinity(0, {int(pin.split(",")[int(os.environ.get("GEXMK_RANK", "0"))])})
-    import numpy as np
-    import gexmk
-    with gexmk.init() as c:
-        tm = c.tm
-        me = tm.rank
-        seg = c.segment_attach(1 << 16)
-        flag = np.asarray(seg).view(np.uint64)
-        src = np.arange(8, dtype=np.uint8)
-        dst = np.empty(8, np.uint8)
-        one = np.ones(8, np.uint8)
-        res = {}
-        a = tm.addr(1 - me, 4096)
-        tm.put(1 - me, a, src)
-        tm.get(dst, 1 - me, a)
-        for sid, state in enumerate(GX_STATES, start=1):
-            tm.barrier()
-            if me == 1:
-                if state == "barrier":
-                    tm.barrier()
-                else:
-                    while flag[0] < sid:
-                        time.sleep(0.005)
-                continue
-            time.sleep(0.3)
-            put, get = [], []
-            for _ in range(200):
-                tm.put(1, a, src)
-                tm.get(dst, 1, a)
-            for _ in range(iters):
-                t0 = time.perf_counter_ns()
-                tm.put(1, a, src)
-                t1 = time.perf_counter_ns()
-                tm.get(dst, 1, a)
-                t2 = time.perf_counter_ns()
-                put.append((t1 - t0) / 1e3)
-                get.append((t2 - t1) / 1e3)
-            res[state] = [statistics.median(put), statistics.median(get)]
-            if state == "barrier":
-                tm.barrier()
-            else:
-                tm.put_signal(1, tm.addr(1, 8192), one, tm.addr(1, 0), sid, gexmk.SIGNAL_SET)
-                tm.quiet()
-        tm.barrier()
-        if me == 0:
-            with open(out, "w") as f:
-                json.dump(res, f)
+    sys.path.insert(0, BENCH)
+    import waiting
+    waiting._worker(out, iters, 0.1, True, list(GX_STATES))
 
 
 def _c(exe, mode, pin, iters):
@@ -123,8 +83,9 @@ def _gx(tmp, variant, pin, iters):
                        stdin=subprocess.DEVNULL)
     if r.returncode:
         raise RuntimeError(f"gexmk job {variant}: exit {r.returncode}: {r.stderr[-500:]}")
-    with open(out) as f:
-        return json.load(f)
+    with open(out + ".0") as f:
+        states = json.load(f)["states"]
+    return {st: [states[st]["put_us"]["median"], states[st]["get_us"]["median"]] for st in GX_STATES}
 
 
 def main():
