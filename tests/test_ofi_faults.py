@@ -142,6 +142,48 @@ def test_barrier_after_killed_peer_raises_peer_dead(tmp_path, way):
     assert "SURVIVOR-OK" in res.stdout, res.report()
 
 
+# A blocking put_signal to a peer that then dies (fuzz seed 180060): quiet
+# completes it (README), nbi_wait(EC_PUT) does not -- so that sync must not
+# raise the death it does not cover, while quiet still reports it.  Over
+# tcp;ofi_rxm the signal goes as a message whose flush (a read ordered after
+# it) waits in the endpoint's list of targets owing one; nbi_wait(EC_PUT)
+# flushed the whole list and raised PeerDeadError.
+PUT_SYNC_AFTER_SIGNAL = r"""
+c = gexmk.init()
+tm = c.tm
+seg = c.segment_attach(1 << 16)
+small = np.arange(64, dtype=np.uint8)
+tm.barrier()
+if tm.rank == 1:
+    time.sleep(0.3)                                 # rank 0's put_signal comes first
+    os.kill(os.getpid(), signal.SIGKILL)
+assert c.transports["ofi"].put_signal_mode == "message", c.transports["ofi"].put_signal_mode
+tm.put_signal(1, tm.addr(1, 64), small, tm.addr(1, 0), 1)
+t0 = time.monotonic()
+while True:                                         # until the death is known
+    try:
+        tm.get_val(1, tm.addr(1, 0))
+    except E.PeerDeadError:
+        break
+    assert time.monotonic() - t0 < 20, "the death was never noticed"
+    time.sleep(0.05)
+gexmk.nbi_wait(gexmk.EC_PUT)                        # no implicit put went to rank 1
+e = expect_raises(E.PeerDeadError, tm.quiet)        # the put_signal's completion
+log(f"quiet: {e}")
+c.finalize()
+print("SURVIVOR-OK", flush=True)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_put_sync_is_not_blamed_for_a_put_signal_to_the_dead(tmp_path):
+    need("tcp;ofi_rxm")
+    res = run(tmp_path, PUT_SYNC_AFTER_SIGNAL, 2, "tcp;ofi_rxm", launcher_timeout=60,
+              keep_going=True)
+    no_signal_death(res, [0])
+    assert "SURVIVOR-OK" in res.stdout, res.report()
+
+
 # A peer destroys its endpoint (no death: no notice comes); this rank's
 # stale injected writes to it (put_nbi, put_signal's data with its signal as
 # remote CQ data) must fail with a GexmkError.  tcp reports the failure of an

@@ -567,6 +567,8 @@ cdef struct ofi_ep:
     int can_wait            # the CQ has a wait fd the progress thread can sleep on; else poll + nap
     int wait_fd
     ofi_peer* touched[16]  # targets of implicit puts issued without delivery completion
+    int touched_put[16]     # ... 1: an implicit put touched it, not only put_signals' signal
+                            # messages (which quiet completes, not nbi_wait(EC_PUT): _flush)
     ofi_zone* zone          # a device segment bound (staged.pxi): peers land here; NULL otherwise
     int hmem                # the bound segment is registered natively (seg_mr, FI_HMEM): the zone
                             # serves atomics and bounces other device buffers (hmem.pxi)

@@ -273,6 +273,16 @@ REGRESSIONS = [
     # region now stays until the publication settles (ofi endpoint.pxi _linger);
     # test_ofi_faults.py::test_endpoint_destroyed_while_its_publication_is_applied
     pytest.param(20231, "ofi-shm", STALE, id="ofi-shm-20231-stale-ops-land-at-another-rank"),
+    # fixed (found by a soak of 2026-11-29 over every CPU transport, ofi-tcp and
+    # ofi-tcp-capped; 6 of 8 replays failed, before and after that session's
+    # changes): rank 1's put_signal (#55) to the victim, rank 0, left its signal
+    # message's flush in the endpoint's touched list (quiet completes a blocking
+    # put_signal); rank 0 died, and rank 1's nbi_wait(EC_PUT) (#56) flushed every
+    # touched target and raised PeerDeadError for the put_signal, which that sync
+    # does not cover -- the model expects it to complete.  A sync without the RMW
+    # category no longer reports a dead target that only put_signals touched
+    # (ofi rma.pxi _flush; quiet and nbi_wait(EC_ALL) still do)
+    pytest.param(180060, "ofi-tcp", {}, id="ofi-tcp-180060-put-sync-blames-put-signal"),
 ]
 
 

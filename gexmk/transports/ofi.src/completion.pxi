@@ -84,6 +84,14 @@ cdef int _failed(int err, ofi_peer* t, const char* what) except -1 nogil:
     """An op failed with fi errno ``err``.  A connection-level failure is what
     a peer's death looks like, and the launcher's death notice may trail it:
     wait up to DEATH_GRACE for the notice and report PeerDeadError then."""
+    if _death_explains(err, t):
+        return _raise_dead(t, what)
+    return _raise_op_failed(err, what)
+
+
+cdef bint _death_explains(int err, ofi_peer* t) noexcept nogil:
+    """Whether t's death explains a failure with fi errno ``err``: a
+    connection-level error, and t's death noticed within DEATH_GRACE."""
     cdef timespec ts
     cdef int i
     if t != NULL and t.g != NULL and err in (FI_ECANCELED, FI_ENOTCONN, FI_ECONNRESET, FI_ESHUTDOWN,
@@ -93,9 +101,9 @@ cdef int _failed(int err, ofi_peer* t, const char* what) except -1 nogil:
         ts.tv_nsec = 1000000
         for i in range(DEATH_GRACE_MS):
             if t.g.dead:
-                return _raise_dead(t, what)
+                return True
             nanosleep(&ts, NULL)
-    return _raise_op_failed(err, what)
+    return False
 
 
 cdef double _now() noexcept nogil:
@@ -329,7 +337,7 @@ cdef int _spin(gx_op* op, ofi_peer* t) noexcept nogil:
 
 
 cdef int _wait_op(gx_op* op, ofi_peer* t, const char* what, gx_val* result=NULL,
-                  bint reissue=False) except -1 nogil:
+                  bint reissue=False, bint dead_ok=False) except -1 nogil:
     """Wait for op, copy its fetched value to *result, free it; raise if it failed.
     ``reissue`` (a blocking put or get, whose buffers the call still holds):
     where the op is held up by a death (_poisoned) on an initiator endpoint
@@ -339,7 +347,9 @@ cdef int _wait_op(gx_op* op, ofi_peer* t, const char* what, gx_val* result=NULL,
     the dead in the old endpoint's queue (fuzz seed 119: a blocking put to a
     survivor given up 1 s after the death).  Writing the same bytes again, or
     reading again, is safe while the call has not returned: no access that
-    the program orders after this op can have run yet."""
+    the program orders after this op can have run yet.  ``dead_ok``: the
+    target's death (noticed, or a connection-level failure its notice then
+    explains) ends the wait without an error (rma.pxi _flush)."""
     cdef int err, why = _spin(op, t)
     cdef ofi_ep* ep = op.ep
     if why == 5 and reissue and t != NULL and not t.g.dead \
@@ -360,7 +370,7 @@ cdef int _wait_op(gx_op* op, ofi_peer* t, const char* what, gx_val* result=NULL,
         _orphan(op)
     if why:
         if why == 1:
-            return _raise_dead(t, what)
+            return 0 if dead_ok else _raise_dead(t, what)
         if why == 2:
             return _raise_timeout(t, ep.dom.timeout, what)     # (op may be freed by now)
         if why == 4:
@@ -377,6 +387,8 @@ cdef int _wait_op(gx_op* op, ofi_peer* t, const char* what, gx_val* result=NULL,
     if err and reissue and _reconnect_refused(ep.dom, t, err):
         return 1                    # never reached the target: issued again
     if err:
+        if dead_ok and _death_explains(err, t):
+            return 0
         return _failed(err, t, what)
     return 0
 
@@ -470,7 +482,7 @@ cdef int net_nbi_wait(void* epv, int categories) except -1 nogil:
     if why == 3:
         return check("fi_cq_read", -FI_EIO)
     if categories & (1 << GX_CAT_PUT):
-        _flush(ep, NULL)
+        _flush(ep, NULL, categories)
     err = ep.nbi_err
     if err:
         ep.nbi_err = 0
@@ -577,6 +589,7 @@ cdef void _abandon_nbi(ofi_ep* ep) noexcept nogil:
         ep.nbi[i] = 0
     for i in range(MAX_TOUCHED):
         gx_xchg_ptr(<void**>&ep.touched[i], NULL)
+        gx_xchg_int(&ep.touched_put[i], 0)
     ep.nbi_err = 0
 
 
@@ -645,7 +658,7 @@ cdef int net_nbi_test(void* epv, int categories) except -1 nogil:
                 # region's event, gexmk.nbi_test) then saw them outstanding
                 # for ever (fuzz seed 118 over tcp).  The flush is one round
                 # trip, bounded by GEXMK_TIMEOUT and death detection.
-                _flush(ep, NULL)
+                _flush(ep, NULL, categories)
                 break
     return 1
 

@@ -222,7 +222,8 @@ cdef int _sig_msg_done(ofi_ep* ep, ofi_peer* t, gx_xfer* x) except -1 nogil:
     cdef double deadline = 0
     if x.mode != GX_NB:
         # quiet/nbi_wait complete it: the flush's read is ordered after the message
-        return _ensure_flush(ep, t)
+        # (a put_signal's: nbi_wait(EC_PUT) does not report its target's death)
+        return _ensure_flush(ep, t, False)
     rd = _new_op(ep, t, GX_NB, GX_CAT_GET)
     rc = _desc(ep, rd, &rd.result, 1, FI_READ, &desc)
     if rc < 0:
