@@ -24,6 +24,10 @@ bandwidth         W x ``tm.put_nbi(..., lc=LC_GROUP)`` then      W x ``fi_write`
                                                                  ``fi_writemsg``
 issue cost        W x 8 B ``rma.put_nbi`` in a nogil loop (the   W x bare 8 B ``fi_write``
                   loop timed, ``rma.nbi_wait`` untimed)          (``issue_ns``; ``-d``: DC)
+put_nb            W x 8 B ``tm.put_nb`` (``lc=LC_NOW``) from     C's ``-d`` issue_ns (DC
+                  Python, the calls timed, ``wait_all``          ``fi_writemsg``); C's DC
+                  untimed; and the window with ``wait_all``,     write latency (the window
+                  per op                                         per op below 1x: overlap)
 ================  =============================================  ==============================
 
 Target progress: ``GEXMK_PROGRESS_THREAD=auto`` (a thread sleeping in
@@ -224,6 +228,24 @@ def _worker(args):
                 st["mean"] = float(out[:n].mean())
                 res["issue_ns"] = st
                 section("issue")
+
+            # put_nb with lc=LC_NOW (the default) from Python: W calls timed, each
+            # returning once its source is copied, then wait_all untimed (as the
+            # issue cost above); and the whole window, wait_all included, per op
+            put_nb, wait_all = tm.put_nb, gexmk.wait_all
+            issue, whole = [], []
+            t_end = time.monotonic() + args.cap
+            while len(issue) < 2000 and (time.monotonic() < t_end or len(issue) < 10):
+                t0 = time.perf_counter_ns()
+                evs = [put_nb(peer, base, src8) for _ in repeat(None, W)]
+                t1 = time.perf_counter_ns()
+                wait_all(evs)
+                t2 = time.perf_counter_ns()
+                issue.append((t1 - t0) / W)
+                whole.append((t2 - t0) / W / 1e3)
+            res["nb_issue_ns"] = _stat(issue)
+            res["nb_window_us"] = _stat(whole)
+            section("put_nb")
             res["load"] = _load()
         tm.barrier()
     if res is not None:
@@ -550,6 +572,15 @@ def summarize(R):
             da = _agg(P["cdc"][label], _c_issue)
             if da:
                 rows.append(_row("issue", label, "8 B put_nbi   vs C DC writemsg", ga, da, None, "<="))
+            # put_nb (LC_NOW) from Python beside C's DC writemsg issue, and its
+            # window per op beside C's blocking DC write (below 1: ops overlap)
+            na = _agg(g, lambda r: r.get("nb_issue_ns"))
+            if da:
+                rows.append(_row("issue", label, "8 B put_nb (Python) vs C DC writemsg", na, da,
+                                 None, "<="))
+            wa = _agg(g, lambda r: r.get("nb_window_us"))
+            rows.append(_row("nb", label, "8 B put_nb x W + wait_all, per op",
+                             wa, _agg(c, _c_lat("write_dc_lat_us")), None, "<="))
         if P["mpi"]:
             mpi = {op: _agg(P["mpi"], lambda r, k=f"{op}_flush": {
                        "median": r["small"][k]["median_us"], "min": r["small"][k]["min_us"]})
@@ -703,6 +734,8 @@ def report(R, S, file=None):
                          "target as after nbi_wait; second column: best)",
                    "issue": f"-- issue cost, ns per call, loops of {a['window']} (gexmk rma.put_nbi nogil; "
                             "base: C bare fi_write issue_ns)",
+                   "nb": f"-- {a['window']} x tm.put_nb (lc=LC_NOW) then wait_all, µs per op (base: C "
+                         "fi_writemsg+FI_DELIVERY_COMPLETE latency; below 1x: the puts overlap)",
                    "mpi": "-- vs mpi4py (MPICH ofi/tcp) Put/Get + Flush(target), µs"}[r["section"]])
             if r.get("group") and r["group"] != group:
                 group = r["group"]

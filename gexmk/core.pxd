@@ -91,7 +91,8 @@ cdef class Team:
     cdef list _exchange(self, object payload)
     cdef int _put(self, int rank, uintptr_t dest, const void* p, size_t n) except -1
     cdef int _get(self, void* p, int rank, uintptr_t src, size_t n) except -1
-    cdef object _issue(self, bint is_put, int mode, int rank, uintptr_t addr, object buf)
+    cdef object _issue(self, bint is_put, int mode, int rank, uintptr_t addr, object buf,
+                       bint copy=*)
     @staticmethod
     cdef Team _make(Client client, Endpoint ep, list members, int rank, str tid, bint pair)
 

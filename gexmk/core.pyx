@@ -35,6 +35,7 @@ from collections import namedtuple
 
 from cpython.buffer cimport PyBuffer_Release
 from cpython.bytearray cimport PyByteArray_AS_STRING
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
 from cpython.long cimport PyLong_AsUnsignedLongLongMask
 from libc.stdint cimport uintptr_t, int32_t, uint32_t, int64_t, uint64_t
@@ -130,6 +131,10 @@ here (None when not mapped), its memory kind and the transport that reaches it."
 
 # Copies at least this long release the GIL (shorter ones cost less than a GIL round trip).
 cdef size_t _NOGIL_BYTES = 64 * 1024
+# An LC_NOW put_nb of a host source at most this long that a transport carries
+# (not a CPU mapping) copies the source and returns at once, as GASNet-EX
+# conduits do for GEX_EVENT_NOW; a longer one waits for the put to complete.
+cdef size_t _PUT_NB_COPY = 64 * 1024
 
 cdef object _client = None     # the one live Client of this process
 

@@ -1336,6 +1336,79 @@ def test_op_wait_sleeps_while_its_target_is_stopped(tmp_path, thread, form):
     run_tcp_pair(tmp_path, OP_WAIT_SOURCE, GEXMK_PROGRESS_THREAD=thread, GX_TEST_FORM=form)
 
 
+PUT_NB_NOW_SOURCE = r'''
+import subprocess
+c = gexmk.init()
+tm = c.tm
+K, BLK = 256, 64 * 1024                 # 16 MiB in flight: more than loopback TCP buffers
+small, big = 4096, 128 * 1024
+MANY, BIG = 1 << 20, (1 << 20) + K * BLK
+seg = c.segment_attach(BIG + big)
+np.asarray(seg)[:] = 0
+tm.barrier()
+if tm.rank == 0:
+    tm.put(1, tm.addr(1, 0), np.ones(8, np.uint8))  # connected, warm
+    tm.barrier()
+    time.sleep(0.3)                                 # the target has stopped by now
+    src = np.full(small, 5, np.uint8)
+    w0 = time.monotonic()
+    ev = tm.put_nb(1, tm.addr(1, 4096), src)        # lc=LC_NOW, the default
+    issued = time.monotonic() - w0
+    # returned with the target stopped: the source was copied, the put is in flight
+    assert issued < 0.5, issued
+    assert not ev.test()
+    assert ev.leaf(gexmk.EC_LC).test()              # the source is reusable: complete
+    src[:] = 6                                      # ... so this must not land
+    # more than the sockets take while the target is stopped: the provider sends
+    # these later, from the copies -- the sources are changed at once
+    srcs = [np.full(BLK, i % 251 + 1, np.uint8) for i in range(K)]
+    w0 = time.monotonic()
+    evs = [tm.put_nb(1, tm.addr(1, MANY + i * BLK), srcs[i]) for i in range(K)]
+    many = time.monotonic() - w0
+    assert many < 0.5, many
+    for x in srcs:
+        x[:] = 0
+    # a source above the copy limit still waits there for the put to complete
+    bigsrc = np.full(big, 8, np.uint8)
+    w1 = time.monotonic()
+    ev2 = tm.put_nb(1, tm.addr(1, BIG), bigsrc)
+    waited = time.monotonic() - w1
+    assert waited > 0.3, waited
+    assert ev2.test()
+    ev.wait()
+    gexmk.wait_all(evs)
+    print("issued", round(issued * 1e3, 2), "ms;", K, "more in", round(many * 1e3, 1),
+          "ms; big one waited", round(waited, 2), "s", flush=True)
+else:
+    tm.barrier()
+    subprocess.Popen(["sh", "-c", f"sleep 1.2; kill -CONT {os.getpid()}"])
+    os.kill(os.getpid(), signal.SIGSTOP)
+tm.barrier()
+if tm.rank == 1:
+    mem = np.asarray(seg)
+    assert (mem[4096:4096 + small] == 5).all(), np.unique(mem[4096:4096 + small])
+    got = mem[MANY:MANY + K * BLK].reshape(K, BLK)
+    want = (np.arange(K) % 251 + 1).astype(np.uint8)[:, None]
+    bad = np.nonzero((got != want).any(axis=1))[0]
+    assert bad.size == 0, (bad[:8], [np.unique(got[i])[:4] for i in bad[:4]])
+    assert (mem[BIG:BIG + big] == 8).all()
+tm.barrier()
+c.finalize()
+print("OK", tm.rank, flush=True)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_put_nb_lc_now_returns_while_its_target_is_stopped(tmp_path):
+    # An LC_NOW put_nb over the network copies a small host source and returns at
+    # once, as GASNet-EX conduits do for GEX_EVENT_NOW: before, it waited for the
+    # put's remote completion -- here until its stopped target ran again.  The data
+    # that lands is the source as it was at the call, also for 16 MiB of them
+    # queued behind full sockets (sent from the copies after the sources were
+    # changed); a source above the copy limit (64 KiB) still waits for completion.
+    run_tcp_pair(tmp_path, PUT_NB_NOW_SOURCE)
+
+
 MANY_EPS_SOURCE = r'''
 c = gexmk.init()
 tm = c.tm

@@ -607,17 +607,23 @@ cdef class Team:
             _drop(&view, &loc)
 
 
-    cdef object _issue(self, bint is_put, int mode, int rank, uintptr_t addr, object buf):
+    cdef object _issue(self, bint is_put, int mode, int rank, uintptr_t addr, object buf,
+                       bint copy=False):
         """Start a put or get of ``buf`` that need not complete on return.
         Returns a pending Event (a transport op in GX_NB mode) or None when the
         operation is already complete (CPU-mapped targets complete at issue).
-        Implicit ops keep their buffer alive in the endpoint until nbi_wait."""
+        Implicit ops keep their buffer alive in the endpoint until nbi_wait.
+        ``copy`` (an LC_NOW put_nb): a host source of at most _PUT_NB_COPY
+        bytes that a transport carries is copied first and the op issued from
+        the copy, which its event keeps: the source is reusable on return and
+        the event's local completion (``leaf(EC_LC)``) is complete."""
         cdef Py_buffer view
         cdef _Local loc
         cdef int rc
         cdef void* op = NULL
         cdef gx_route* r
         cdef char* p
+        cdef bytes tmp
         if _take(buf, &view, &loc, not is_put, _issue_sig(is_put, mode),
                  b"src" if is_put else b"dest", &self.c, True):
             # non-contiguous: strided; lc is applied by the caller, as here
@@ -634,6 +640,18 @@ cdef class Team:
             if rc == GX_OK and (loc.kind != GX_MK_HOST or gx_in_dev(&self.c, loc.p, loc.n)):
                 rc = GX_NOT_MAPPED
             if rc == GX_NOT_MAPPED:
+                if copy and mode == GX_NB and loc.kind == GX_MK_HOST and \
+                        loc.n <= _PUT_NB_COPY and not gx_in_dev(&self.c, loc.p, loc.n):
+                    tmp = PyBytes_FromStringAndSize(<char*>loc.p, <Py_ssize_t>loc.n)
+                    p = PyBytes_AS_STRING(tmp)
+                    with nogil:
+                        _rma_k(&self.c, rank, True, addr, p, loc.n, mode, &op, NULL,
+                               GX_MK_HOST, 0)
+                    if op == NULL:
+                        return None
+                    ev = _op_event(self.client, r.rma.ops, op, (tmp, self), -1)
+                    (<Event>ev)._lc = _DONE
+                    return ev
                 with nogil:
                     _rma_k(&self.c, rank, is_put, addr, loc.p, loc.n, mode, &op, NULL,
                            loc.kind, loc.device)
@@ -654,15 +672,18 @@ cdef class Team:
         """Non-blocking put (``gex_RMA_PutNB``): returns an Event for remote
         completion.  ``lc``: LC_NOW (source reusable on return), LC_DEFER
         (``ev.leaf(EC_LC)``), LC_GROUP (``nbi_wait(EC_PUT)``) or a LeafEvent.
-        Over the network, local completion is reported with remote completion."""
+        Over the network, local completion is reported with remote completion;
+        so with LC_NOW a host source of at most 64 KiB is copied and the call
+        returns at once (a larger one, or a device source, waits there for the
+        put to complete)."""
         cdef int r = _as_rank(rank, "put_nb(rank, dest, src, lc=LC_NOW)", &self.c)
         cdef uintptr_t d = _as_addr(dest, "put_nb(rank, dest, src, lc=LC_NOW)", "dest")
         cdef int now = _lc_mode(lc, "put_nb")
-        ev = self._issue(True, GX_NB, r, d, src)
+        ev = self._issue(True, GX_NB, r, d, src, now)
         if ev is None:
             return _lc_event(lc, _DONE)
-        if now:
-            (<Event>ev).wait()       # the source must be reusable on return
+        if now and (<Event>ev)._lc is not _DONE:
+            (<Event>ev).wait()       # the source must be reusable on return (not copied)
             return _lc_event(lc, _DONE)
         return _lc_event(lc, <Event>ev)
 

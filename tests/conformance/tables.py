@@ -191,7 +191,7 @@ _POLL = dict(sizes=("8", "3chunks+5"), locals=("numpy",))   # polled completion:
 _DROPPED = dict(sizes=("8", "3chunks+5"), locals=("numpy", "cupy", "cupy-devep"))
 RMA_OPS = [
     Op("put", "put", "blocking put"),
-    Op("put_nb_now", "put", "put_nb(lc=LC_NOW), event waited"),
+    Op("put_nb_now", "put", "put_nb(lc=LC_NOW); a host source changed on return; event waited"),
     Op("put_nb_defer", "put", "put_nb(lc=LC_DEFER), event waited"),
     Op("put_nb_group", "put", "put_nb(lc=LC_GROUP), event waited, then nbi_wait(EC_LC)"),
     Op("put_nb_leaf", "put", "put_nb(lc=LeafEvent()), leaf and event waited"),

@@ -239,6 +239,15 @@ class Local:
         else:
             raise ValueError(name)
 
+    def host_view(self):
+        """The host memory behind the buffer, canaries included, as a writable
+        uint8 array, or None (device memory, immutable bytes)."""
+        if self.dev is not None or self.host is None:
+            return None
+        if isinstance(self.host, np.ndarray):
+            return self.host.view(np.uint8)
+        return np.frombuffer(self.host, np.uint8)
+
     def contents(self):
         if self.dev is not None:
             self.job_sync()
@@ -662,7 +671,17 @@ class Job:
         elif op == "put":
             tm.put(peer, dest, src)
         elif op == "put_nb_now":
-            tm.put_nb(peer, dest, src, lc=gexmk.LC_NOW).wait()
+            ev = tm.put_nb(peer, dest, src, lc=gexmk.LC_NOW)
+            # LC_NOW: the source is the caller's again on return (a small host
+            # one was copied, the rest waited for): changed before the event is
+            # waited for, the bytes it had at the call must still land
+            mine = loc.host_view()
+            saved = None if mine is None else mine.copy()
+            if mine is not None:
+                mine ^= 0xA5
+            ev.wait()
+            if mine is not None:
+                mine[:] = saved
         elif op == "put_nb_defer":
             tm.put_nb(peer, dest, src, lc=gexmk.LC_DEFER).wait()
         elif op == "put_nb_group":
