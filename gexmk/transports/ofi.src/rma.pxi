@@ -337,9 +337,11 @@ cdef bint _touch(ofi_ep* ep, ofi_peer* t, bint put=True) noexcept nogil:
     """Remember t as owing a flush; False when the list is full.  Slots are
     claimed and released with atomics, so threads may race here and with a
     sync: at worst a target is flushed twice.  ``put``: for an implicit put
-    (False: a put_signal's signal message); a race with a sync may leave a
-    slot marked for a put it no longer holds, never the other way round
-    before the put's flush is posted."""
+    (False: a put_signal's signal message), marked in touched_put.  A race
+    with a sync may leave a mark on a slot it no longer holds (its next
+    target's death is then reported by a put sync), or let a sync take a
+    put's target unmarked (its death then left to quiet); every target is
+    flushed all the same."""
     cdef int i
     for i in range(MAX_TOUCHED):
         if gx_load_ptr(<void**>&ep.touched[i]) == <void*>t:
