@@ -495,6 +495,17 @@ def test_stale_access_to_unbound_segment(tmp_path, extra):
 
 # ---- an endpoint closed since its publication ----------------------------------
 
+# The set-up of the two jobs below: each rank's primordial segment, a second
+# endpoint with a segment, and the team over it (t).
+EP_AND_TEAM = r'''
+c = gexmk.init()
+tm = c.tm
+seg0 = c.segment_attach(1 << 16)
+ep = c.ep_create()
+seg = c.segment_attach(1 << 16, ep=ep)
+t = tm.create_for(ep)
+'''
+
 # Rank 1 destroys an endpoint it published (no death: no notice comes), or
 # finalizes and leaves (a third rank's death has it skip finalize's barrier,
 # as in seed 384362); rank 0, not told, goes on using the publication.
@@ -508,13 +519,7 @@ def test_stale_access_to_unbound_segment(tmp_path, extra):
 # and rank 0's endpoint closes cleanly (not leaked).
 CLOSED_ENDPOINT = r'''
 HOW = sys.argv[1]
-c = gexmk.init()
-tm = c.tm
-seg0 = c.segment_attach(1 << 16)
-ep = c.ep_create()
-seg = c.segment_attach(1 << 16, ep=ep)
-t = tm.create_for(ep)
-mine = c.ep_create()
+''' + EP_AND_TEAM + r'''mine = c.ep_create()
 mseg = c.segment_attach(1 << 16, ep=mine)
 pub = tm.create_for(mine)            # publishes rank 0's endpoint `mine` too
 ad = t.ad_create(gexmk.DT_U64, gexmk.OP_FADD)
@@ -606,13 +611,7 @@ QUIET_BLAME = r'''
 import subprocess
 import warnings
 STOP = 1.5
-c = gexmk.init()
-tm = c.tm
-seg0 = c.segment_attach(1 << 16)
-ep = c.ep_create()
-seg = c.segment_attach(1 << 16, ep=ep)
-t = tm.create_for(ep)
-mine = np.asarray(seg0).view(np.uint64)
+''' + EP_AND_TEAM + r'''mine = np.asarray(seg0).view(np.uint64)
 ad = tm.ad_create(gexmk.DT_U64, gexmk.OP_SET)
 tm.barrier()
 if tm.rank == 1:

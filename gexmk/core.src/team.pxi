@@ -623,6 +623,7 @@ cdef class Team:
         cdef void* op = NULL
         cdef gx_route* r
         cdef char* p
+        cdef void* local
         cdef bytes tmp
         if _take(buf, &view, &loc, not is_put, _issue_sig(is_put, mode),
                  b"src" if is_put else b"dest", &self.c, True):
@@ -640,23 +641,22 @@ cdef class Team:
             if rc == GX_OK and (loc.kind != GX_MK_HOST or gx_in_dev(&self.c, loc.p, loc.n)):
                 rc = GX_NOT_MAPPED
             if rc == GX_NOT_MAPPED:
+                local = loc.p
+                tmp = None
                 if copy and mode == GX_NB and loc.kind == GX_MK_HOST and \
                         loc.n <= _PUT_NB_COPY and not gx_in_dev(&self.c, loc.p, loc.n):
                     tmp = PyBytes_FromStringAndSize(<char*>loc.p, <Py_ssize_t>loc.n)
-                    p = PyBytes_AS_STRING(tmp)
-                    with nogil:
-                        _rma_k(&self.c, rank, True, addr, p, loc.n, mode, &op, NULL,
-                               GX_MK_HOST, 0)
-                    if op == NULL:
-                        return None
-                    ev = _op_event(self.client, r.rma.ops, op, (tmp, self), -1)
-                    (<Event>ev)._lc = _DONE
-                    return ev
+                    local = PyBytes_AS_STRING(tmp)
                 with nogil:
-                    _rma_k(&self.c, rank, is_put, addr, loc.p, loc.n, mode, &op, NULL,
+                    _rma_k(&self.c, rank, is_put, addr, local, loc.n, mode, &op, NULL,
                            loc.kind, loc.device)
                 if op != NULL:
-                    return _op_event(self.client, r.rma.ops, op, (_keep_local(&loc, buf), self), -1)
+                    if tmp is None:
+                        return _op_event(self.client, r.rma.ops, op,
+                                         (_keep_local(&loc, buf), self), -1)
+                    ev = _op_event(self.client, r.rma.ops, op, (tmp, self), -1)
+                    (<Event>ev)._lc = _DONE      # the source was copied: reusable now
+                    return ev
                 if mode == GX_NBI:       # held until the endpoint's next sync of its category
                     (self.ep._keep_put if is_put else self.ep._keep_get).append(_keep_local(&loc, buf))
                 return None

@@ -345,8 +345,8 @@ cdef bint _touch(ofi_ep* ep, ofi_peer* t, bint put=True) noexcept nogil:
     cdef int i
     for i in range(MAX_TOUCHED):
         if gx_load_ptr(<void**>&ep.touched[i]) == <void*>t:
-            if put:
-                gx_xchg_int(&ep.touched_put[i], 1)
+            if put and not gx_load_int(&ep.touched_put[i]):
+                gx_xchg_int(&ep.touched_put[i], 1)      # (a locked write only when unmarked)
             return True
     for i in range(MAX_TOUCHED):
         if gx_claim_ptr(<void**>&ep.touched[i], <void*>t):
